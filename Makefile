@@ -1,0 +1,34 @@
+# Two commands: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.corelens-installed
+
+.PHONY: demo test lint format bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	$(BIN)/python -m pip install -q -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e . || $(BIN)/python -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/corelens demo --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/corelens bench ram --tokens 8192 --json benchmarks/results/ram-8192.json
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
