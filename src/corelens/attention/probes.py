@@ -1,0 +1,77 @@
+"""Probes: read attention rows inside the attention function, never an N x N matrix.
+
+`RamProbe` computes, for a few query rows, the fp32 attention probabilities of every query head over all
+keys (from the post-RoPE queries and keys the model uses, GQA-aware, with the model's causal/padding mask),
+and reduces them to the mass on the target set Omega and on the visual set V.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from corelens.attention.dispatch import AttentionCall, AttentionHook
+
+# Bound on the scores tensor materialised at once (elements): rows are processed in chunks below it.
+_CHUNK_ELEMENTS = 1 << 25
+
+
+def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
+    """Return fp32 attention probabilities of query `rows` (absolute positions): (batch, heads, rows, kv_len)."""
+    query, key = call.query, call.key
+    batch, heads, q_len, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    local = rows - call.q_offset
+    if int(local.min()) < 0 or int(local.max()) >= q_len:
+        raise ValueError(f"probe rows {rows.tolist()} are outside this call's queries")
+    q = query[:, :, local].float().view(batch, kv_heads, heads // kv_heads, len(rows), dim)
+    scores = torch.einsum("bkgrd,bknd->bkgrn", q, key.float()).mul_(call.scaling)
+    scores = scores.reshape(batch, heads, len(rows), kv_len)
+    mask = call.attention_mask
+    if mask is None:
+        keys = torch.arange(kv_len, device=key.device)
+        allowed = keys[None, :] <= rows.to(key.device)[:, None]
+        scores.masked_fill_(~allowed, float("-inf"))
+    else:
+        rows_mask = mask[:, :, local, :kv_len]
+        if rows_mask.dtype == torch.bool:
+            scores.masked_fill_(~rows_mask, float("-inf"))
+        else:
+            scores.add_(rows_mask.float())
+    return torch.softmax(scores, dim=-1)
+
+
+class RamProbe(AttentionHook):
+    """Records, per layer and query head, the mean mass of `rows` on `omega` and on `visual` (fp32)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_heads: int,
+        rows: torch.Tensor,
+        omega: torch.Tensor,
+        visual: torch.Tensor,
+        seq_len: int,
+    ) -> None:
+        self.rows = rows.long()
+        self.omega = omega.long()
+        self.visual = visual.long()
+        self.seq_len = seq_len
+        self.mass = torch.full((num_layers, num_heads), float("nan"))
+        self.visual_mass = torch.full((num_layers, num_heads), float("nan"))
+
+    def pre(self, call: AttentionCall) -> None:
+        """Measure on the forward that holds the whole sequence as queries (the prefill); skip others."""
+        if call.key.shape[2] != self.seq_len or call.query.shape[2] != self.seq_len:
+            return
+        if call.query.shape[0] != 1:
+            raise ValueError("RamProbe measures one sample at a time (batch size 1)")
+        heads, kv_len = call.query.shape[1], call.key.shape[2]
+        step = max(1, _CHUNK_ELEMENTS // (heads * kv_len))
+        mass = torch.zeros(heads)
+        vis = torch.zeros(heads)
+        for start in range(0, len(self.rows), step):
+            probs = row_probabilities(call, self.rows[start : start + step])[0]  # (heads, rows, kv)
+            mass += probs[:, :, self.omega.to(probs.device)].sum(dim=(1, 2)).cpu()
+            vis += probs[:, :, self.visual.to(probs.device)].sum(dim=(1, 2)).cpu()
+        self.mass[call.layer] = mass / len(self.rows)
+        self.visual_mass[call.layer] = vis / len(self.rows)

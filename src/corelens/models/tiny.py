@@ -1,0 +1,230 @@
+"""Tiny checkpoints of the real Qwen-VL classes: tokenizer, processor and random weights, built offline.
+
+Used by the tests (parity against the stock model) and by the model organism, which starts from one of
+these and trains it. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, PreTrainedTokenizerFast
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "[UNK]",
+)
+
+# The Qwen-VL chat template, reduced to what corelens prompts use: one or more turns whose content is a
+# string or a list of image / video / text parts. Visual parts render exactly as in the released templates.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+BASE_WORDS = (
+    "user assistant system seconds what which is the a an of in on at to and or colour color shape size "
+    "object left right above below top bottom first last page block frame video image document answer yes no"
+).split()
+
+
+def build_tokenizer(words: Iterable[str] = ()) -> PreTrainedTokenizerFast:
+    """Return a word-level fast tokenizer with the Qwen-VL special tokens, digits and punctuation."""
+    vocab: dict[str, int] = {}
+    for token in (*SPECIAL_TOKENS, *string.digits, *string.punctuation, *BASE_WORDS, *words):
+        vocab.setdefault(token, len(vocab))
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    core.normalizer = normalizers.Lowercase()
+    # Splits words, digits one by one and each punctuation mark, so timestamps like "<1.5 seconds>" tokenize.
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Whitespace(),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Punctuation(),
+        ]
+    )
+    core.decoder = decoders.WordPiece(prefix="##")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        unk_token="[UNK]",
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[1:7]),
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
+    )
+    return tokenizer
+
+
+def _vision_config(family: str, text_hidden: int, depth: int) -> dict:
+    if family == "qwen2_vl":
+        return {
+            "depth": depth,
+            "embed_dim": 32,
+            "hidden_size": text_hidden,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+        }
+    if family == "qwen2_5_vl":
+        return {
+            "depth": depth,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": text_hidden,
+            "patch_size": 14,
+            "window_size": 112,
+            "fullatt_block_indexes": [depth - 1],
+        }
+    if family == "qwen3_vl":
+        return {
+            "depth": depth,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": text_hidden,
+            "patch_size": 16,
+            "num_position_embeddings": 256,
+            "deepstack_visual_indexes": [depth - 1],
+        }
+    raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+
+
+def tiny_config(
+    family: str,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 16,
+    intermediate: int = 128,
+    vision_depth: int = 1,
+) -> object:
+    """Return a small random-init config of the real `family` class wired to `tokenizer`'s special ids."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    half = head_dim // 2
+    section = [half - 2 * (half // 3), half // 3, half // 3]
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
+    if family == "qwen3_vl":
+        rope["mrope_interleaved"] = True
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": 32768,
+        "rope_parameters": rope,
+        "pad_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "tie_word_embeddings": True,
+        "bos_token_id": None,
+    }
+    config = AutoConfig.for_model(
+        family,
+        text_config=text,
+        vision_config=_vision_config(family, hidden, vision_depth),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        tie_word_embeddings=True,
+    )
+    return config
+
+
+def tiny_processor(
+    family: str,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    min_pixels: int = 4 * 32 * 32,
+    max_pixels: int = 64 * 32 * 32,
+):
+    """Return the real processor class of `family` around `tokenizer`, with small pixel budgets."""
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    patch = 16 if family == "qwen3_vl" else 14
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    image_processor = Qwen2VLImageProcessor(patch_size=patch, size=size, merge_size=2, temporal_patch_size=2)
+    if family == "qwen3_vl":
+        from transformers.models.qwen3_vl import Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+        video_processor = Qwen3VLVideoProcessor(
+            patch_size=patch,
+            size=size,
+            merge_size=2,
+            temporal_patch_size=2,
+            do_sample_frames=False,
+            cap_pixels_per_frame=False,
+        )
+        return Qwen3VLProcessor(image_processor, tokenizer, video_processor, chat_template=CHAT_TEMPLATE)
+    video_processor = Qwen2VLVideoProcessor(
+        patch_size=patch,
+        size=size,
+        merge_size=2,
+        temporal_patch_size=2,
+        do_sample_frames=False,
+        cap_pixels_per_frame=False,
+    )
+    if family == "qwen2_5_vl":
+        from transformers.models.qwen2_5_vl import Qwen2_5_VLProcessor
+
+        return Qwen2_5_VLProcessor(image_processor, tokenizer, video_processor, chat_template=CHAT_TEMPLATE)
+    from transformers.models.qwen2_vl import Qwen2VLProcessor
+
+    return Qwen2VLProcessor(image_processor, tokenizer, video_processor, chat_template=CHAT_TEMPLATE)
+
+
+def build_tiny_checkpoint(
+    family: str,
+    out: str | Path,
+    *,
+    words: Iterable[str] = (),
+    seed: int = 0,
+    processor_kwargs: dict | None = None,
+    **config_kwargs,
+) -> Path:
+    """Write a random-init checkpoint of `family` with its tokenizer and processor to `out`; return `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(words)
+    config = tiny_config(family, tokenizer, **config_kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
+    model.eval()
+    model.save_pretrained(out)
+    tiny_processor(family, tokenizer, **(processor_kwargs or {})).save_pretrained(out)
+    return out
+
+
+def load_tiny(path: str | Path, attn_implementation: str | dict = "sdpa"):
+    """Load a checkpoint written by `build_tiny_checkpoint` with the stock Auto classes (fp32, eval)."""
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, attn_implementation=attn_implementation, dtype=torch.float32
+    )
+    return model.eval(), AutoProcessor.from_pretrained(path)
