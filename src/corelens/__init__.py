@@ -1,3 +1,23 @@
 """corelens: find, test and exploit the attention heads of multimodal LLMs that retrieve visual evidence."""
 
 __version__ = "0.1.0"
+
+from corelens.data import Sample, read_samples  # noqa: E402
+from corelens.errors import CorelensError, InputError, UnsupportedModelError  # noqa: E402
+from corelens.experiments.rank import Ranking, measure_sample, rank  # noqa: E402
+from corelens.models import Loaded, load  # noqa: E402
+from corelens.models.prepare import prepare  # noqa: E402
+
+__all__ = [
+    "CorelensError",
+    "InputError",
+    "Loaded",
+    "Ranking",
+    "Sample",
+    "UnsupportedModelError",
+    "load",
+    "measure_sample",
+    "prepare",
+    "rank",
+    "read_samples",
+]

@@ -1,0 +1,1 @@
+"""Experiments: a config in, a run directory out."""

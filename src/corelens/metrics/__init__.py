@@ -1,0 +1,1 @@
+"""Statistics computed from records: RAM tables (and later spectra, mixing, stability)."""

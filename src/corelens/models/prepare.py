@@ -1,0 +1,115 @@
+"""Sample -> model inputs + layout + query rows, through the checkpoint's own processor and chat template.
+
+The prompt is one user turn: the visual inputs first (images in order, then the video), then the question,
+with `add_generation_prompt=True` (METHODS §2). Teacher forcing appends the answer after the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from corelens.data.sample import Sample, load_images, load_video
+from corelens.errors import InputError
+from corelens.layout import Layout
+from corelens.models.loaded import Loaded
+from corelens.models.qwen_vl import processor_kwargs, qwen_layout
+
+QUERY_MODES = ("question", "last", "answer")
+
+
+@dataclass
+class Prepared:
+    """Model inputs of one sample, its layout, and the positions of its question / answer tokens."""
+
+    inputs: dict
+    layout: Layout
+    prompt_len: int  # tokens up to and including the generation prompt
+    question_rows: np.ndarray
+    answer_rows: np.ndarray  # empty unless teacher-forced
+
+    @property
+    def seq_len(self) -> int:
+        """Return the number of tokens in the inputs."""
+        return int(self.inputs["input_ids"].shape[1])
+
+    def rows(self, mode: str) -> np.ndarray:
+        """Return the query positions of `mode` ("question", "last" or "answer")."""
+        if mode == "question":
+            return self.question_rows
+        if mode == "last":
+            return np.array([self.prompt_len - 1])
+        if mode == "answer":
+            if not len(self.answer_rows):
+                raise ValueError("query 'answer' needs the sample prepared with its answer (teacher forcing)")
+            return self.answer_rows
+        raise ValueError(f"unknown query mode {mode!r}; expected one of {QUERY_MODES}")
+
+
+def messages(sample: Sample) -> list[dict]:
+    """Return the chat messages of a sample: one user turn, visual inputs first, then the question."""
+    content = [{"type": "image"} for _ in sample.images]
+    if sample.video is not None:
+        content.append({"type": "video"})
+    content.append({"type": "text", "text": sample.question})
+    return [{"role": "user", "content": content}]
+
+
+def find_subsequence(haystack: np.ndarray, needle: np.ndarray, end: int) -> int:
+    """Return the start of the last occurrence of `needle` in `haystack[:end]`, or -1."""
+    n = len(needle)
+    for start in range(end - n, -1, -1):
+        if np.array_equal(haystack[start : start + n], needle):
+            return start
+    return -1
+
+
+def prepare(m: Loaded, sample: Sample, *, answer: str | None = None) -> Prepared:
+    """Return the processed inputs, layout and query rows of `sample` for model `m`."""
+    processor = m.processor
+    images = load_images(sample)
+    frames, times = load_video(sample) if sample.video is not None else ([], [])
+    prompt = processor.apply_chat_template(messages(sample), add_generation_prompt=True, tokenize=False)
+    extra = processor_kwargs(m.model_type, times, sample.video.fps if sample.video else None)
+
+    def run(text: str):
+        return processor(
+            text=[text],
+            images=images or None,
+            videos=[frames] if frames else None,
+            return_tensors="pt",
+            **extra,
+        )
+
+    inputs = run(prompt)
+    ids = inputs["input_ids"][0].numpy()
+    prompt_len = len(ids)
+    answer_rows = np.zeros(0, dtype=np.int64)
+    if answer is not None:
+        full = run(prompt + answer)
+        full_ids = full["input_ids"][0].numpy()
+        common = int(np.argmin(np.append(full_ids[:prompt_len] == ids, False)))
+        if common < prompt_len - 1 or len(full_ids) <= common:
+            raise InputError("the answer does not tokenize as a continuation of the prompt", sample=sample.id)
+        answer_rows = np.arange(common, len(full_ids))
+        inputs = full
+        ids = full_ids
+    needle = np.asarray(processor.tokenizer(sample.question, add_special_tokens=False)["input_ids"])
+    start = find_subsequence(ids, needle, prompt_len) if len(needle) else -1
+    if start < 0:
+        raise InputError(
+            "could not locate the question's tokens in the prompt", sample=sample.id, field="question"
+        )
+    frame_size = frames[0].size if frames else None
+    layout = qwen_layout(
+        inputs["input_ids"],
+        processor,
+        inputs.get("image_grid_thw"),
+        inputs.get("video_grid_thw"),
+        [im.size for im in images],
+        frame_size,
+        times,
+        sample=sample.id,
+    )
+    return Prepared(dict(inputs), layout, prompt_len, np.arange(start, start + len(needle)), answer_rows)

@@ -1,0 +1,1 @@
+"""The model organism: synthetic tasks (and, later, the trained checkpoint)."""

@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random-init checkpoints of the real Qwen-VL classes, built once per session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corelens.models.tiny import FAMILIES, build_tiny_checkpoint
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """Return a function family -> folder of a tiny checkpoint (GQA: 4 query heads over 2 KV heads)."""
+    made: dict[tuple, object] = {}
+
+    def get(family: str, **config):
+        key = (family, tuple(sorted(config.items())))
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"tiny-{family}")
+            made[key] = build_tiny_checkpoint(family, out, words=["cup", "red", "blue"], **config)
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request) -> str:
+    """Each supported Qwen-VL family in turn."""
+    return request.param
