@@ -1,0 +1,122 @@
+"""`corelens rank`: outputs, resumability, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from corelens.cli import main
+from corelens.organism.tasks import WORDS, generate
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from corelens.models.tiny import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("rank")
+    model = build_tiny_checkpoint("qwen2_5_vl", root / "model", words=WORDS, layers=2, heads=4, kv_heads=2)
+    data = generate("image", root / "data", 6, seed=3)
+    return model, data
+
+
+def _rank(model, data, out, *extra) -> int:
+    return main(["rank", "--model", str(model), "--data", str(data), "--out", str(out), *extra])
+
+
+def test_rank_writes_tables_figure_and_manifest(setup, tmp_path):
+    model, data = setup
+    out = tmp_path / "run"
+    assert _rank(model, data, out) == 0
+    heads = pd.read_csv(out / "heads.csv")
+    assert list(heads.columns[:7]) == ["layer", "head", "mass", "share", "lift", "n", "rank"]
+    assert len(heads) == 8 and sorted(heads["rank"]) == list(range(1, 9))
+    assert heads["mass"].is_monotonic_decreasing and (heads["n"] == 6).all()
+    ram = pd.read_parquet(out / "ram.parquet")
+    assert {"sample_id", "layer", "head", "mass", "share", "lift"} <= set(ram.columns)
+    assert len(ram) == 6 * 8 and ram["sample_id"].nunique() == 6
+    assert ((ram["mass"] >= 0) & (ram["mass"] <= ram["mass"] / ram["share"] + 1e-9)).all()
+    means = ram.groupby(["layer", "head"])["mass"].mean()
+    top = heads.iloc[0]
+    assert means[(top["layer"], top["head"])] == pytest.approx(top["mass"], abs=1e-12)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in ("argv", "settings", "versions", "machine", "started", "finished", "timings"):
+        assert key in manifest
+    assert manifest["settings"]["data_sha256"] and manifest["settings"]["model_config_hash"]
+    assert (out / "figures" / "heads_mass.png").stat().st_size > 1000
+
+
+def test_rank_resumes_after_kill_with_identical_heads(setup, tmp_path):
+    model, data = setup
+    full = tmp_path / "full"
+    assert _rank(model, data, full) == 0
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "corelens.cli", "rank", "--model", str(model), "--data", str(data)]
+    proc = subprocess.Popen([*cmd, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "samples.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or log.read_text().count("\n") < 2):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = log.read_text().count("\n")
+    assert 2 <= finished < 6, "the run should have been killed part-way"
+    with open(log, "a") as f:
+        f.write('{"id": "image-0000')  # a line torn by the kill
+    assert _rank(model, data, out) == 0
+    assert (out / "heads.csv").read_bytes() == (full / "heads.csv").read_bytes()
+    ids = [json.loads(line)["id"] for line in log.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 6  # finished samples were not redone
+    assert json.loads((out / "manifest.json").read_text())["resumed"] == 1
+
+
+def test_rank_refuses_to_resume_with_other_settings(setup, tmp_path, capsys):
+    model, data = setup
+    out = tmp_path / "run"
+    assert _rank(model, data, out, "--limit", "1") == 0
+    assert _rank(model, data, out, "--limit", "1", "--query", "last") == 2
+    assert "other settings (query)" in capsys.readouterr().err
+
+
+def _bad_data(data: Path, tmp_path: Path) -> Path:
+    lines = data.read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["targets"][0]["box"] = [10, 10, 5000, 20]  # outside the image
+    lines[1] = json.dumps(bad)
+    out = data.parent / "bad.jsonl"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def test_bad_sample_stops_with_file_line_and_field(setup, tmp_path, capsys):
+    model, data = setup
+    bad = _bad_data(data, tmp_path)
+    assert _rank(model, bad, tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2" in err and "targets[0].box" in err and "image-00001" in err
+    assert "Traceback" not in err
+
+
+def test_skip_bad_logs_and_continues(setup, tmp_path):
+    model, data = setup
+    bad = _bad_data(data, tmp_path)
+    out = tmp_path / "run"
+    assert _rank(model, bad, out, "--skip-bad") == 0
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    skipped = [r for r in records if r["status"] == "skipped"]
+    assert len(skipped) == 1 and skipped[0]["line"] == 2 and "targets[0].box" in skipped[0]["error"]
+    assert pd.read_parquet(out / "ram.parquet")["sample_id"].nunique() == 5
+    assert json.loads((out / "manifest.json").read_text())["skipped"] == 1
+
+
+def test_missing_data_file_is_a_clear_error(setup, tmp_path, capsys):
+    model, _ = setup
+    assert _rank(model, tmp_path / "nope.jsonl", tmp_path / "run") == 2
+    assert "nope.jsonl" in capsys.readouterr().err
