@@ -1,0 +1,39 @@
+"""`corelens rank`: rank heads by Retrieval Attention Mass."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def run(args: argparse.Namespace) -> None:
+    """Rank the heads of a checkpoint on a sample file into a run directory."""
+    from corelens.experiments.rank import rank_path
+
+    ranking = rank_path(
+        args.model,
+        args.data,
+        args.out,
+        query=args.query,
+        rule=args.rule,
+        limit=args.limit,
+        skip_bad=args.skip_bad,
+        progress=True,
+        argv=sys.argv,
+    )
+    best = ", ".join(f"L{layer}H{head}" for layer, head in ranking.top(5))
+    print(f"ranked {ranking.ram['sample_id'].nunique()} samples; top heads: {best}")
+    print(f"wrote {args.out}/heads.csv, ram.parquet, manifest.json, figures/heads_mass.png")
+
+
+def register(sub) -> None:
+    """Add the `rank` parser."""
+    r = sub.add_parser("rank", help="rank heads by Retrieval Attention Mass")
+    r.add_argument("--model", required=True, help="local checkpoint folder")
+    r.add_argument("--data", required=True, help="samples (JSONL)")
+    r.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    r.add_argument("--query", choices=("question", "last", "answer"), default="question")
+    r.add_argument("--rule", choices=("any", "centre", "coverage"), default="any", help="box -> token rule")
+    r.add_argument("--limit", type=int, default=None, help="use the first N good samples")
+    r.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    r.set_defaults(func=run)
