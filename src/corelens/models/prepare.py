@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from PIL import Image
 
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import InputError
@@ -65,11 +66,18 @@ def find_subsequence(haystack: np.ndarray, needle: np.ndarray, end: int) -> int:
     return -1
 
 
-def prepare(m: Loaded, sample: Sample, *, answer: str | None = None) -> Prepared:
-    """Return the processed inputs, layout and query rows of `sample` for model `m`."""
+def blank_like(image: Image.Image) -> Image.Image:
+    """Return a uniform mid-grey image of the same size (the "visual input blanked" control)."""
+    return Image.new("RGB", image.size, (128, 128, 128))
+
+
+def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool = False) -> Prepared:
+    """Return the processed inputs, layout and query rows of `sample` for model `m` (`blank`: grey visuals)."""
     processor = m.processor
     images = load_images(sample)
     frames, times = load_video(sample) if sample.video is not None else ([], [])
+    if blank:
+        images, frames = [blank_like(im) for im in images], [blank_like(f) for f in frames]
     prompt = processor.apply_chat_template(messages(sample), add_generation_prompt=True, tokenize=False)
     extra = processor_kwargs(m.model_type, times, sample.video.fps if sample.video else None)
 

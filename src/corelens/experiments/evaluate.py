@@ -1,0 +1,136 @@
+"""Evaluation harness: greedy answers through the chat template, scorers, per-sample records.
+
+Scorers: `exact` (normalised exact match), `choice` (multiple-choice letter, or the choice's text),
+`yesno`; `auto` picks `yesno` for yes/no golds, `choice` when the gold is a letter naming one of the
+choices, `exact` otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from scipy.stats import binomtest
+from tqdm import tqdm
+
+from corelens.data.sample import Sample
+from corelens.models.loaded import Loaded
+from corelens.models.prepare import prepare
+
+SCORERS = ("auto", "exact", "choice", "yesno")
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_LETTERS = string.ascii_uppercase
+
+
+def normalise(text: str) -> str:
+    """Return `text` lower-cased, without punctuation, articles or extra whitespace."""
+    text = text.lower().translate(str.maketrans("", "", string.punctuation))
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def _letter(text: str) -> str | None:
+    match = re.match(r"\s*\(?([A-Za-z])[\).:]?(\s|$)", text)
+    return match.group(1).upper() if match else None
+
+
+def score(prediction: str, gold: str, choices: Sequence[str] | None = None, scorer: str = "auto") -> bool:
+    """Return whether `prediction` answers `gold` under `scorer`."""
+    if scorer == "auto":
+        if normalise(gold) in ("yes", "no"):
+            scorer = "yesno"
+        elif choices and len(gold.strip()) == 1 and gold.strip().upper() in _LETTERS[: len(choices)]:
+            scorer = "choice"
+        else:
+            scorer = "exact"
+    if scorer == "exact":
+        return normalise(prediction) == normalise(gold)
+    if scorer == "yesno":
+        words = normalise(prediction).split()
+        return bool(words) and words[0] == normalise(gold)
+    if scorer == "choice":
+        want = gold.strip().upper()
+        if _letter(prediction) == want:
+            return True
+        index = _LETTERS.find(want)
+        return (
+            bool(choices) and 0 <= index < len(choices) and normalise(prediction) == normalise(choices[index])
+        )
+    raise ValueError(f"unknown scorer {scorer!r}; expected one of {SCORERS}")
+
+
+def answer(m: Loaded, sample: Sample, *, max_new_tokens: int = 8, blank: bool = False) -> str:
+    """Return the model's greedy answer to `sample` (new tokens only, special tokens dropped)."""
+    inputs = {
+        k: v.to(m.device) if hasattr(v, "to") else v
+        for k, v in prepare(m, sample, blank=blank).inputs.items()
+    }
+    with torch.no_grad():
+        out = m.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    new = out[0, inputs["input_ids"].shape[1] :]
+    return m.processor.tokenizer.decode(new, skip_special_tokens=True).strip()
+
+
+def interval(correct: int, n: int) -> tuple[float, float]:
+    """Return the 95 % Wilson interval of a proportion (nan, nan when n = 0)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    ci = binomtest(correct, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+@dataclass
+class EvalResult:
+    """Per-sample records (id, task, prediction, gold, correct) and their accuracy."""
+
+    records: pd.DataFrame
+
+    @property
+    def n(self) -> int:
+        """Return the number of scored samples."""
+        return len(self.records)
+
+    @property
+    def accuracy(self) -> float:
+        """Return the share of correct answers."""
+        return float(self.records["correct"].mean()) if self.n else float("nan")
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        """Return the 95 % Wilson interval of the accuracy."""
+        return interval(int(self.records["correct"].sum()), self.n)
+
+    def by_task(self) -> pd.DataFrame:
+        """Return accuracy and n per task."""
+        return self.records.groupby("task")["correct"].agg(accuracy="mean", n="size").reset_index()
+
+
+def evaluate(
+    m: Loaded,
+    samples: Iterable[Sample],
+    *,
+    scorer: str = "auto",
+    max_new_tokens: int = 8,
+    blank: bool = False,
+    progress: bool = False,
+) -> EvalResult:
+    """Answer every sample greedily and score it; samples without `answer` are an error."""
+    rows = []
+    for sample in tqdm(list(samples), desc="eval", unit="sample", disable=not progress):
+        if sample.answer is None:
+            raise ValueError(f"sample {sample.id!r} has no answer to score against")
+        prediction = answer(m, sample, max_new_tokens=max_new_tokens, blank=blank)
+        rows.append(
+            {
+                "id": sample.id,
+                "task": sample.task,
+                "prediction": prediction,
+                "gold": sample.answer,
+                "correct": score(prediction, sample.answer, sample.choices, scorer),
+            }
+        )
+    columns = ["id", "task", "prediction", "gold", "correct"]
+    return EvalResult(pd.DataFrame(rows, columns=columns))
