@@ -12,7 +12,7 @@ $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
 	$(BIN)/python -m pip install -q -r requirements.lock
-	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e . || $(BIN)/python -m pip install -q --no-deps -e .
+	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 demo: $(STAMP)
