@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from corelens.attention.interventions import Ablation, ablate  # noqa: E402
 from corelens.data import Sample, read_samples  # noqa: E402
 from corelens.errors import CorelensError, InputError, UnsupportedModelError  # noqa: E402
 from corelens.experiments.rank import Ranking, measure_sample, rank  # noqa: E402
@@ -9,12 +10,14 @@ from corelens.models import Loaded, load  # noqa: E402
 from corelens.models.prepare import prepare  # noqa: E402
 
 __all__ = [
+    "Ablation",
     "CorelensError",
     "InputError",
     "Loaded",
     "Ranking",
     "Sample",
     "UnsupportedModelError",
+    "ablate",
     "load",
     "measure_sample",
     "prepare",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import pandas as pd
@@ -19,7 +20,7 @@ from tqdm import tqdm
 
 from corelens.data.sample import Sample
 from corelens.models.loaded import Loaded
-from corelens.models.prepare import prepare
+from corelens.models.prepare import Prepared, prepare
 
 SCORERS = ("auto", "exact", "choice", "yesno")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -62,12 +63,18 @@ def score(prediction: str, gold: str, choices: Sequence[str] | None = None, scor
     raise ValueError(f"unknown scorer {scorer!r}; expected one of {SCORERS}")
 
 
-def answer(m: Loaded, sample: Sample, *, max_new_tokens: int = 8, blank: bool = False) -> str:
+def answer(
+    m: Loaded,
+    sample: Sample,
+    *,
+    max_new_tokens: int = 8,
+    blank: bool = False,
+    prepared: Prepared | None = None,
+) -> str:
     """Return the model's greedy answer to `sample` (new tokens only, special tokens dropped)."""
-    inputs = {
-        k: v.to(m.device) if hasattr(v, "to") else v
-        for k, v in prepare(m, sample, blank=blank).inputs.items()
-    }
+    # A caller answering one sample under many interventions prepares it once and passes `prepared`.
+    prepared = prepared if prepared is not None else prepare(m, sample, blank=blank)
+    inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     with torch.no_grad():
         out = m.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     new = out[0, inputs["input_ids"].shape[1] :]
@@ -116,13 +123,20 @@ def evaluate(
     max_new_tokens: int = 8,
     blank: bool = False,
     progress: bool = False,
+    context: Callable[[Sample, Prepared], AbstractContextManager] | None = None,
 ) -> EvalResult:
-    """Answer every sample greedily and score it; samples without `answer` are an error."""
+    """Answer every sample greedily and score it; samples without `answer` are an error.
+
+    `context(sample, prepared)`, if given, is entered around each sample's generation (e.g. an ablation's
+    per-sample positions: `context=ablator.for_sample`).
+    """
     rows = []
     for sample in tqdm(list(samples), desc="eval", unit="sample", disable=not progress):
         if sample.answer is None:
             raise ValueError(f"sample {sample.id!r} has no answer to score against")
-        prediction = answer(m, sample, max_new_tokens=max_new_tokens, blank=blank)
+        prepared = prepare(m, sample, blank=blank)
+        with context(sample, prepared) if context is not None else nullcontext():
+            prediction = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
         rows.append(
             {
                 "id": sample.id,

@@ -1,0 +1,61 @@
+"""`corelens ablate`: ablate head sets from a rank run and measure accuracy (dose-response)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from corelens.attention.interventions import KEY_SETS, OPS
+from corelens.experiments.evaluate import SCORERS
+from corelens.metrics.headsets import SETS
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run an ablation sweep into a run directory and print its summary."""
+    from corelens.experiments.ablate import sweep_path
+
+    result = sweep_path(
+        args.model,
+        args.data,
+        args.heads,
+        args.out,
+        ks=args.k,
+        sets=[s.strip() for s in args.sets.split(",") if s.strip()],
+        op=args.op,
+        keys=args.keys,
+        seeds=args.seeds,
+        seed=args.seed,
+        reference=args.reference,
+        scorer=args.scorer,
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        skip_bad=args.skip_bad,
+        progress=True,
+        argv=sys.argv,
+    )
+    summary = result.summary.copy()
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {args.out}/ablation.csv, ablation_summary.csv, records.parquet, figures/dose_response.png")
+
+
+def register(sub) -> None:
+    """Add the `ablate` parser."""
+    a = sub.add_parser("ablate", help="ablate top / bottom / random head sets and measure accuracy")
+    a.add_argument("--model", required=True, help="local checkpoint folder")
+    a.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
+    a.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
+    a.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    a.add_argument("--k", default="1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8")
+    a.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
+    a.add_argument("--op", choices=OPS, default="zero", help="ablation operator (METHODS §3)")
+    a.add_argument("--keys", choices=KEY_SETS, default="visual", help="knockout key set")
+    a.add_argument("--seeds", type=int, default=5, help="draws per random / layer-matched set")
+    a.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
+    a.add_argument(
+        "--reference", default=None, help="op mean: reference samples (default: the rank run's data)"
+    )
+    a.add_argument("--scorer", choices=SCORERS, default="auto")
+    a.add_argument("--max-new-tokens", type=int, default=8)
+    a.add_argument("--limit", type=int, default=None, help="use the first N good samples")
+    a.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    a.set_defaults(func=run)

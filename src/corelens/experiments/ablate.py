@@ -1,0 +1,367 @@
+"""Ablation sweep: head sets from a rank run x k -> greedy accuracy per set -> ablation.csv + dose-response figure.
+
+Heads are identified on one file (the rank run) and evaluated on another; the sweep warns when both are the
+same file (by sha256). `mean` statistics come from a reference file only — by default the rank run's own data
+(the identification split) — and are saved in the run directory (`means.npz`). The run is resumable: every
+(condition, sample) answer is logged before the next starts; a restart with the same settings skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from corelens.attention.interventions import Ablation, HeadMeans, MeanRecorder, ablate
+from corelens.data.sample import Sample, read_samples
+from corelens.errors import CorelensError, InputError
+from corelens.experiments.evaluate import answer, interval, score
+from corelens.metrics.headsets import SETS, HeadSet, head_sets, parse_k
+from corelens.models.loaded import Loaded, load
+from corelens.models.prepare import prepare
+from corelens.runs import Run, file_hash, write_json
+
+BASELINE = "none"
+COLUMNS = [
+    "set",
+    "k",
+    "k_heads",
+    "seed",
+    "op",
+    "keys",
+    "accuracy",
+    "n",
+    "correct",
+    "ci_low",
+    "ci_high",
+    "overlap",
+]
+
+
+def reference_means(
+    m: Loaded, samples: Sequence[Sample], *, progress: bool = False, meta: dict | None = None
+) -> HeadMeans:
+    """Return every head's mean output per role (visual / text) over the prompts of `samples` (one prefill each)."""
+    recorder = MeanRecorder(m)
+    with recorder.installed():
+        for sample in tqdm(samples, desc="means", unit="sample", disable=not progress):
+            inputs = {
+                k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepare(m, sample).inputs.items()
+            }
+            with torch.no_grad():
+                m.model(**inputs, use_cache=False, logits_to_keep=1)
+    info = {"samples": [s.id for s in samples], **(meta or {})}
+    return recorder.result(info)
+
+
+@dataclass
+class Condition:
+    """One evaluated condition: a head set (None for the un-ablated baseline) under the sweep's operator."""
+
+    name: str
+    kind: str
+    k: str
+    count: int
+    seed: int | None
+    ablation: Ablation
+    overlap: int = 0
+
+    @classmethod
+    def of(cls, hs: HeadSet, op: str, keys: str) -> Condition:
+        """Return the condition ablating head set `hs` with `op`."""
+        ablation = Ablation(hs.heads, op, keys, label=hs.name, seed=hs.seed)
+        return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, ablation, hs.overlap)
+
+
+def conditions(sets: Sequence[HeadSet], op: str, keys: str) -> list[Condition]:
+    """Return the baseline followed by one condition per head set."""
+    base = Condition(BASELINE, BASELINE, "0", 0, None, Ablation((), op, keys, label=BASELINE))
+    return [base, *(Condition.of(hs, op, keys) for hs in sets)]
+
+
+def read_heads(path: str | Path, m: Loaded) -> pd.DataFrame:
+    """Return a rank run's head table, checked against the model's shape."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorelensError(f"{path}: no such head table (expected a rank run's heads.csv)")
+    table = pd.read_csv(path)
+    missing = {"layer", "head", "rank"} - set(table.columns)
+    if missing:
+        raise CorelensError(f"{path}: missing column(s) {sorted(missing)}")
+    layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    if (layers, heads) != (m.num_layers, m.num_heads) or len(table) != layers * heads:
+        raise CorelensError(
+            f"{path}: a table of {len(table)} heads ({layers} layers x {heads} heads) does not fit the model "
+            f"({m.num_layers} x {m.num_heads})"
+        )
+    return table
+
+
+def rank_manifest(heads: str | Path) -> dict:
+    """Return the settings of the rank run that wrote `heads` (empty when its manifest.json is missing)."""
+    path = Path(heads).parent / "manifest.json"
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text()).get("settings", {})
+
+
+def same_file_warning(data: str | Path, identified: dict) -> str | None:
+    """Return a warning when `data` is the file the heads were identified on (same sha256 or same path)."""
+    if not identified.get("data"):
+        return None
+    same_hash = identified.get("data_sha256") == file_hash(data)
+    same_path = Path(identified["data"]).resolve() == Path(data).resolve()
+    if same_hash or same_path:
+        return (
+            f"the heads were identified on the same data ({identified['data']}) as they are evaluated on "
+            f"({data}); use a disjoint split for a causal claim"
+        )
+    return None
+
+
+def _summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Return one row per (set, k): mean accuracy over seeds, its sd, and the pooled Wilson interval."""
+    rows = []
+    for (kind, k), group in table.groupby(["set", "k"], sort=False):
+        correct, n = int(group["correct"].sum()), int(group["n"].sum())
+        low, high = interval(correct, n)
+        rows.append(
+            {
+                "set": kind,
+                "k": k,
+                "k_heads": int(group["k_heads"].iloc[0]),
+                "seeds": int(group["seed"].notna().sum()) or 1,
+                "accuracy": float(group["accuracy"].mean()),
+                "sd": float(group["accuracy"].std(ddof=1)) if len(group) > 1 else 0.0,
+                "ci_low": low,
+                "ci_high": high,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _table(records: pd.DataFrame, conds: Sequence[Condition], op: str, keys: str) -> pd.DataFrame:
+    rows = []
+    for c in conds:
+        got = records[records["condition"] == c.name]
+        n, correct = len(got), int(got["correct"].sum()) if len(got) else 0
+        low, high = interval(correct, n)
+        rows.append(
+            {
+                "set": c.kind,
+                "k": c.k,
+                "k_heads": c.count,
+                "seed": c.seed,
+                "op": op,
+                "keys": keys if op == "knockout" else "",
+                "accuracy": correct / n if n else float("nan"),
+                "n": n,
+                "correct": correct,
+                "ci_low": low,
+                "ci_high": high,
+                "overlap": c.overlap,
+            }
+        )
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["seed"] = table["seed"].astype("Int64")
+    return table
+
+
+@dataclass
+class Sweep:
+    """An ablation sweep's result: per-condition accuracy (`table`), per-(set, k) `summary`, per-sample `records`."""
+
+    table: pd.DataFrame
+    summary: pd.DataFrame
+    records: pd.DataFrame
+
+
+def _warn(message: str) -> None:
+    print(f"corelens: warning: {message}", file=sys.stderr)
+
+
+def sweep(
+    m: Loaded,
+    data: str | Path,
+    heads: str | Path,
+    *,
+    ks: str | Sequence[str] = ("1%", "2%", "5%", "10%"),
+    sets: Sequence[str] = SETS,
+    op: str = "zero",
+    keys: str = "visual",
+    seeds: int = 5,
+    seed: int = 0,
+    reference: str | Path | None = None,
+    scorer: str = "auto",
+    max_new_tokens: int = 8,
+    limit: int | None = None,
+    skip_bad: bool = False,
+    out: str | Path | None = None,
+    progress: bool = False,
+    argv: list[str] | None = None,
+    warn: Callable[[str], None] = _warn,
+) -> Sweep:
+    """Ablate top / bottom / random / layer-matched head sets of `heads` at each k; evaluate on `data`."""
+    ks = parse_k(ks)
+    table = read_heads(heads, m)
+    identified = rank_manifest(heads)
+    warning = same_file_warning(data, identified)
+    if not identified:
+        warning = f"no rank manifest.json next to {heads}: cannot check that the heads were identified on other data"
+    if warning:
+        warn(warning)
+    seeded = [s for s in sets if s in ("random", "layer-matched")]
+    if seeded and seeds < 1:
+        raise CorelensError("--seeds must be at least 1 for random head sets")
+    conds = conditions(head_sets(table, ks, sets, seeds, base_seed=seed), op, keys)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    missing = [s.id for s in samples if s.answer is None]
+    if missing:
+        raise InputError(
+            f"{len(missing)} sample(s) have no answer to score against", file=str(data), sample=missing[0]
+        )
+
+    ref_path = None
+    if op == "mean":
+        ref_path = Path(reference) if reference is not None else Path(identified.get("data") or "")
+        if reference is None and not identified.get("data"):
+            raise CorelensError(f"op 'mean' needs --reference (no rank manifest next to {heads})")
+        if not ref_path.is_file():
+            raise CorelensError(
+                f"{ref_path}: reference data for the mean statistics not found (give --reference)"
+            )
+
+    run = None
+    if out is not None:
+        settings = {
+            "model": str(m.path.resolve()),
+            "model_config_hash": m.config_hash(),
+            "data": str(Path(data).resolve()),
+            "data_sha256": file_hash(data),
+            "heads": str(Path(heads).resolve()),
+            "heads_sha256": file_hash(heads),
+            "identified_on": identified.get("data"),
+            "identified_sha256": identified.get("data_sha256"),
+            "k": ks,
+            "sets": list(sets),
+            "op": op,
+            "keys": keys,
+            "seeds": list(range(seeds)) if seeded else [],
+            "seed": seed,
+            "reference": str(ref_path.resolve()) if ref_path else None,
+            "reference_sha256": file_hash(ref_path) if ref_path else None,
+            "scorer": scorer,
+            "max_new_tokens": max_new_tokens,
+            "limit": limit,
+            "skip_bad": skip_bad,
+        }
+        run = Run(out, "ablate", settings, argv)
+        if warning:
+            run.manifest.setdefault("warnings", [])
+            if warning not in run.manifest["warnings"]:
+                run.manifest["warnings"].append(warning)
+        write_json(run.path / "headsets.json", [{"name": c.name, **c.ablation.to_dict()} for c in conds])
+
+    means = None
+    if op == "mean":
+        stored = run.path / "means.npz" if run else None
+        if stored is not None and stored.is_file():
+            means = HeadMeans.load(stored)
+        else:
+            # Bad reference records are left out (listed in the metadata) rather than stopping the sweep.
+            refs, bad = read_samples(ref_path, skip_bad=True)
+            meta = {
+                "reference": str(ref_path.resolve()),
+                "reference_sha256": file_hash(ref_path),
+                "skipped_lines": [b.line for b in bad],
+            }
+            means = reference_means(m, refs, progress=progress, meta=meta)
+            if stored is not None:
+                means.save(stored)
+
+    logged: list[dict] = list(run.records()) if run else []
+    done = {r["id"] for r in logged}
+    if run:
+        for bad in skipped:
+            key = f"<skipped line {bad.line}>"
+            if key not in done:
+                run.log({"id": key, "status": "skipped", **bad.to_dict()})
+                done.add(key)
+
+    def log(record: dict) -> None:
+        logged.append(record)
+        done.add(record["id"])
+        if run:
+            run.log(record)
+
+    todo = [s for s in samples if any(f"{c.name}|{s.id}" not in done for c in conds)]
+    todo = [s for s in todo if f"skipped|{s.id}" not in done]
+    for sample in tqdm(todo, desc="ablate", unit="sample", disable=not progress):
+        try:
+            prepared = prepare(m, sample)
+            if op == "knockout" and keys == "omega":
+                prepared.layout.omega(
+                    sample.targets, sample=sample.id
+                )  # bad targets fail here, not mid-sweep
+        except InputError as err:
+            if not skip_bad:
+                raise
+            log({"id": f"skipped|{sample.id}", "status": "skipped", "line": sample.line, "error": str(err)})
+            continue
+        answers: dict[tuple, str] = {}  # equal head sets share one generation
+        for c in conds:
+            rid = f"{c.name}|{sample.id}"
+            if rid in done:
+                continue
+            if c.ablation.heads not in answers:
+                with ablate(m, c.ablation, means=means) as ab, ab.for_sample(sample, prepared):
+                    answers[c.ablation.heads] = answer(
+                        m, sample, max_new_tokens=max_new_tokens, prepared=prepared
+                    )
+            prediction = answers[c.ablation.heads]
+            log(
+                {
+                    "id": rid,
+                    "status": "ok",
+                    "condition": c.name,
+                    "sample": sample.id,
+                    "task": sample.task,
+                    "prediction": prediction,
+                    "gold": sample.answer,
+                    "correct": score(prediction, sample.answer, sample.choices, scorer),
+                }
+            )
+
+    names = {c.name for c in conds}
+    wanted = {s.id for s in samples}
+    ok = [r for r in logged if r["status"] == "ok" and r["condition"] in names and r["sample"] in wanted]
+    columns = ["condition", "sample", "task", "prediction", "gold", "correct"]
+    records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
+    result_table = _table(records, conds, op, keys)
+    summary = _summary(result_table)
+    if run:
+        records.to_parquet(run.path / "records.parquet", index=False)
+        result_table.to_csv(run.path / "ablation.csv", index=False)
+        summary.to_csv(run.path / "ablation_summary.csv", index=False)
+        from corelens.report.curves import dose_response
+
+        dose_response(
+            result_table,
+            run.path / "figures" / "dose_response.png",
+            total_heads=m.num_layers * m.num_heads,
+            title=f"{op} ablation on {Path(data).name}",
+        )
+        n_skipped = sum(1 for r in logged if r["status"] == "skipped")
+        run.finish(samples=len(samples), conditions=len(conds), skipped=n_skipped)
+    return Sweep(result_table, summary, records)
+
+
+def sweep_path(model: str | Path, data: str | Path, heads: str | Path, out: str | Path, **kwargs) -> Sweep:
+    """Load `model` and run an ablation sweep into run directory `out`."""
+    return sweep(load(model), data, heads, out=out, **kwargs)

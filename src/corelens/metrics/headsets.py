@@ -1,0 +1,145 @@
+"""Head sets of equal size from a head table (METHODS §3): top-k, bottom-k, random-k, layer-matched random.
+
+`k` is a count ("12") or a share of all L x H query heads ("5%", or a fraction like "0.05"); a share rounds to
+the nearest count, at least 1. Random draws are deterministic: seeded by (base seed, set, count, seed).
+Control sets are drawn from the heads outside the top-k set **[decision]**, so that a control never ablates a
+CoRe head; a layer-matched draw that cannot fill a layer from non-top heads takes the rest from that layer's
+top heads (the per-layer count is the definition), and `overlap` reports how many heads a set shares with the
+top-k set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from corelens.errors import CorelensError
+
+SETS = ("top", "bottom", "random", "layer-matched")
+SEEDED = ("random", "layer-matched")
+
+Head = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class HeadSet:
+    """One set of heads to ablate: its kind, `k` as given, the head count, the seed (seeded kinds) and heads."""
+
+    kind: str
+    k: str
+    count: int
+    seed: int | None
+    heads: tuple[Head, ...]
+    overlap: int  # heads shared with the top-k set of the same count
+
+    @property
+    def name(self) -> str:
+        """Return a unique label, e.g. "top/5%" or "random/5%/s3"."""
+        return f"{self.kind}/{self.k}" + (f"/s{self.seed}" if self.seed is not None else "")
+
+
+def parse_k(text: str | Iterable[str]) -> list[str]:
+    """Return the k values of a comma-separated list ("1%,2%,10") or a sequence, checked but not converted."""
+    items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text)]
+    items = [t for t in items if t]
+    if not items:
+        raise CorelensError("--k: give at least one value (a count like 8 or a share like 5%)")
+    for item in items:
+        k_count(item, 100)  # validates the syntax
+    return items
+
+
+def k_count(k: str | int | float, total: int) -> int:
+    """Return the number of heads `k` means among `total` heads ("5%" / 0.05 = a share, "8" / 8 = a count)."""
+    text = str(k).strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1]) / 100
+        else:
+            value = float(text)
+            if value.is_integer() and value >= 1:
+                count = int(value)
+                if count > total:
+                    raise CorelensError(f"k = {text} exceeds the {total} heads of the model")
+                return count
+            share = value
+    except ValueError:
+        raise CorelensError(f"bad k {text!r}: expected a count (8) or a share (5% or 0.05)") from None
+    if not 0 < share <= 1:
+        raise CorelensError(f"bad k {text!r}: a share must be in (0, 100 %]")
+    return max(1, round(share * total))
+
+
+def _ordered(table: pd.DataFrame) -> list[Head]:
+    missing = {"layer", "head", "rank"} - set(table.columns)
+    if missing:
+        raise CorelensError(f"the head table lacks column(s) {sorted(missing)}")
+    best = table.sort_values("rank")
+    return list(zip(best["layer"].astype(int), best["head"].astype(int)))
+
+
+def _rng(seed: int, kind: str, count: int, draw: int) -> np.random.Generator:
+    return np.random.default_rng([seed, SETS.index(kind), count, draw])
+
+
+def select(
+    table: pd.DataFrame, kind: str, count: int, seed: int | None = None, *, base_seed: int = 0
+) -> tuple[Head, ...]:
+    """Return `count` heads of `kind` from a head table (rank 1 = best); seeded kinds need `seed`."""
+    order = _ordered(table)
+    if not 0 <= count <= len(order):
+        raise CorelensError(f"cannot pick {count} heads out of {len(order)}")
+    top = order[:count]
+    if kind == "top":
+        return tuple(sorted(top))
+    if kind == "bottom":
+        return tuple(sorted(order[len(order) - count :]))
+    if kind not in SEEDED:
+        raise CorelensError(f"unknown head set {kind!r}; expected one of {SETS}")
+    if seed is None:
+        raise CorelensError(f"head set {kind!r} needs a seed")
+    rng = _rng(base_seed, kind, count, seed)
+    top_set = set(top)
+    rest = [h for h in sorted(order) if h not in top_set]
+    if kind == "random":
+        pool = rest if len(rest) >= count else sorted(order)
+        picks = rng.choice(len(pool), size=count, replace=False)
+        return tuple(sorted(pool[i] for i in picks))
+    chosen: list[Head] = []
+    for layer in sorted({h[0] for h in top}):
+        need = sum(1 for h in top if h[0] == layer)
+        free = [h for h in rest if h[0] == layer]
+        if len(free) >= need:
+            chosen += [free[i] for i in rng.choice(len(free), size=need, replace=False)]
+        else:
+            cored = sorted(h for h in top if h[0] == layer)
+            extra = rng.choice(len(cored), size=need - len(free), replace=False)
+            chosen += free + [cored[i] for i in extra]
+    return tuple(sorted(chosen))
+
+
+def head_sets(
+    table: pd.DataFrame,
+    ks: Sequence[str],
+    kinds: Sequence[str] = SETS,
+    seeds: int = 5,
+    *,
+    base_seed: int = 0,
+) -> list[HeadSet]:
+    """Return every head set of the sweep: for each k, each kind (seeded kinds once per seed 0..seeds-1)."""
+    unknown = [k for k in kinds if k not in SETS]
+    if unknown:
+        raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS}")
+    total = len(table)
+    out = []
+    for k in ks:
+        count = k_count(k, total)
+        top = set(select(table, "top", count))
+        for kind in kinds:
+            for seed in range(seeds) if kind in SEEDED else [None]:
+                heads = select(table, kind, count, seed, base_seed=base_seed)
+                out.append(HeadSet(kind, str(k), count, seed, heads, len(top & set(heads))))
+    return out
