@@ -11,8 +11,9 @@ import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook
 
-# Bound on the scores tensor materialised at once (elements): rows are processed in chunks below it.
-_CHUNK_ELEMENTS = 1 << 25
+# Bound on the scores tensor materialised at once (elements, 4 MiB in fp32): rows are processed in chunks
+# below it. Small blocks matter for peak memory: glibc keeps freed heap blocks under its mmap threshold.
+_CHUNK_ELEMENTS = 1 << 20
 
 
 def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
@@ -37,7 +38,9 @@ def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
             scores.masked_fill_(~rows_mask, float("-inf"))
         else:
             scores.add_(rows_mask.float())
-    return torch.softmax(scores, dim=-1)
+    # Softmax in place: no second (heads, rows, kv_len) buffer.
+    scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+    return scores.div_(scores.sum(dim=-1, keepdim=True))
 
 
 class RamProbe(AttentionHook):
@@ -58,6 +61,16 @@ class RamProbe(AttentionHook):
         self.seq_len = seq_len
         self.mass = torch.full((num_layers, num_heads), float("nan"))
         self.visual_mass = torch.full((num_layers, num_heads), float("nan"))
+        self._indicator: torch.Tensor | None = None
+
+    def _indicators(self, kv_len: int, device: torch.device) -> torch.Tensor:
+        # (kv_len, 2) 0/1 columns marking Omega and V: one matmul reduces a block of rows to both masses.
+        if self._indicator is None or self._indicator.device != device:
+            indicator = torch.zeros(kv_len, 2)
+            indicator[self.omega, 0] = 1.0
+            indicator[self.visual, 1] = 1.0
+            self._indicator = indicator.to(device)
+        return self._indicator
 
     def pre(self, call: AttentionCall) -> None:
         """Measure on the forward that holds the whole sequence as queries (the prefill); skip others."""
@@ -67,11 +80,11 @@ class RamProbe(AttentionHook):
             raise ValueError("RamProbe measures one sample at a time (batch size 1)")
         heads, kv_len = call.query.shape[1], call.key.shape[2]
         step = max(1, _CHUNK_ELEMENTS // (heads * kv_len))
-        mass = torch.zeros(heads)
-        vis = torch.zeros(heads)
+        indicator = self._indicators(kv_len, call.key.device)
+        totals = torch.zeros(heads, 2, device=call.key.device)
         for start in range(0, len(self.rows), step):
             probs = row_probabilities(call, self.rows[start : start + step])[0]  # (heads, rows, kv)
-            mass += probs[:, :, self.omega.to(probs.device)].sum(dim=(1, 2)).cpu()
-            vis += probs[:, :, self.visual.to(probs.device)].sum(dim=(1, 2)).cpu()
-        self.mass[call.layer] = mass / len(self.rows)
-        self.visual_mass[call.layer] = vis / len(self.rows)
+            totals += (probs @ indicator).sum(dim=1)
+        totals = totals.cpu() / len(self.rows)
+        self.mass[call.layer] = totals[:, 0]
+        self.visual_mass[call.layer] = totals[:, 1]

@@ -1,0 +1,5 @@
+"""Benchmarks of corelens's performance targets (docs/DESIGN.md, "Performance targets")."""
+
+from corelens.bench.memory import PeakRSS, max_rss_mb, rss_bytes
+
+__all__ = ["PeakRSS", "max_rss_mb", "rss_bytes"]

@@ -1,0 +1,460 @@
+"""RAM-probe benchmark: time and peak memory of the RAM probe against plain sdpa and eager attention.
+
+A random-weight Qwen2.5-VL text decoder of realistic width (default: 4 layers, hidden 2048, 16 query heads,
+2 key/value heads, head_dim 128, intermediate 5632, vocab 1024) runs fp32, batch 1, under `torch.no_grad()`
+on an N-token random prompt, in three variants with the same weights and inputs:
+
+- ``sdpa``: transformers' "sdpa" attention, plain forward;
+- ``probe``: the corelens attention function with a `RamProbe` active on every layer (the last
+  `query_rows` positions as query rows; Omega = about `target_tokens` contiguous positions in the middle of
+  a "visual" span that leaves 64 positions of text on either side);
+- ``eager``: transformers' "eager" attention with ``output_attentions=True`` (every layer's N x N
+  attention weights are kept), skipped where it would not fit (see `estimate_eager_peak_mb`).
+
+Time: one warm-up forward per variant at a short length, then the median of `repeats` forwards per
+variant, interleaved (sdpa, probe, eager, sdpa, probe, ...) so drift affects all alike.
+
+Peak memory: each variant runs once more in a fresh Python process (weights re-created from the same
+seed) where "peak" is the activation memory of the forward, i.e. the largest increase of the process RSS
+over its value just before the forward (`corelens.bench.memory.PeakRSS`, sampled about every 1 ms); the
+child's lifetime ``ru_maxrss`` (weights and interpreter included) is reported next to it.
+
+Run as ``python -m corelens.bench.ram --tokens N --json FILE [--no-eager]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MB = 1 << 20
+GB = 1 << 30
+VARIANTS = ("sdpa", "probe", "eager")
+EAGER_MAX_TOKENS = 16384
+EAGER_MAX_BYTES = 18 * GB
+WARMUP_TOKENS = 128
+_CHILD_FLAG = "--_memory-child"
+
+
+def cores() -> int:
+    """Return the number of CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def mrope_section(head_dim: int) -> list[int]:
+    """Return a Qwen2.5-VL mrope section (temporal, height, width) summing to head_dim / 2."""
+    half = head_dim // 2
+    side = 3 * half // 8
+    return [half - 2 * side, side, side]
+
+
+def build_model(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab_size: int = 1024,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+) -> torch.nn.Module:
+    """Build a random-weight fp32 `Qwen2_5_VLTextModel` (deterministic in `seed`), in eval mode."""
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
+
+    import corelens.attention  # noqa: F401 - registers the "corelens" attention function
+
+    head_dim = hidden // heads
+    config = Qwen2_5_VLTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=1 << 17,
+        use_cache=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope_section(head_dim)},
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLTextModel(config).to(torch.float32).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def make_input_ids(tokens: int, vocab_size: int, seed: int) -> torch.Tensor:
+    """Return a random (1, tokens) prompt, deterministic in `seed`."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(0, vocab_size, (1, tokens), generator=generator)
+
+
+def probe_sets(tokens: int, target_tokens: int, query_rows: int) -> dict[str, torch.Tensor]:
+    """Return the probe's query rows (last positions), visual span and Omega (middle of the visual span)."""
+    margin = min(64, tokens // 8)
+    visual = torch.arange(margin, tokens - margin)
+    size = max(1, min(target_tokens, len(visual) // 2))
+    start = margin + (len(visual) - size) // 2
+    omega = torch.arange(start, start + size)
+    rows = torch.arange(max(0, tokens - query_rows), tokens)
+    return {"rows": rows, "omega": omega, "visual": visual}
+
+
+def estimate_eager_peak_mb(
+    tokens: int,
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab_size: int = 1024,
+) -> float:
+    """Estimate the absolute peak RSS (MiB) of the eager forward with ``output_attentions=True``.
+
+    The attention weights of the finished layers are kept (heads x N x N fp32 each) and the running layer
+    briefly holds two such tensors (scores and their softmax), so weights take (layers + 1) of them; add
+    the float causal mask (N x N), the weights and about ten N x hidden-sized activations.
+    """
+    head_dim = hidden // heads
+    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * intermediate
+    params = layers * per_layer + vocab_size * hidden
+    attn = heads * tokens * tokens * 4
+    acts = tokens * (3 * intermediate + 6 * hidden) * 4
+    return ((layers + 1) * attn + tokens * tokens * 4 + params * 4 + acts) / MB + 600  # + interpreter, torch
+
+
+def _mem_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _attention_modules(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
+    from corelens.models.loaded import decoder_attention_modules
+
+    return list(enumerate(decoder_attention_modules(model)))
+
+
+def _forward(model: torch.nn.Module, variant: str, input_ids: torch.Tensor, spec: dict[str, Any]) -> dict:
+    """Run one forward of `variant`; return its hidden states and, for probe/eager, what they measured."""
+    from corelens.attention import RamProbe, activate
+
+    tokens = input_ids.shape[1]
+    if variant == "sdpa":
+        out = model(input_ids=input_ids, use_cache=False)
+        return {"hidden": out.last_hidden_state}
+    if variant == "probe":
+        sets = probe_sets(tokens, spec["target_tokens"], spec["query_rows"])
+        probe = RamProbe(spec["layers"], spec["heads"], sets["rows"], sets["omega"], sets["visual"], tokens)
+        with activate(_attention_modules(model), probe):
+            out = model(input_ids=input_ids, use_cache=False)
+        return {"hidden": out.last_hidden_state, "mass": probe.mass, "visual_mass": probe.visual_mass}
+    if variant == "eager":
+        out = model(input_ids=input_ids, use_cache=False, output_attentions=True)
+        return {"hidden": out.last_hidden_state, "attentions": out.attentions}
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+_IMPLEMENTATION = {"sdpa": "sdpa", "probe": "corelens", "eager": "eager"}
+
+
+def _use(model: torch.nn.Module, variant: str) -> None:
+    name = _IMPLEMENTATION[variant]
+    if model.config._attn_implementation != name:
+        model.set_attn_implementation(name)
+
+
+def _trim_heap() -> None:
+    """Return freed heap memory to the OS (glibc), so a following RSS baseline holds only live memory."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _model_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    keys = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab_size", "seed")
+    return {k: spec[k] for k in keys}
+
+
+def _memory_child(spec: dict[str, Any]) -> dict[str, float]:
+    """In a fresh process: build the model, warm up, and measure one forward's peak RSS increase."""
+    from corelens.bench.memory import PeakRSS, max_rss_mb
+
+    torch.set_num_threads(spec["threads"])
+    variant = spec["variant"]
+    with torch.no_grad():
+        model = build_model(**_model_kwargs(spec), attn_implementation=_IMPLEMENTATION[variant])
+        input_ids = make_input_ids(spec["tokens"], spec["vocab_size"], spec["seed"])
+        warm = make_input_ids(min(WARMUP_TOKENS, spec["tokens"]), spec["vocab_size"], spec["seed"])
+        del _forward(model, variant, warm, spec)["hidden"]
+        _trim_heap()
+        with PeakRSS() as peak:
+            result = _forward(model, variant, input_ids, spec)
+        del result
+    return {
+        "peak_mb": peak.peak_mb,
+        "baseline_mb": peak.baseline_mb,
+        "peak_rss_mb": peak.peak_rss_mb,
+        "maxrss_mb": max_rss_mb(),
+        "samples": peak.samples,
+    }
+
+
+def measure_memory(variant: str, spec: dict[str, Any]) -> dict[str, float]:
+    """Measure one variant's forward peak memory in a fresh Python process (same seed, same weights)."""
+    src = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    payload = json.dumps({**spec, "variant": variant})
+    cmd = [sys.executable, "-m", "corelens.bench.ram", _CHILD_FLAG, payload]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"memory measurement of {variant!r} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def machine_info() -> dict[str, Any]:
+    """Return a description of the machine: platform, CPU model, core count and total memory."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "cores_available": cores(),
+    }
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews times
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            info["mem_total_gb"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
+    except OSError:
+        pass
+    return info
+
+
+def _eager_mass(
+    attentions: tuple[torch.Tensor, ...], sets: dict[str, torch.Tensor], key: str
+) -> torch.Tensor:
+    """Return per layer and head the mean mass of the probe rows on a token set, from eager weights."""
+    rows, tokens = sets["rows"], sets[key]
+    return torch.stack([a[0][:, rows][:, :, tokens].double().sum(-1).mean(-1) for a in attentions]).float()
+
+
+def run_ram_benchmark(
+    tokens: int,
+    *,
+    layers: int = 4,
+    hidden: int = 2048,
+    heads: int = 16,
+    kv_heads: int = 2,
+    intermediate: int = 5632,
+    target_tokens: int = 1024,
+    query_rows: int = 32,
+    eager: bool | None = None,
+    seed: int = 0,
+    repeats: int | None = None,
+    vocab_size: int = 1024,
+) -> dict[str, Any]:
+    """Time and measure peak memory of the sdpa, RAM-probe and eager forwards; return the results dict."""
+    import transformers
+
+    threads = cores()
+    torch.set_num_threads(threads)
+    if repeats is None:
+        repeats = 3 if tokens <= 8192 else 1
+    dims = {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "intermediate": intermediate,
+    }
+    estimate = estimate_eager_peak_mb(tokens, **dims, vocab_size=vocab_size)
+    skipped = None
+    if eager is None:
+        available = _mem_available_bytes()
+        limit = min(EAGER_MAX_BYTES, int(0.9 * available)) if available else EAGER_MAX_BYTES
+        if tokens > EAGER_MAX_TOKENS:
+            skipped = f"tokens > {EAGER_MAX_TOKENS}"
+        elif estimate * MB > limit:
+            skipped = f"estimated peak {estimate / 1024:.1f} GiB > limit {limit / GB:.1f} GiB"
+        eager = skipped is None
+    elif not eager:
+        skipped = "disabled"
+    variants = [v for v in VARIANTS if v != "eager" or eager]
+    spec = {
+        "tokens": tokens,
+        **dims,
+        "vocab_size": vocab_size,
+        "seed": seed,
+        "target_tokens": target_tokens,
+        "query_rows": query_rows,
+        "threads": threads,
+    }
+
+    # Peak memory: one fresh process per variant, before this process holds a model of its own.
+    memory = {v: measure_memory(v, spec) for v in variants}
+
+    # Time: one model, switched between attention implementations; interleaved repeats.
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    check: dict[str, float | None] = {"probe_check": None, "probe_check_visual": None}
+    with torch.no_grad():
+        model = build_model(**dims, vocab_size=vocab_size, seed=seed)
+        input_ids = make_input_ids(tokens, vocab_size, seed)
+        warm = make_input_ids(min(WARMUP_TOKENS, tokens), vocab_size, seed)
+        for v in variants:
+            _use(model, v)
+            _forward(model, v, warm, spec)
+        reference: dict[str, torch.Tensor] = {}
+        for _ in range(repeats):
+            for v in variants:
+                _use(model, v)
+                start = time.perf_counter()
+                result = _forward(model, v, input_ids, spec)
+                times[v].append(time.perf_counter() - start)
+                if v == "sdpa" and "sdpa" not in reference:
+                    reference["sdpa"] = result["hidden"]
+                elif v == "probe" and "mass" not in reference:
+                    reference["mass"], reference["visual_mass"] = result["mass"], result["visual_mass"]
+                    check["probe_output_max_abs_diff"] = float(
+                        (result["hidden"] - reference["sdpa"]).abs().max()
+                    )
+                elif v == "eager" and check["probe_check"] is None:
+                    sets = probe_sets(tokens, target_tokens, query_rows)
+                    for key, name in (("omega", "probe_check"), ("visual", "probe_check_visual")):
+                        ref = _eager_mass(result["attentions"], sets, key)
+                        mass = reference["mass" if key == "omega" else "visual_mass"]
+                        check[name] = float((ref - mass).abs().max())
+                del result
+                gc.collect()
+        del model, reference
+
+    sets = probe_sets(tokens, target_tokens, query_rows)
+    out: dict[str, Any] = {
+        "tokens": tokens,
+        **dims,
+        "head_dim": hidden // heads,
+        "vocab_size": vocab_size,
+        "target_tokens": target_tokens,
+        "omega_tokens": len(sets["omega"]),
+        "visual_tokens": len(sets["visual"]),
+        "query_rows": query_rows,
+        "repeats": repeats,
+        "seed": seed,
+    }
+    for v in variants:
+        out[f"{v}_s"] = statistics.median(times[v])
+        out[f"{v}_times_s"] = times[v]
+    for v in variants:
+        out[f"{v}_peak_mb"] = memory[v]["peak_mb"]
+        out[f"{v}_maxrss_mb"] = memory[v]["maxrss_mb"]
+        out[f"{v}_baseline_mb"] = memory[v]["baseline_mb"]
+    out["probe_time_ratio"] = out["probe_s"] / out["sdpa_s"]
+    out["probe_mem_ratio"] = out["probe_peak_mb"] / out["sdpa_peak_mb"]
+    out["eager_mem_over_probe"] = out["eager_peak_mb"] / out["probe_peak_mb"] if eager else None
+    out["eager_estimate_mb"] = estimate
+    out["eager_skipped"] = skipped
+    out.update(check)
+    out["torch"] = torch.__version__
+    out["transformers"] = transformers.__version__
+    out["threads"] = threads
+    out["machine"] = machine_info()
+    return out
+
+
+def summary(result: dict[str, Any]) -> str:
+    """Return a one-line summary of a benchmark result with its ratios."""
+    line = (
+        f"ram bench N={result['tokens']} L={result['layers']}: sdpa {result['sdpa_s']:.2f}s "
+        f"{result['sdpa_peak_mb']:.0f}MB | probe {result['probe_s']:.2f}s {result['probe_peak_mb']:.0f}MB "
+        f"| probe/sdpa time {result['probe_time_ratio']:.3f}x mem {result['probe_mem_ratio']:.3f}x"
+    )
+    if "eager_s" in result:
+        line += (
+            f" | eager {result['eager_s']:.2f}s {result['eager_peak_mb']:.0f}MB, eager/probe mem "
+            f"{result['eager_mem_over_probe']:.1f}x, probe_check {result['probe_check']:.2e}"
+        )
+    else:
+        line += f" | eager skipped ({result['eager_skipped']})"
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m corelens.bench.ram --tokens N --json FILE [--no-eager]``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == _CHILD_FLAG:
+        print(json.dumps(_memory_child(json.loads(argv[1]))))
+        return 0
+    parser = argparse.ArgumentParser(prog="corelens bench ram", description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, required=True, help="prompt length N")
+    parser.add_argument("--json", type=Path, help="write the results to this JSON file")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--no-eager", dest="eager", action="store_false", default=None, help="skip eager")
+    group.add_argument(
+        "--eager", dest="eager", action="store_true", help="run eager even past the memory limit"
+    )
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--target-tokens", type=int, default=1024)
+    parser.add_argument("--query-rows", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=None, help="default: 3 up to 8192 tokens, else 1")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    result = run_ram_benchmark(
+        args.tokens,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        target_tokens=args.target_tokens,
+        query_rows=args.query_rows,
+        eager=args.eager,
+        seed=args.seed,
+        repeats=args.repeats,
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
