@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from corelens.attention.hybrid import hybrid  # noqa: E402
 from corelens.attention.interventions import Ablation, ablate  # noqa: E402
 from corelens.data import Sample, read_samples  # noqa: E402
 from corelens.errors import CorelensError, InputError, UnsupportedModelError  # noqa: E402
@@ -18,6 +19,7 @@ __all__ = [
     "Sample",
     "UnsupportedModelError",
     "ablate",
+    "hybrid",
     "load",
     "measure_sample",
     "prepare",

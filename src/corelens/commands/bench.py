@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHMARKS = {"ram": "corelens.bench.ram"}
+BENCHMARKS = {"ram": "corelens.bench.ram", "flow": "corelens.bench.flow", "hybrid": "corelens.bench.hybrid"}
 
 
 def run(args: argparse.Namespace) -> None:

@@ -105,8 +105,12 @@ def qwen_layout(
 
 
 def processor_kwargs(model_type: str, frame_times: list[float] | None, fps: float | None) -> dict:
-    """Return the extra processor arguments a family needs (Qwen3-VL: video metadata for its timestamps)."""
-    if model_type != "qwen3_vl" or not frame_times:
+    """Return the extra processor arguments a family needs: video metadata (the sampled fps).
+
+    Qwen3-VL writes it as timestamps; Qwen2.5-VL spaces its temporal rope positions by it (without it the
+    processor assumes 24 fps).
+    """
+    if model_type not in ("qwen2_5_vl", "qwen3_vl") or not frame_times:
         return {}
     indices = [round(t * fps) for t in frame_times]
     metadata = {"fps": fps, "total_num_frames": max(indices) + 1, "frames_indices": indices}

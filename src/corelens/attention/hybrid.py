@@ -1,0 +1,374 @@
+"""CoRe-guided hybrid attention (METHODS §4): a full set of heads keeps causal attention, the rest stream.
+
+A `HybridPolicy` is plain data: the full set of (layer, query head) pairs, the sink count `S` and the window
+`W`, plus where the set came from; it saves to and loads from JSON. `hybrid(m, full=..., sink=S, window=W)`
+activates it on one model for the duration of a `with` block:
+
+    with corelens.hybrid(m, full="runs/rank/heads.csv", keep=0.1) as h:
+        out = m.model.generate(**inputs, cache=h.cache(), max_new_tokens=16)
+        print(h.cache_report())            # bytes a DynamicCache would hold vs bytes held
+
+Inside the block every decoder attention call goes through the hybrid kernels (`corelens.attention.kernels`):
+a whole-prompt prefill runs the chosen kernel (`auto`: FlexAttention on CUDA, the blocked CPU path
+otherwise); any other call (decoding steps, cache extensions) runs the exact masked path over the keys at
+hand. With `h.cache()` passed to `generate`, streaming KV heads keep only their sinks and window.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from corelens.attention import kernels
+from corelens.attention.dispatch import AttentionCall, AttentionHook, activate
+from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer
+from corelens.attention.kernels.dense import masked_attention, policy_allowed
+from corelens.attention.kernels.semantics import allowed_mask, is_dense, row_starts, streaming_keep
+from corelens.errors import CorelensError
+from corelens.metrics.headsets import SEEDED, k_count, select
+
+FORMAT = "corelens.hybrid-policy/1"
+DEFAULT_SINK = 128
+DEFAULT_WINDOW = 1024
+
+
+@dataclass(frozen=True)
+class HybridPolicy:
+    """Which (layer, query head) pairs keep full attention; every other head keeps S sinks + a W window."""
+
+    full: tuple[tuple[int, int], ...]
+    sink: int = DEFAULT_SINK
+    window: int = DEFAULT_WINDOW
+    source: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        pairs = tuple(sorted({(int(layer), int(head)) for layer, head in self.full}))
+        object.__setattr__(self, "full", pairs)
+        if self.sink < 0 or self.window < 1:
+            raise ValueError(f"need sink >= 0 and window >= 1, got sink={self.sink}, window={self.window}")
+        if any(layer < 0 or head < 0 for layer, head in pairs):
+            raise ValueError("layer and head indices must be non-negative")
+
+    @classmethod
+    def from_heads(
+        cls,
+        heads: pd.DataFrame | str | Path,
+        keep: int | float | str,
+        *,
+        kind: str = "top",
+        seed: int | None = None,
+        sink: int = DEFAULT_SINK,
+        window: int = DEFAULT_WINDOW,
+    ) -> HybridPolicy:
+        """Return the policy whose full set is `keep` heads ("10%", 0.1 or a count) of a heads.csv table.
+
+        `kind`: "top" (the CoRe heads), "bottom", "random" or "layer-matched" (seeded), as in
+        `corelens.metrics.headsets`.
+        """
+        source: dict[str, Any] = {"keep": str(keep), "kind": kind}
+        if not isinstance(heads, pd.DataFrame):
+            source["heads"] = str(heads)
+            heads = pd.read_csv(heads)
+        count = k_count(keep, len(heads))
+        if kind in SEEDED:
+            seed = 0 if seed is None else seed
+            source["seed"] = seed
+        return cls(select(heads, kind, count, seed), sink, window, source)
+
+    def full_mask(self, layers: int, heads: int) -> torch.Tensor:
+        """Return the (layers, heads) boolean full-head table for a model of that shape."""
+        mask = torch.zeros(layers, heads, dtype=torch.bool)
+        for layer, head in self.full:
+            if layer >= layers or head >= heads:
+                raise CorelensError(
+                    f"policy head L{layer}H{head} is outside a model of {layers} x {heads} heads"
+                )
+            mask[layer, head] = True
+        return mask
+
+    def streaming_kv(self, layers: int, heads: int, kv_heads: int) -> torch.Tensor:
+        """Return (layers, kv_heads) booleans: KV heads whose query heads all stream (they can be trimmed)."""
+        return ~self.full_mask(layers, heads).view(layers, kv_heads, heads // kv_heads).any(dim=-1)
+
+    def fraction(self, layers: int, heads: int) -> float:
+        """Return the share of all query heads that are full."""
+        return len(self.full) / (layers * heads)
+
+    def ideal_speedup(self, tokens: int, layers: int, heads: int) -> float:
+        """Return METHODS §4's ideal attention speed-up for an unpadded prompt of `tokens` tokens."""
+        return kernels.ideal_speedup(tokens, self.fraction(layers, heads), self.sink, self.window)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the policy as JSON-ready data."""
+        return {
+            "format": FORMAT,
+            "full": [list(p) for p in self.full],
+            "sink": self.sink,
+            "window": self.window,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HybridPolicy:
+        """Return the policy stored by `to_dict`."""
+        if data.get("format") != FORMAT:
+            raise CorelensError(f"not a hybrid policy (format {data.get('format')!r}, expected {FORMAT!r})")
+        return cls(
+            tuple(tuple(p) for p in data["full"]),
+            int(data["sink"]),
+            int(data["window"]),
+            data.get("source", {}),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Write the policy as JSON to `path`; return the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> HybridPolicy:
+        """Read a policy written by `save`."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError) as err:
+            raise CorelensError(f"{path}: cannot read a hybrid policy ({err})") from err
+
+
+def as_policy(
+    full: HybridPolicy | str | Path | pd.DataFrame | Iterable[tuple[int, int]] | Any,
+    *,
+    sink: int | None = None,
+    window: int | None = None,
+    keep: int | float | str | None = None,
+) -> HybridPolicy:
+    """Return a policy from a policy, a policy JSON, a heads.csv (+ `keep`), a head table or Ranking, or pairs."""
+    if isinstance(full, HybridPolicy):
+        policy = full
+    elif isinstance(full, (str, Path)) and str(full).endswith(".json"):
+        policy = HybridPolicy.load(full)
+    elif isinstance(full, (str, Path, pd.DataFrame)) or hasattr(full, "heads"):
+        table = full.heads if hasattr(full, "heads") else full
+        if keep is None:
+            raise ValueError("choosing full heads from a head table needs `keep` (a count or a fraction)")
+        policy = HybridPolicy.from_heads(table, keep)
+    else:
+        policy = HybridPolicy(tuple(tuple(p) for p in full))
+    return HybridPolicy(
+        policy.full,
+        policy.sink if sink is None else sink,
+        policy.window if window is None else window,
+        policy.source,
+    )
+
+
+def _model_shape(m: Any) -> tuple[list[tuple[int, torch.nn.Module]], int, int, int]:
+    """Return (layer modules, layers, heads, kv heads) of a `Loaded` model or a bare transformers model."""
+    if hasattr(m, "layer_modules"):
+        return m.layer_modules(), m.num_layers, m.num_heads, m.num_kv_heads
+    from corelens.models.loaded import decoder_attention_modules
+
+    modules = decoder_attention_modules(m)
+    config = m.config.get_text_config()
+    heads = config.num_attention_heads
+    return list(enumerate(modules)), len(modules), heads, config.num_key_value_heads or heads
+
+
+class Hybrid:
+    """An active hybrid policy on one model: its hook, its caches, and what ran (`stats`)."""
+
+    def __init__(self, m: Any, policy: HybridPolicy, kernel: str = "auto") -> None:
+        if kernel not in kernels.KERNELS:
+            raise ValueError(f"unknown hybrid kernel {kernel!r}; expected one of {kernels.KERNELS}")
+        self.modules, self.layers, self.heads, self.kv_heads = _model_shape(m)
+        self.policy = policy
+        self.kernel = kernel
+        self.full = policy.full_mask(self.layers, self.heads)
+        self.stream_kv = policy.streaming_kv(self.layers, self.heads, self.kv_heads)
+        self.stats: Counter[str] = Counter()
+        self.fallbacks: list[str] = []
+        self.active = False
+        self._pending: dict[int, HybridCacheLayer] = {}
+        self.last_cache: HybridCache | None = None
+        self.hook = HybridHook(self)
+
+    def cache(self) -> HybridCache:
+        """Return a new cache for one `generate` call: streaming KV heads keep only sinks + window."""
+        layers = [
+            HybridCacheLayer(
+                i,
+                self.stream_kv[i].nonzero().flatten().tolist(),
+                self.kv_heads,
+                self.policy.sink,
+                self.policy.window,
+                self,
+            )
+            for i in range(self.layers)
+        ]
+        self.last_cache = HybridCache(layers)
+        return self.last_cache
+
+    def cache_report(self, cache: HybridCache | None = None) -> dict[str, float]:
+        """Return the bytes a DynamicCache would hold, the bytes held and the saving, for `cache` (or the last)."""
+        cache = self.last_cache if cache is None else cache
+        if cache is None:
+            raise CorelensError("no HybridCache yet: pass `h.cache()` to generate first")
+        return cache.report()
+
+    def register(self, layer: HybridCacheLayer) -> None:
+        """Note that `layer` just produced the keys of its layer's next attention call."""
+        self._pending[layer.index] = layer
+
+    def take(self, call: AttentionCall) -> HybridCacheLayer | None:
+        """Return the HybridCache layer that produced this call's keys, if any."""
+        layer = self._pending.pop(call.layer, None)
+        if layer is None:
+            return None
+        if layer.returned is not call.key:
+            if layer.trimmed:
+                raise CorelensError(
+                    "the keys of a trimmed HybridCache layer were replaced before the hybrid kernel ran"
+                )
+            return None
+        return layer
+
+
+class HybridHook(AttentionHook):
+    """Replaces the attention kernel of every decoder layer with the hybrid one."""
+
+    def __init__(self, session: Hybrid) -> None:
+        self.session = session
+        self._owed = False  # a kernel was installed and has not run yet
+
+    def post(self, call: AttentionCall, output: torch.Tensor) -> torch.Tensor:
+        """Refuse results computed without the hybrid kernel (an inner hook replaced it without wrapping it)."""
+        if self._owed:
+            self._owed = False
+            raise CorelensError(
+                "another hook replaced the hybrid attention kernel; hybrid must be the outer hook"
+            )
+        return output
+
+    def pre(self, call: AttentionCall) -> None:
+        """Choose the kernel for this call: prefill, trimmed-cache decoding, or exact masked decoding."""
+        s = self.session
+        if call.kernel is not None:
+            raise CorelensError(
+                "hybrid attention cannot run with another hook that replaces the attention kernel"
+            )
+        full = s.full[call.layer]
+        layer = s.take(call)
+        q_len, kv_len = call.query.shape[2], call.key.shape[2]
+        if layer is not None and layer.visible is not None:
+            call.kernel = partial(self._trimmed, call.layer, full, layer)
+        elif q_len == kv_len:
+            call.kernel = partial(self._prefill, full, layer)
+        elif not bool(full.all()):
+            call.kernel = partial(self._masked, full)
+        self._owed = call.kernel is not None
+
+    # Kernels, with transformers' signature: (module, q, k, v, mask, scaling=, dropout=, ...) -> (out, None).
+    def _prefill(self, full, layer, module, query, key, value, attention_mask, scaling=None, **kwargs):
+        self._owed = False
+        s = self.session
+        p = s.policy
+        if bool(full.all()) or is_dense(query.shape[2], p.sink, p.window):
+            # Every pair is kept: exactly the stock sdpa call.
+            out, _ = sdpa_attention_forward(
+                module, query, key, value, attention_mask, scaling=scaling, **kwargs
+            )
+            ran, reason = "sdpa", None
+        else:
+            out, ran, reason = kernels.prefill(
+                s.kernel, query, key, value, attention_mask, full, p.sink, p.window, scaling
+            )
+        s.stats[f"prefill:{ran}"] += 1
+        if reason:
+            s.stats["fallback"] += 1
+            if reason not in s.fallbacks:
+                s.fallbacks.append(reason)
+        if layer is not None:
+            layer.settle(row_starts(attention_mask, query.shape[0], query.device))
+        return out, None
+
+    def _masked(self, full, module, query, key, value, attention_mask, scaling=None, **_):
+        """Exact hybrid attention of the last q positions over every key (decoding with a full cache)."""
+        self._owed = False
+        s = self.session
+        batch, _, q_len, _ = query.shape
+        k_len = key.shape[2]
+        device = query.device
+        k_pos = torch.arange(k_len, device=device).expand(batch, k_len)
+        q_pos = torch.arange(k_len - q_len, k_len, device=device).expand(batch, q_len)
+        starts = row_starts(attention_mask, batch, device)
+        allowed = policy_allowed(full, attention_mask, q_pos, k_pos, starts, s.policy.sink, s.policy.window)
+        s.stats["masked"] += 1
+        return masked_attention(query, key, value, allowed, scaling), None
+
+    def _trimmed(self, index, full, layer, module, query, key, value, attention_mask, scaling=None, **_):
+        """Decoding over a trimmed cache layer: full KV heads over every position, streaming ones over their slots."""
+        self._owed = False
+        s = self.session
+        p = s.policy
+        batch, heads, q_len, _ = query.shape
+        groups = heads // s.kv_heads
+        device = query.device
+        total = key.shape[2]
+        starts = layer.starts.to(device).expand(batch)
+        q_pos = torch.arange(total - q_len, total, device=device).expand(batch, q_len)
+        model = allowed_mask(attention_mask)
+        out = query.new_empty(batch, q_len, heads, value.shape[-1])
+
+        full_kv = layer.full_kv.to(device)
+        if len(full_kv):
+            qh = (full_kv[:, None] * groups + torch.arange(groups, device=device)).flatten()
+            k_pos = torch.arange(total, device=device).expand(batch, total)
+            allowed = policy_allowed(full[qh.cpu()], model, q_pos, k_pos, starts, p.sink, p.window)
+            out[:, :, qh] = masked_attention(query[:, qh], key, value, allowed, scaling)
+
+        sk, sv, pos = layer.visible
+        stream_kv = layer.stream_kv.to(device)
+        qh = (stream_kv[:, None] * groups + torch.arange(groups, device=device)).flatten()
+        allowed = streaming_keep(q_pos, pos, starts, p.sink, p.window)  # (batch, q, slots); -1 slots excluded
+        if model is not None:
+            cols = pos.clamp(min=0)[:, None, :].expand(batch, q_len, pos.shape[1])
+            allowed &= model[:, 0].gather(-1, cols)
+        out[:, :, qh] = masked_attention(query[:, qh], sk, sv, allowed[:, None], scaling)
+        s.stats["trimmed"] += 1
+        return out, None
+
+
+@contextmanager
+def hybrid(
+    m: Any,
+    full: HybridPolicy | str | Path | pd.DataFrame | Sequence[tuple[int, int]] | Any = (),
+    *,
+    sink: int | None = None,
+    window: int | None = None,
+    keep: int | float | str | None = None,
+    kernel: str = "auto",
+) -> Iterator[Hybrid]:
+    """Run `m` with hybrid attention inside the block: `full` heads keep causal attention, the rest stream.
+
+    `full`: a HybridPolicy, a policy .json, a heads.csv path / head table / Ranking (with `keep`: a count, a
+    fraction or "10%"), or (layer, head) pairs. `sink` / `window` default to the policy's (128 / 1024).
+    `kernel`: "auto", "blocked", "flex" or "reference" (prefill only; decoding is always exact-masked).
+    """
+    session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel)
+    with activate(session.modules, session.hook):
+        session.active = True
+        try:
+            yield session
+        finally:
+            session.active = False

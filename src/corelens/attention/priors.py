@@ -1,0 +1,225 @@
+"""Shared attention priors (SAP, METHODS §6): replace the visual part of the current query row's attention.
+
+`SapHook` runs inside the corelens attention function. The kernel computes every row as usual; then, for the
+current query rows only (the last prompt position in the prefill, each new token when decoding), the chosen
+heads' attention rows are rebuilt from fp32 scores of those rows (one row per head, never N x N) and their
+outputs overwritten. Conventions **[decision: mass]**:
+
+- `mass`: the row's total visual mass m is kept and its visual part becomes m·π; text keys keep their
+  probabilities exactly;
+- `logits` (the authors' code): the visual pre-softmax scores are replaced by π itself (probabilities
+  written as logits), text scores kept, then softmax — every prior becomes near-uniform attention;
+- `mean_logits` (the authors' rescaled variant, as read here): the visual scores are replaced by π scaled to
+  the mean of the row's original visual scores, π_j·|V|·mean(s_V), then softmax.
+
+`prior=None` is the control "own": π is the row's own visual distribution, an exact no-op under `mass`.
+
+Layers and heads are named sets (`parse_layers`, `parse_heads`): "all", lists and ranges ("21-27,29"),
+"first:N" / "last:N", thirds ("early", "middle", "late"); heads also "band:P0-P1", the heads whose visual mass
+in the current row lies in that percentile band of the layer (the authors' percentile band of heads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from corelens.attention.dispatch import AttentionCall, AttentionHook
+from corelens.errors import CorelensError
+
+CONVENTIONS = ("mass", "logits", "mean_logits")
+
+
+def _ranges(text: str, limit: int, what: str) -> tuple[int, ...]:
+    out: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            lo, _, hi = part.partition("-")
+            first, last = int(lo), int(hi) if hi else int(lo)
+        except ValueError:
+            raise CorelensError(f"bad {what} set {text!r}: {part!r} is not N or N-M") from None
+        if not 0 <= first <= last < limit:
+            raise CorelensError(f"bad {what} set {text!r}: {part!r} is outside 0-{limit - 1}")
+        out.update(range(first, last + 1))
+    if not out:
+        raise CorelensError(f"empty {what} set {text!r}")
+    return tuple(sorted(out))
+
+
+def parse_layers(spec: str, num_layers: int) -> tuple[int, ...]:
+    """Return the layer indices of a named set: all, early/middle/late, first:N, last:N, or "21-27,29"."""
+    spec = spec.strip()
+    third = num_layers / 3
+    named = {
+        "all": range(num_layers),
+        "early": range(0, round(third)),
+        "middle": range(round(third), round(2 * third)),
+        "late": range(round(2 * third), num_layers),
+    }
+    if spec in named:
+        layers = tuple(named[spec])
+        if not layers:
+            raise CorelensError(f"layer set {spec!r} is empty for a {num_layers}-layer model")
+        return layers
+    for prefix in ("first:", "last:"):
+        if spec.startswith(prefix):
+            try:
+                n = int(spec[len(prefix) :])
+            except ValueError:
+                raise CorelensError(f"bad layer set {spec!r}: expected {prefix}N") from None
+            if not 0 < n <= num_layers:
+                raise CorelensError(f"bad layer set {spec!r}: N must be in 1-{num_layers}")
+            return tuple(range(n)) if prefix == "first:" else tuple(range(num_layers - n, num_layers))
+    return _ranges(spec, num_layers, "layer")
+
+
+@dataclass(frozen=True)
+class SapHeads:
+    """A named set of query heads: all, a fixed list, or a percentile band of the row's visual mass."""
+
+    spec: str = "all"
+    heads: tuple[int, ...] = ()
+    band: tuple[float, float] | None = None
+
+    def select(self, visual_mass: torch.Tensor) -> torch.Tensor:
+        """Return a bool mask over heads for one query row, given each head's visual mass there."""
+        n = visual_mass.shape[0]
+        if self.band is not None:
+            lo, hi = np.percentile(visual_mass.double().cpu().numpy(), self.band)
+            return (visual_mass >= lo) & (visual_mass <= hi)
+        chosen = torch.zeros(n, dtype=torch.bool, device=visual_mass.device)
+        chosen[list(self.heads) if self.heads else slice(None)] = True
+        return chosen
+
+
+def parse_heads(spec: str, num_heads: int) -> SapHeads:
+    """Return the head set of a spec: "all", "0-3,7", or "band:P0-P1" (percentiles of visual mass)."""
+    spec = spec.strip()
+    if spec == "all":
+        return SapHeads(spec)
+    if spec.startswith("band:"):
+        try:
+            lo, hi = (float(v) for v in spec[5:].split("-"))
+        except ValueError:
+            raise CorelensError(f"bad head set {spec!r}: expected band:P0-P1, e.g. band:25-75") from None
+        if not 0 <= lo <= hi <= 100:
+            raise CorelensError(f"bad head set {spec!r}: percentiles must satisfy 0 <= P0 <= P1 <= 100")
+        return SapHeads(spec, band=(lo, hi))
+    return SapHeads(spec, heads=_ranges(spec, num_heads, "head"))
+
+
+def row_scores(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
+    """Return fp32 masked, scaled attention scores of query `rows` (absolute positions): (b, heads, rows, kv).
+
+    The pre-softmax twin of `probes.row_probabilities` (same GQA grouping and mask handling).
+    """
+    query, key = call.query, call.key
+    batch, heads, _, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    local = rows - call.q_offset
+    q = query[:, :, local].float().view(batch, kv_heads, heads // kv_heads, len(rows), dim)
+    scores = torch.einsum("bkgrd,bknd->bkgrn", q, key.float()).mul_(call.scaling)
+    scores = scores.reshape(batch, heads, len(rows), kv_len)
+    mask = call.attention_mask
+    if mask is None:
+        keys = torch.arange(kv_len, device=key.device)
+        allowed = keys[None, :] <= rows.to(key.device)[:, None]
+        scores.masked_fill_(~allowed, float("-inf"))
+    else:
+        rows_mask = mask[:, :, local, :kv_len]
+        if rows_mask.dtype == torch.bool:
+            scores.masked_fill_(~rows_mask, float("-inf"))
+        else:
+            scores.add_(rows_mask.float())
+    return scores
+
+
+def rebuild_rows(
+    scores: torch.Tensor, visual: torch.Tensor, prior: torch.Tensor | None, convention: str = "mass"
+) -> torch.Tensor:
+    """Return new attention rows (b, heads, rows, kv) whose visual part follows `prior` under `convention`."""
+    probs = torch.softmax(scores, dim=-1)
+    vis = probs[..., visual]
+    mass = vis.sum(-1, keepdim=True)
+    if prior is None:
+        pi = torch.where(mass > 0, vis / mass.clamp(min=1e-30), torch.full_like(vis, 1.0 / vis.shape[-1]))
+    else:
+        pi = prior.to(scores.device, torch.float32).expand_as(vis)
+    if convention == "mass":
+        out = probs.clone()
+        out[..., visual] = mass * pi
+        return out
+    new_scores = scores.clone()
+    if convention == "logits":
+        new_scores[..., visual] = pi
+    elif convention == "mean_logits":
+        mean_scores = scores[..., visual].mean(-1, keepdim=True)
+        new_scores[..., visual] = pi * pi.shape[-1] * mean_scores
+    else:
+        raise ValueError(f"unknown SAP convention {convention!r}; expected one of {CONVENTIONS}")
+    return torch.softmax(new_scores, dim=-1)
+
+
+@dataclass
+class SapHook(AttentionHook):
+    """Replaces the visual attention of the current query rows by a prior, in the heads of `heads`.
+
+    `visual`: absolute positions of the visual tokens V; `prior`: a distribution over V in that order (None:
+    the row's own); `prompt_len`: the prompt length (the current rows are prompt_len − 1 and later ones).
+    Activate it on the layers of the set with `activate`. `record=True` keeps (layer, before, after, heads).
+    """
+
+    visual: torch.Tensor
+    prior: torch.Tensor | None
+    prompt_len: int
+    heads: SapHeads = field(default_factory=SapHeads)
+    convention: str = "mass"
+    record: bool = False
+    records: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.convention not in CONVENTIONS:
+            raise ValueError(f"unknown SAP convention {self.convention!r}; expected one of {CONVENTIONS}")
+        self.visual = torch.as_tensor(self.visual, dtype=torch.long)
+        if self.prior is not None:
+            self.prior = torch.as_tensor(self.prior, dtype=torch.float32)
+            if self.prior.shape != self.visual.shape:
+                raise ValueError(
+                    f"prior has {self.prior.numel()} values for {self.visual.numel()} visual tokens"
+                )
+
+    def current_rows(self, call: AttentionCall) -> torch.Tensor:
+        """Return the absolute query positions this call holds at or after the last prompt position."""
+        first = max(call.q_offset, self.prompt_len - 1)
+        return torch.arange(first, call.q_offset + call.query.shape[2], device=call.query.device)
+
+    def post(self, call: AttentionCall, output: torch.Tensor) -> torch.Tensor:
+        """Overwrite the chosen heads' outputs at the current rows with the prior-weighted values."""
+        rows = self.current_rows(call)
+        if not len(rows):
+            return output
+        if call.query.shape[0] != 1:
+            raise ValueError("SAP applies to one sample at a time (batch size 1)")
+        visual = self.visual.to(call.key.device)
+        scores = row_scores(call, rows)
+        new = rebuild_rows(scores, visual, self.prior, self.convention)
+        before_mass = torch.softmax(scores, dim=-1)[..., visual].sum(-1)  # (b, heads, rows)
+        b, heads, n_rows, kv_len = new.shape
+        kv_heads = call.value.shape[1]
+        grouped = new.view(b, kv_heads, heads // kv_heads, n_rows, kv_len)
+        values = torch.einsum("bkgrn,bknd->bkgrd", grouped, call.value.float())
+        values = values.reshape(b, heads, n_rows, -1).transpose(1, 2)  # (b, rows, heads, dim)
+        output = output.clone()
+        local = rows - call.q_offset
+        for r in range(n_rows):
+            chosen = self.heads.select(before_mass[0, :, r])
+            output[:, local[r], chosen] = values[:, r, chosen].to(output.dtype)
+            if self.record:
+                self.records.append(
+                    (call.layer, torch.softmax(scores[0, :, r], -1).cpu(), new[0, :, r].cpu(), chosen.cpu())
+                )
+        return output

@@ -1,0 +1,498 @@
+"""Hybrid-attention benchmark: kernel and whole-decoder prefill times against stock sdpa and FlexAttention.
+
+One run, one process, one set of random inputs (fp32, batch 1, `torch.no_grad()`, all cores):
+
+- **kernels** on post-RoPE-shaped random q (1, H, N, d) and un-repeated k, v (1, H_kv, N, d), realistic width
+  (default 16 query heads over 2 KV heads, head_dim 128): ``sdpa`` = transformers' stock sdpa attention call;
+  ``hybrid`` = corelens' blocked CPU kernel; ``flex`` = FlexAttention compiled with ``torch.compile`` on the
+  same per-head block mask. For each kept fraction F, round(F H) heads (a seeded random choice) are full.
+  The hybrid and flex outputs are compared (``max_abs_diff_flex``);
+- **prefill**: a random-weight Qwen2.5-VL text decoder (default 2 layers, hidden 2048, intermediate 5632),
+  stock "sdpa" attention vs corelens' attention under `corelens.hybrid` with round(F L H) full heads
+  (seeded random) over the whole model; ``prefill_flop_speedup`` is what the FLOP count predicts
+  (projections, MLP and attention pairs; METHODS §4 pair counts for the attention).
+
+Every time is the median of `repeats` runs after one warm-up run of the same shape (the flex warm-up is its
+compilation, timed apart as ``flex_compile_s``); variants are interleaved so load drift affects all alike.
+If FlexAttention cannot compile here, ``flex_error`` says why and no flex number is given.
+
+Run as ``corelens bench hybrid --tokens N --keep 0.05,0.1,0.2,0.5 --sink S --window W --json FILE``;
+``corelens bench hybrid --table FILE...`` prints the README table of saved results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corelens.attention.kernels import blocked, flex, ideal_speedup, pairs
+
+
+def cores() -> int:
+    """Return the number of CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine() -> dict[str, Any]:
+    """Return platform, CPU model, cores and the load average at the start."""
+    info: dict[str, Any] = {"platform": platform.platform(), "cores": cores()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        info["loadavg_start"] = os.getloadavg()
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def build_decoder(*, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int,
+                  vocab_size: int = 1024, seed: int = 0) -> torch.nn.Module:  # fmt: skip
+    """Return a random-weight fp32 Qwen2.5-VL text decoder (deterministic in `seed`), in eval mode."""
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
+
+    import corelens.attention  # noqa: F401 - registers the "corelens" attention function
+
+    half = hidden // heads // 2
+    side = 3 * half // 8
+    config = Qwen2_5_VLTextConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1 << 17,
+        use_cache=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [half - 2 * side, side, side]},
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLTextModel(config).to(torch.float32).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def random_ids(tokens: int, vocab_size: int = 1024, seed: int = 0) -> torch.Tensor:
+    """Return a random (1, tokens) prompt, deterministic in `seed`."""
+    return torch.randint(0, vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed + 1))
+
+
+def _busy_seconds() -> float | None:
+    """Return the machine's busy CPU seconds so far (all processes, from /proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = list(map(int, f.readline().split()[1:]))
+    except OSError:
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]  # minus idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the compiler runs of torch.compile
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _stub(groups: int) -> torch.nn.Module:
+    """Return a stand-in attention module carrying what transformers' sdpa call reads."""
+    module = torch.nn.Module()
+    module.num_key_value_groups = groups
+    module.is_causal = True
+    return module
+
+
+def choose_full(total: int, keep: float, seed: int) -> list[int]:
+    """Return round(keep * total) head indices, a seeded random choice."""
+    count = round(keep * total)
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
+    return sorted(order[:count].tolist())
+
+
+def _timed(fn) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def kernel_times(
+    tokens: int,
+    keeps: list[float],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    sink: int,
+    window: int,
+    repeats: int,
+    seed: int,
+    with_flex: bool,
+) -> dict[str, Any]:
+    """Time stock sdpa, the hybrid kernel and compiled FlexAttention on one layer's attention."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, tokens, head_dim, generator=g)
+    k = torch.randn(1, kv_heads, tokens, head_dim, generator=g)
+    v = torch.randn(1, kv_heads, tokens, head_dim, generator=g)
+    scale = head_dim**-0.5
+    stub = _stub(heads // kv_heads)
+    fulls = {}
+    for keep in keeps:
+        full = torch.zeros(heads, dtype=torch.bool)
+        full[choose_full(heads, keep, seed)] = True
+        fulls[keep] = full
+
+    def sdpa():
+        return sdpa_attention_forward(stub, q, k, v, None, scaling=scale)[0]
+
+    def hybrid(keep):
+        return blocked(q, k, v, None, fulls[keep], sink, window, scale)
+
+    def flexed(keep):
+        return flex(q, k, v, None, fulls[keep], sink, window, scale, compiled=True)
+
+    out: dict[str, Any] = {
+        "kernel_full_heads": {str(keep): fulls[keep].nonzero().flatten().tolist() for keep in keeps}
+    }
+    # Warm-ups (the first flex call per mask compiles).
+    sdpa()
+    for keep in keeps:
+        hybrid(keep)
+    flex_ok = with_flex
+    compile_s: dict[str, float] = {}
+    diffs: dict[str, float] = {}
+    if with_flex:
+        try:
+            for keep in keeps:
+                seconds, y = _timed(lambda keep=keep: flexed(keep))
+                compile_s[str(keep)] = seconds
+                diffs[str(keep)] = float((y - hybrid(keep)).abs().max())
+                del y
+        except Exception as err:  # recorded, never faked: the JSON says why there is no flex number
+            flex_ok = False
+            out["flex_error"] = (
+                f"{type(err).__name__}: {str(err).strip().splitlines()[0][:500] if str(err) else ''}"
+            )
+    times: dict[str, list[float]] = {"sdpa": []}
+    for keep in keeps:
+        times[f"hybrid:{keep}"] = []
+        if flex_ok:
+            times[f"flex:{keep}"] = []
+    for _ in range(repeats):
+        times["sdpa"].append(_timed(sdpa)[0])
+        for keep in keeps:
+            times[f"hybrid:{keep}"].append(_timed(lambda keep=keep: hybrid(keep))[0])
+            if flex_ok:
+                times[f"flex:{keep}"].append(_timed(lambda keep=keep: flexed(keep))[0])
+    out["sdpa_s"] = statistics.median(times["sdpa"])
+    out["times_s"] = times
+    out["flex_compile_s"] = compile_s
+    out["max_abs_diff_flex"] = diffs
+    out["per_keep"] = {}
+    for keep in keeps:
+        f = float(fulls[keep].float().mean())
+        row = {
+            "full_fraction": f,
+            "hybrid_s": statistics.median(times[f"hybrid:{keep}"]),
+            "ideal_speedup": ideal_speedup(tokens, f, sink, window),
+        }
+        row["speedup"] = out["sdpa_s"] / row["hybrid_s"]
+        row["of_ideal"] = row["speedup"] / row["ideal_speedup"]
+        if flex_ok:
+            row["flex_s"] = statistics.median(times[f"flex:{keep}"])
+            row["flex_speedup"] = out["sdpa_s"] / row["flex_s"]
+            row["hybrid_over_flex"] = row["flex_s"] / row["hybrid_s"]
+        out["per_keep"][str(keep)] = row
+    return out
+
+
+def prefill_flops(tokens: int, *, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int,
+                  full_heads: int | None, sink: int, window: int) -> float:  # fmt: skip
+    """Return the multiply-add FLOPs of a decoder prefill; `full_heads` None = every head full (dense)."""
+    head_dim = hidden // heads
+    proj = 2 * tokens * hidden * (2 * heads * head_dim + 2 * kv_heads * head_dim)
+    mlp = 2 * tokens * 3 * hidden * intermediate
+    p_full, p_stream = pairs(tokens, sink, window)
+    total_heads = layers * heads
+    full = total_heads if full_heads is None else full_heads
+    attention = 4 * head_dim * (full * p_full + (total_heads - full) * p_stream)
+    return layers * (proj + mlp) + attention
+
+
+def prefill_times(
+    tokens: int,
+    keeps: list[float],
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    sink: int,
+    window: int,
+    repeats: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Time the whole-decoder prefill: stock sdpa against corelens hybrid attention, same weights and input."""
+    from corelens.attention.hybrid import HybridPolicy, hybrid
+
+    model = build_decoder(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, intermediate=intermediate, seed=seed
+    )
+    ids = random_ids(tokens, seed=seed)
+    warm = random_ids(min(tokens, 256), seed=seed)
+    policies = {}
+    for keep in keeps:
+        chosen = choose_full(layers * heads, keep, seed)
+        policies[keep] = HybridPolicy(tuple(divmod(i, heads) for i in chosen), sink, window)
+
+    def stock(x):
+        model.set_attn_implementation("sdpa")
+        return model(input_ids=x, use_cache=False).last_hidden_state
+
+    def hybrid_forward(x, keep):
+        model.set_attn_implementation("corelens")
+        with hybrid(model, policies[keep]) as h:
+            y = model(input_ids=x, use_cache=False).last_hidden_state
+        return y, dict(h.stats)
+
+    stock(warm)
+    for keep in keeps:
+        hybrid_forward(warm, keep)
+    times: dict[str, list[float]] = {"sdpa": [], **{f"hybrid:{keep}": [] for keep in keeps}}
+    stats = {}
+    for _ in range(repeats):
+        seconds, _ = _timed(lambda: stock(ids))
+        times["sdpa"].append(seconds)
+        for keep in keeps:
+            seconds, (_, stats[str(keep)]) = _timed(lambda keep=keep: hybrid_forward(ids, keep))
+            times[f"hybrid:{keep}"].append(seconds)
+    dims = {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "intermediate": intermediate,
+    }
+    head_dim = hidden // heads
+    dense = prefill_flops(tokens, **dims, full_heads=None, sink=sink, window=window)
+    out: dict[str, Any] = {"prefill_sdpa_s": statistics.median(times["sdpa"]), "prefill_times_s": times}
+    out["prefill_per_keep"] = {}
+    for keep in keeps:
+        n_full = len(policies[keep].full)
+        hybrid_flops = prefill_flops(tokens, **dims, full_heads=n_full, sink=sink, window=window)
+        row = {
+            "full_heads": n_full,
+            "full_fraction": n_full / (layers * heads),
+            "prefill_hybrid_s": statistics.median(times[f"hybrid:{keep}"]),
+            "prefill_flop_speedup": dense / hybrid_flops,
+            "kernels_ran": stats[str(keep)],
+        }
+        # KV-cache bytes after this prefill: streaming KV heads keep S + W slots (plus an int64 slot table).
+        stream_kv = int(policies[keep].streaming_kv(layers, heads, kv_heads).sum())
+        per_position = 2 * head_dim * 4  # K and V, fp32
+        dense_bytes = layers * kv_heads * tokens * per_position
+        kept = min(tokens, sink + window)
+        saved = stream_kv * ((tokens - kept) * per_position - kept * 8) if tokens > sink + window else 0
+        row.update(streaming_kv_heads=stream_kv, cache_dense_bytes=dense_bytes, cache_saved_bytes=saved)
+        row["prefill_speedup"] = out["prefill_sdpa_s"] / row["prefill_hybrid_s"]
+        row["prefill_vs_flops"] = row["prefill_speedup"] / row["prefill_flop_speedup"]
+        out["prefill_per_keep"][str(keep)] = row
+    return out
+
+
+def run_hybrid_benchmark(
+    tokens: int,
+    keeps: list[float],
+    *,
+    sink: int = 128,
+    window: int = 1024,
+    heads: int = 16,
+    kv_heads: int = 2,
+    hidden: int = 2048,
+    intermediate: int = 5632,
+    layers: int = 2,
+    repeats: int = 1,
+    seed: int = 0,
+    with_flex: bool = True,
+    with_prefill: bool = True,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Run the kernel and prefill measurements; return the results (see the module docstring)."""
+    import transformers
+
+    threads = threads or cores()
+    torch.set_num_threads(threads)
+    head_dim = hidden // heads
+    result: dict[str, Any] = {
+        "tokens": tokens,
+        "keeps": keeps,
+        "sink": sink,
+        "window": window,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden": hidden,
+        "intermediate": intermediate,
+        "layers": layers,
+        "repeats": repeats,
+        "seed": seed,
+        "threads": threads,
+        "dtype": "float32",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": machine(),
+    }
+    started = time.perf_counter()
+    busy0, own0 = _busy_seconds(), _own_seconds()
+    with torch.no_grad():
+        result.update(
+            kernel_times(
+                tokens,
+                keeps,
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=head_dim,
+                sink=sink,
+                window=window,
+                repeats=repeats,
+                seed=seed,
+                with_flex=with_flex,
+            )  # fmt: skip
+        )
+        if with_prefill:
+            result.update(
+                prefill_times(
+                    tokens,
+                    keeps,
+                    layers=layers,
+                    hidden=hidden,
+                    heads=heads,
+                    kv_heads=kv_heads,
+                    intermediate=intermediate,
+                    sink=sink,
+                    window=window,
+                    repeats=repeats,
+                    seed=seed,
+                )  # fmt: skip
+            )
+    # Top-level keys for the first kept fraction (the issue's single-F form).
+    first = result["per_keep"][str(keeps[0])]
+    result["hybrid_s"] = first["hybrid_s"]
+    result["ideal_speedup"] = first["ideal_speedup"]
+    if "flex_s" in first:
+        result["flex_s"] = first["flex_s"]
+    else:
+        result["flex_s"] = None
+    if with_prefill:
+        result["prefill_hybrid_s"] = result["prefill_per_keep"][str(keeps[0])]["prefill_hybrid_s"]
+    result["wall_s"] = time.perf_counter() - started
+    if busy0 is not None:
+        # Cores used by other processes during the run, on average: the load this run competed with.
+        other = (_busy_seconds() - busy0) - (_own_seconds() - own0)
+        result["machine"]["other_processes_cores"] = round(max(0.0, other) / result["wall_s"], 3)
+    with contextlib.suppress(OSError):
+        result["machine"]["loadavg_end"] = os.getloadavg()
+    return result
+
+
+def summary(result: dict[str, Any]) -> str:
+    """Return a few lines with the ratios of a result."""
+    lines = [
+        f"hybrid bench N={result['tokens']} S={result['sink']} W={result['window']}: sdpa {result['sdpa_s']:.3f}s"
+    ]
+    for keep, row in result["per_keep"].items():
+        line = (
+            f"  F={keep} (f={row['full_fraction']:.3f}): hybrid {row['hybrid_s']:.3f}s speed-up {row['speedup']:.2f}x"
+            f" / ideal {row['ideal_speedup']:.2f}x = {row['of_ideal']:.0%}"
+        )
+        if "flex_s" in row:
+            line += f" | flex {row['flex_s']:.3f}s, hybrid {row['hybrid_over_flex']:.2f}x faster"
+        pre = result.get("prefill_per_keep", {}).get(keep)
+        if pre:
+            line += (
+                f" | prefill {pre['prefill_speedup']:.2f}x vs FLOPs {pre['prefill_flop_speedup']:.2f}x"
+                f" ({pre['prefill_vs_flops']:.0%})"
+            )
+        lines.append(line)
+    if result.get("flex_error"):
+        lines.append(f"  flex: {result['flex_error']}")
+    return "\n".join(lines)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """Return the README's markdown table (one row per N and kept fraction) from benchmark results."""
+    head = (
+        "| N | F | f | sdpa s | hybrid s | speed-up | ideal | % of ideal | flex s | hybrid vs flex "
+        "| prefill sdpa s | prefill hybrid s | prefill speed-up | FLOP-predicted | measured / predicted |"
+    )
+    lines = [head, "|" + " ---: |" * 15]
+    for r in sorted(results, key=lambda r: r["tokens"]):
+        for keep, row in r["per_keep"].items():
+            pre = r.get("prefill_per_keep", {}).get(keep, {})
+            flex_s = f"{row['flex_s']:.2f}" if "flex_s" in row else "—"
+            vs_flex = f"{row['hybrid_over_flex']:.2f}×" if "hybrid_over_flex" in row else "—"
+            cells = [
+                f"{r['tokens'] // 1024}k", f"{float(keep):.0%}", f"{row['full_fraction']:.3f}", f"{r['sdpa_s']:.2f}",
+                f"{row['hybrid_s']:.2f}", f"{row['speedup']:.2f}×", f"{row['ideal_speedup']:.2f}×",
+                f"{row['of_ideal']:.0%}", flex_s, vs_flex,
+                f"{r['prefill_sdpa_s']:.1f}" if pre else "—", f"{pre['prefill_hybrid_s']:.1f}" if pre else "—",
+                f"{pre['prefill_speedup']:.2f}×" if pre else "—", f"{pre['prefill_flop_speedup']:.2f}×" if pre else "—",
+                f"{pre['prefill_vs_flops']:.0%}" if pre else "—",
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``corelens bench hybrid --tokens N --keep F[,F...] [--sink S --window W] --json FILE``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "--table":  # print the README table of saved results
+        print(table([json.loads(Path(f).read_text()) for f in argv[1:]]))
+        return 0
+    parser = argparse.ArgumentParser(prog="corelens bench hybrid", description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, required=True, help="prompt length N")
+    parser.add_argument("--keep", default="0.2", help="kept (full) fraction(s) of heads, comma-separated")
+    parser.add_argument("--sink", type=int, default=128)
+    parser.add_argument("--window", type=int, default=1024)
+    parser.add_argument("--json", type=Path, help="write the results to this JSON file")
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers of the prefill model")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="default: every core")
+    parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention")
+    parser.add_argument("--no-prefill", action="store_true", help="skip the whole-decoder prefill")
+    args = parser.parse_args(argv)
+    keeps = [
+        float(x.strip().rstrip("%")) / (100 if x.strip().endswith("%") else 1) for x in args.keep.split(",")
+    ]
+    result = run_hybrid_benchmark(
+        args.tokens, keeps, sink=args.sink, window=args.window, heads=args.heads, kv_heads=args.kv_heads,
+        hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
+        seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
+    )  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

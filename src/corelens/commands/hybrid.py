@@ -1,0 +1,58 @@
+"""`corelens hybrid`: accuracy vs heads kept full under CoRe-guided hybrid attention (METHODS §4)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from corelens.experiments.evaluate import SCORERS
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the hybrid accuracy curve into a run directory and print its table."""
+    from corelens.experiments.hybrid import curve_path
+
+    result = curve_path(
+        args.model,
+        args.data,
+        args.heads,
+        args.out,
+        keeps=args.keep,
+        sets=[s.strip() for s in args.sets.split(",") if s.strip()],
+        seeds=args.seeds,
+        seed=args.seed,
+        sink=args.sink,
+        window=args.window,
+        scorer=args.scorer,
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        progress=True,
+        argv=sys.argv,
+    )
+    cols = ["set", "keep", "full_heads", "seed", "accuracy", "n", "ci_low", "ci_high", "cache_saved_fraction"]
+    print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"S = {result.sink}, W = {result.window} tokens; median prompt {result.median_tokens:.0f} tokens")
+    print(f"wrote {args.out}/hybrid.csv, records.parquet, policies.json, figures/hybrid.png")
+
+
+def register(sub) -> None:
+    """Add the `hybrid` parser."""
+    h = sub.add_parser("hybrid", help="accuracy vs heads kept full under hybrid (full + streaming) attention")
+    h.add_argument("--model", required=True, help="local checkpoint folder")
+    h.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
+    h.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
+    h.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    h.add_argument("--keep", default="5%,10%,20%,50%", help="shares (or counts) of heads kept full")
+    h.add_argument("--sets", default="top,random,bottom", help="full sets: top (CoRe), random, bottom")
+    h.add_argument(
+        "--sink", default="128", help="sink tokens S: a count, or a share of the median prompt (5%%)"
+    )
+    h.add_argument(
+        "--window", default="1024", help="window W: a count, or a share of the median prompt (25%%)"
+    )
+    h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
+    h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
+    h.add_argument("--scorer", choices=SCORERS, default="auto")
+    h.add_argument("--max-new-tokens", type=int, default=8)
+    h.add_argument("--limit", type=int, default=None, help="use the first N samples")
+    h.set_defaults(func=run)

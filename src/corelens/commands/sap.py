@@ -1,0 +1,71 @@
+"""`corelens sap`: accuracy with shared attention priors in place of learned visual attention (METHODS §6)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from corelens.attention.priors import CONVENTIONS
+from corelens.experiments.sap import CONTROLS, PRIORS
+
+
+def _items(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
+    if not values:
+        return list(default)
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the SAP sweep into a run directory; print accuracy per condition and the key-region ratio."""
+    from corelens.experiments.sap import sap_path
+
+    result = sap_path(
+        args.model,
+        args.data,
+        args.out,
+        device=args.device,
+        priors=_items(args.prior, PRIORS),
+        layers=args.layers or ["late"],
+        heads=args.heads,
+        convention=args.convention,
+        scorer=args.scorer,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        limit=args.limit,
+        skip_bad=args.skip_bad,
+        progress=True,
+        argv=sys.argv,
+    )
+    fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
+    print(result.accuracy.to_string(**fmt))
+    print(result.key_region.to_string(**fmt))
+    print(
+        f"wrote {args.out}/sap.parquet, accuracy.csv, key_region.csv, manifest.json, figures/sap_accuracy.png"
+    )
+
+
+def register(sub) -> None:
+    """Add the `sap` parser."""
+    s = sub.add_parser("sap", help="accuracy with attention priors in place of learned visual attention")
+    s.add_argument("--model", required=True, help="local checkpoint folder")
+    s.add_argument("--data", required=True, help="samples (JSONL) with answers")
+    s.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    s.add_argument(
+        "--prior",
+        action="append",
+        help=f"comma list or repeated; of {', '.join(PRIORS + CONTROLS)} (default: the four priors)",
+    )
+    s.add_argument(
+        "--layers",
+        action="append",
+        help="layer set, repeat for a sweep: all, early, middle, late (default), first:N, last:N, 21-27,29",
+    )
+    s.add_argument("--heads", default="all", help="all, 0-3,7, or band:P0-P1 (percentiles of visual mass)")
+    s.add_argument("--convention", choices=CONVENTIONS, default="mass", help="how the prior is written")
+    s.add_argument("--scorer", choices=("auto", "exact", "choice", "yesno"), default="auto")
+    s.add_argument("--max-new-tokens", type=int, default=8)
+    s.add_argument("--seed", type=int, default=0, help="seed of the noise prior")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--limit", type=int, default=None, help="use the first N good samples")
+    s.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    s.set_defaults(func=run)

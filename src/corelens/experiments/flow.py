@@ -1,0 +1,408 @@
+"""Residual-stream geometry (METHODS §5): per sample, layer and module RID / ΔS / ΔD / eRank / TME / MixIG.
+
+One prefill per sample and baseline, with the residual states streamed layer by layer (`ResidualCapture`);
+each state's spectrum and TME are computed once and shared by the two modules that meet at it. Baselines:
+`none` (the model as it is; ε_RoPE is measured in the same forward), `noise-delta` (every ΔX_attn replaced
+by Gaussian noise of its own scalar mean and std, per layer and sample, propagating) and `noise-qkv` (every
+decoder q/k/v projection weight replaced by Gaussian noise of its own mean and std, restored afterwards).
+Writes flow.parquet (long), table1.csv (the shape of the paper's Table 1), layers.csv and a figure.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from corelens.capture import LayerStates, ResidualCapture
+from corelens.data.sample import Sample, read_samples
+from corelens.errors import InputError
+from corelens.metrics.mixing import MIXIG_OF, TME_ROWS, tme
+from corelens.metrics.spectra import FP32_EPS, RANK_RULES, SPECTRUM_METHODS, Spectrum, rid_terms, spectrum
+from corelens.models.loaded import Loaded, load
+from corelens.models.prepare import prepare
+from corelens.runs import Run, file_hash
+
+BASELINES = ("none", "noise-delta", "noise-qkv")
+REFERENCES = ("module", "layer")
+POSITION_SETS = ("all", "visual", "text")
+METRIC_COLUMNS = (
+    "rid",
+    "dS",
+    "dD",
+    "dD_token",
+    "dD_hidden",
+    "erank_in",
+    "erank_out",
+    "rank_in",
+    "tme_in",
+    "tme_out",
+    "mixig",
+)
+# Paper Table 1, means over models (METHODS §5): row -> (RID, MixIG).
+PAPER_TABLE1 = {
+    "attention": (0.06, 0.61),
+    "FFN": (0.21, 0.02),
+    "noise Δ": (0.61, -0.80),
+    "noise QKV": (0.44, -0.50),
+    "ε_RoPE": (0.062, math.nan),
+}
+TABLE1_ROWS = (
+    ("attention", "none", "attn"),
+    ("FFN", "none", "ffn"),
+    ("noise Δ", "noise-delta", "attn"),
+    ("noise QKV", "noise-qkv", "attn"),
+    ("ε_RoPE", "none", "rope"),
+)
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    """The [decision] options of METHODS §5, defaults first."""
+
+    reference: str = "module"  # 'layer': the FFN is compared to the layer input (the authors' code)
+    positions: str = "all"  # prompt positions whose states are measured: all, visual or text
+    rank: str = "numerical"  # kept directions of X: 'numerical' (σ > max(S,H)·eps·σ_max) or 'energy'
+    eps: float = FP32_EPS  # machine epsilon of the capture dtype (states are captured fp32)
+    energy: float = 0.99
+    tme_rows: str = "mean"  # 'last': TME of the last row only
+    alpha: float = 1.0  # TME sharpening exponent (the authors' code: 8)
+    mixig_of: str = "output"  # 'delta': TME of ΔX instead of X'
+    method: str = "auto"  # spectrum route: auto, gram, svd
+    rope: bool = True  # measure ε_RoPE (baseline 'none' only)
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raise ValueError on an option outside its choices."""
+        choices = {
+            "reference": REFERENCES,
+            "positions": POSITION_SETS,
+            "rank": RANK_RULES,
+            "tme_rows": TME_ROWS,
+            "mixig_of": MIXIG_OF,
+            "method": SPECTRUM_METHODS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"flow option {name}={getattr(self, name)!r}; expected one of {allowed}")
+
+
+class _State:
+    """One residual state with its spectrum and TME computed on first use (and then shared)."""
+
+    def __init__(self, x: torch.Tensor, opts: FlowOptions) -> None:
+        self.x = x
+        self.opts = opts
+        self._spectrum: Spectrum | None = None
+        self._tme: float | None = None
+
+    @property
+    def spectrum(self) -> Spectrum:
+        if self._spectrum is None:
+            self._spectrum = spectrum(self.x, method=self.opts.method)
+        return self._spectrum
+
+    @property
+    def tme(self) -> float:
+        if self._tme is None:
+            self._tme = tme(self.x, rows=self.opts.tme_rows, alpha=self.opts.alpha)
+        return self._tme
+
+
+def _rid(a: _State, b: _State, opts: FlowOptions) -> dict[str, float]:
+    t = rid_terms(
+        a.x,
+        b.x,
+        rank=opts.rank,
+        eps=opts.eps,
+        energy=opts.energy,
+        method=opts.method,
+        spectrum_in=a.spectrum,
+        spectrum_out=b.spectrum,
+    )
+    return {
+        "rid": t.rid,
+        "dS": t.dS,
+        "dD": t.dD,
+        "dD_token": t.dD_token,
+        "dD_hidden": t.dD_hidden,
+        "erank_in": t.erank_in,
+        "erank_out": t.erank_out,
+        "rank_in": t.rank,
+    }
+
+
+def module_metrics(a: _State, b: _State, opts: FlowOptions) -> dict[str, float]:
+    """Return RID (with its parts), both eRanks, both TMEs and MixIG of the update a → b."""
+    out = _rid(a, b, opts)
+    if opts.mixig_of == "delta":
+        t_out = tme(b.x - a.x, rows=opts.tme_rows, alpha=opts.alpha)
+    else:
+        t_out = b.tme
+    return {**out, "tme_in": a.tme, "tme_out": t_out, "mixig": t_out - a.tme}
+
+
+def sample_seed(seed: int, sample_id: str) -> int:
+    """Return a per-sample seed that does not depend on the order of the sample file."""
+    return (seed * 1_000_003 + zlib.crc32(sample_id.encode())) % (1 << 62)
+
+
+def noise_delta(seed: int) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """Return an `attn_delta` replacing ΔX_attn by Gaussian noise of its own scalar mean and std."""
+
+    def replace(layer: int, delta: torch.Tensor) -> torch.Tensor:
+        d = delta.float()
+        generator = torch.Generator().manual_seed(seed * 4099 + layer)
+        noise = torch.randn(delta.shape, generator=generator, dtype=torch.float32)
+        return (noise.to(d.device) * d.std() + d.mean()).to(delta.dtype)
+
+    return replace
+
+
+@contextmanager
+def noised_qkv(m: Loaded, seed: int = 0) -> Iterator[None]:
+    """Replace every decoder q/k/v projection weight by Gaussian noise of its own mean / std; restore after."""
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        with torch.no_grad():
+            for layer, attn in enumerate(m.attention_layers):
+                for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+                    weight = getattr(attn, name).weight
+                    saved.append((weight, weight.detach().clone()))
+                    w = weight.float()
+                    generator = torch.Generator().manual_seed(seed * 1_000_003 + 3 * layer + j)
+                    noise = torch.randn(weight.shape, generator=generator, dtype=torch.float32)
+                    weight.copy_((noise.to(w.device) * w.std() + w.mean()).to(weight.dtype))
+        yield
+    finally:
+        with torch.no_grad():
+            for weight, original in saved:
+                weight.copy_(original)
+
+
+def _positions(prepared, which: str) -> torch.Tensor | None:
+    if which == "all":
+        return None
+    visual = prepared.layout.visual
+    if which == "visual":
+        chosen = visual
+    else:
+        chosen = np.setdiff1d(np.arange(prepared.prompt_len), visual)
+    if len(chosen) < 2:
+        raise InputError(f"positions {which!r} select fewer than two tokens")
+    return torch.from_numpy(np.asarray(chosen, dtype=np.int64))
+
+
+def measure_flow(
+    m: Loaded, sample: Sample, baseline: str = "none", opts: FlowOptions | None = None
+) -> tuple[list[dict], int]:
+    """Return (rows, measured tokens): one row per layer and module ('attn', 'ffn', and 'rope' = ε_RoPE)."""
+    opts = opts or FlowOptions()
+    if baseline not in BASELINES:
+        raise ValueError(f"unknown baseline {baseline!r}; expected one of {BASELINES}")
+    prepared = prepare(m, sample)
+    try:
+        positions = _positions(prepared, opts.positions)
+    except InputError as err:
+        raise InputError(err.reason, file=sample.source, line=sample.line, sample=sample.id) from None
+    rows: list[dict] = []
+    prev: list[_State] = []
+
+    def on_layer(states: LayerStates) -> None:
+        # The next layer's input is the previous layer's output unless the model adds to it in between
+        # (Qwen3-VL deepstack); reuse its spectrum and TME only when it is the same tensor.
+        same = prev and torch.equal(prev[0].x, states.x_in)
+        x_in = prev[0] if same else _State(states.x_in, opts)
+        mid, out = _State(states.x_mid, opts), _State(states.x_out, opts)
+        rows.append({"layer": states.layer, "module": "attn", **module_metrics(x_in, mid, opts)})
+        ffn_in = x_in if opts.reference == "layer" else mid
+        rows.append({"layer": states.layer, "module": "ffn", **module_metrics(ffn_in, out, opts)})
+        if states.x_mid_norope is not None:
+            plain = _State(states.x_mid_norope, opts)
+            nan = {"tme_in": math.nan, "tme_out": math.nan, "mixig": math.nan}
+            rows.append({"layer": states.layer, "module": "rope", **_rid(plain, mid, opts), **nan})
+        prev[:] = [out]
+
+    seed = sample_seed(opts.seed, sample.id)
+    capture = ResidualCapture(
+        m,
+        on_layer,
+        positions=positions,
+        attn_delta=noise_delta(seed) if baseline == "noise-delta" else None,
+        norope=opts.rope and baseline == "none",
+    )
+    inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
+    with torch.no_grad(), capture:
+        m.model(**inputs, use_cache=False, logits_to_keep=1)
+    tokens = prepared.seq_len if positions is None else len(positions)
+    return rows, tokens
+
+
+@dataclass
+class FlowResult:
+    """A flow result: the long per-sample table, the Table-1 summary and the per-layer means."""
+
+    frame: pd.DataFrame
+    table: pd.DataFrame
+    layers: pd.DataFrame
+
+
+def flow_frame(records: Sequence[dict]) -> pd.DataFrame:
+    """Return the long table (sample, baseline, layer, module, metrics) from logged records."""
+    rows = []
+    for r in records:
+        for row in r["rows"]:
+            rows.append(
+                {
+                    "sample_id": r["sample_id"],
+                    "task": r["task"],
+                    "baseline": r["baseline"],
+                    "tokens": r["tokens"],
+                }
+                | row
+            )
+    columns = ["sample_id", "task", "baseline", "tokens", "layer", "module", *METRIC_COLUMNS]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def table1(frame: pd.DataFrame) -> pd.DataFrame:
+    """Return the Table-1 analogue: mean RID / ΔS / ΔD / MixIG per row, with the paper's values beside."""
+    out = []
+    for name, baseline, module in TABLE1_ROWS:
+        part = frame[(frame["baseline"] == baseline) & (frame["module"] == module)]
+        per_sample = part.groupby("sample_id")[["rid", "dS", "dD", "mixig"]].mean()
+        paper_rid, paper_mixig = PAPER_TABLE1[name]
+        out.append(
+            {
+                "row": name,
+                "baseline": baseline,
+                "module": module,
+                "samples": len(per_sample),
+                "rid": per_sample["rid"].mean() if len(part) else math.nan,
+                "rid_sd": per_sample["rid"].std() if len(part) else math.nan,
+                "dS": per_sample["dS"].mean() if len(part) else math.nan,
+                "dD": per_sample["dD"].mean() if len(part) else math.nan,
+                "mixig": per_sample["mixig"].mean() if len(part) else math.nan,
+                "mixig_sd": per_sample["mixig"].std() if len(part) else math.nan,
+                "paper_rid": paper_rid,
+                "paper_mixig": paper_mixig,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def layer_means(frame: pd.DataFrame) -> pd.DataFrame:
+    """Return the per-(baseline, module, layer) means of every metric."""
+    cols = ["rid", "dS", "dD", "erank_in", "erank_out", "tme_in", "tme_out", "mixig"]
+    return frame.groupby(["baseline", "module", "layer"], as_index=False)[cols].mean()
+
+
+def _record(sample: Sample, baseline: str, rows: list[dict], tokens: int) -> dict:
+    return {
+        "id": f"{baseline}|{sample.id}",
+        "sample_id": sample.id,
+        "task": sample.task,
+        "baseline": baseline,
+        "status": "ok",
+        "tokens": tokens,
+        "rows": rows,
+    }
+
+
+def flow(
+    m: Loaded,
+    data: str | Path,
+    *,
+    baselines: Sequence[str] = BASELINES,
+    options: FlowOptions | None = None,
+    limit: int | None = None,
+    out: str | Path | None = None,
+    skip_bad: bool = False,
+    progress: bool = False,
+    argv: list[str] | None = None,
+) -> FlowResult:
+    """Measure every decoder module of `m` on the samples of `data` under `baselines`; with `out`, a run dir."""
+    opts = options or FlowOptions()
+    opts.check()
+    for b in baselines:
+        if b not in BASELINES:
+            raise ValueError(f"unknown baseline {b!r}; expected one of {BASELINES}")
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    run = None
+    done: set[str] = set()
+    records: list[dict] = []
+    if out is not None:
+        settings = {
+            "model": str(m.path.resolve()),
+            "model_config_hash": m.config_hash(),
+            "data": str(Path(data).resolve()),
+            "data_sha256": file_hash(data),
+            "baselines": list(baselines),
+            "limit": limit,
+            "skip_bad": skip_bad,
+            **asdict(opts),
+        }
+        run = Run(out, "flow", settings, argv)
+        done = run.done()
+        for bad in skipped:
+            key = f"<skipped line {bad.line}>"
+            if key not in done:
+                run.log({"id": key, "status": "skipped", **bad.to_dict()})
+    for baseline in baselines:
+        todo = [s for s in samples if f"{baseline}|{s.id}" not in done]
+        if not todo:
+            continue
+        noise = noised_qkv(m, opts.seed) if baseline == "noise-qkv" else _nothing()
+        with noise:
+            for sample in tqdm(todo, desc=f"flow {baseline}", unit="sample", disable=not progress):
+                try:
+                    rows, tokens = measure_flow(m, sample, baseline, opts)
+                except InputError as err:
+                    if not skip_bad:
+                        raise
+                    record = {"id": f"{baseline}|{sample.id}", "status": "skipped", "error": str(err)}
+                else:
+                    record = _record(sample, baseline, rows, tokens)
+                if run is not None:
+                    run.log(record)
+                else:
+                    records.append(record)
+    if run is not None:
+        records = list(run.records())
+    order = {s.id: i for i, s in enumerate(samples)}
+    ok = sorted(
+        (r for r in records if r.get("status") == "ok"),
+        key=lambda r: (BASELINES.index(r["baseline"]), order.get(r["sample_id"], 1 << 30)),
+    )
+    frame = flow_frame(ok)
+    result = FlowResult(frame, table1(frame), layer_means(frame))
+    if run is not None:
+        frame.to_parquet(run.path / "flow.parquet", index=False)
+        result.table.to_csv(run.path / "table1.csv", index=False)
+        result.layers.to_csv(run.path / "layers.csv", index=False)
+        from corelens.report.geometry import flow_curves
+
+        flow_curves(result.layers, run.path / "figures" / "flow_layers.png")
+        n_skipped = sum(1 for r in records if r.get("status") == "skipped")
+        run.finish(samples=len({r["sample_id"] for r in ok}), skipped=n_skipped)
+    return result
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def flow_path(
+    model: str | Path, data: str | Path, out: str | Path, *, device: str = "cpu", **kwargs
+) -> FlowResult:
+    """Load `model` and run `flow` on `data` into run directory `out`."""
+    return flow(load(model, device=device), data, out=out, **kwargs)

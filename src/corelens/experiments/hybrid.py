@@ -1,0 +1,287 @@
+"""Hybrid-attention accuracy curve: full sets of CoRe / random / bottom heads x kept fraction -> hybrid.csv + figure.
+
+For each kept fraction `k`, the full set is the top-k heads of a rank run (CoRe), k random heads (several
+seeds, drawn outside the top-k as in `corelens.metrics.headsets`) or the bottom-k heads; every other head
+streams with `S` sinks and a window of `W` (METHODS §4). Each sample is answered greedily with the trimmed
+hybrid cache; the baseline ("dense") is the unmodified model. `S` and `W` are token counts or a percentage
+of the median prompt length of the data ("25%"), resolved once and recorded, so that a short-prompt task
+can be given a window that actually drops keys. Resumable like every run: each (condition, sample) answer
+is logged before the next starts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from corelens.attention.hybrid import HybridPolicy, hybrid
+from corelens.attention.kernels import ideal_speedup
+from corelens.data.sample import read_samples
+from corelens.errors import CorelensError, InputError
+from corelens.experiments.ablate import rank_manifest, read_heads, same_file_warning
+from corelens.experiments.evaluate import interval, score
+from corelens.metrics.headsets import SEEDED, k_count, parse_k, select
+from corelens.models.loaded import Loaded, load
+from corelens.models.prepare import Prepared, prepare
+from corelens.runs import Run, file_hash, write_json
+
+DENSE = "dense"
+SETS = ("top", "random", "bottom")
+COLUMNS = [
+    "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
+    "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One evaluated condition: a hybrid policy, or None for the dense baseline."""
+
+    name: str
+    kind: str
+    keep: str
+    seed: int | None
+    policy: HybridPolicy | None
+
+
+def resolve_size(spec: str | int, lengths: Sequence[int]) -> int:
+    """Return a token count from "512" / 512 or a share of the median prompt length ("25%")."""
+    text = str(spec).strip()
+    if text.endswith("%"):
+        if not lengths:
+            raise CorelensError(f"{text}: no prompt lengths to take a share of")
+        return max(1, round(float(text[:-1]) / 100 * statistics.median(lengths)))
+    try:
+        return int(text)
+    except ValueError:
+        raise CorelensError(f"bad size {text!r}: expected a token count (1024) or a share (25%)") from None
+
+
+def conditions(
+    table: pd.DataFrame,
+    keeps: Sequence[str],
+    sets: Sequence[str],
+    seeds: int,
+    seed: int,
+    sink: int,
+    window: int,
+) -> list[Condition]:
+    """Return the dense baseline followed by one hybrid condition per (kept fraction, set, seed)."""
+    out = [Condition(DENSE, DENSE, "100%", None, None)]
+    for keep in keeps:
+        for kind in sets:
+            for draw in range(seeds) if kind in SEEDED else [None]:
+                # Seeded draws are seeded by (base seed, kind, count, draw), as in the ablation sweep.
+                heads = select(table, kind, k_count(keep, len(table)), draw, base_seed=seed)
+                source = {"keep": keep, "kind": kind, "seed": draw, "base_seed": seed}
+                policy = HybridPolicy(heads, sink, window, source)
+                name = f"{kind}/{keep}" + (f"/s{draw}" if draw is not None else "")
+                out.append(Condition(name, kind, keep, draw, policy))
+    return out
+
+
+def _inputs(m: Loaded, prepared: Prepared) -> dict:
+    return {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
+
+
+def generate_answer(
+    m: Loaded, prepared: Prepared, max_new_tokens: int, policy: HybridPolicy | None
+) -> tuple[str, float]:
+    """Return the greedy answer (new tokens, special tokens dropped) and the share of cache bytes saved."""
+    inputs = _inputs(m, prepared)
+    gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
+    with torch.no_grad():
+        if policy is None:
+            out = m.model.generate(**inputs, **gen)
+            saved = 0.0
+        else:
+            with hybrid(m, policy) as h:
+                out = m.model.generate(**inputs, cache=h.cache(), **gen)
+                saved = h.cache_report()["saved_fraction"]
+    new = out[0, inputs["input_ids"].shape[1] :]
+    return m.processor.tokenizer.decode(new, skip_special_tokens=True).strip(), saved
+
+
+def _table(
+    records: pd.DataFrame, conds: Sequence[Condition], total_heads: int, sink: int, window: int
+) -> pd.DataFrame:
+    rows = []
+    for c in conds:
+        got = records[records["condition"] == c.name]
+        n, correct = len(got), int(got["correct"].sum()) if len(got) else 0
+        low, high = interval(correct, n)
+        full = total_heads if c.policy is None else len(c.policy.full)
+        tokens = float(got["tokens"].mean()) if n else float("nan")
+        rows.append(
+            {
+                "set": c.kind,
+                "keep": c.keep,
+                "full_heads": full,
+                "fraction": full / total_heads,
+                "seed": c.seed,
+                "sink": sink,
+                "window": window,
+                "accuracy": correct / n if n else float("nan"),
+                "n": n,
+                "correct": correct,
+                "ci_low": low,
+                "ci_high": high,
+                "mean_tokens": tokens,
+                "ideal_speedup": ideal_speedup(round(tokens), full / total_heads, sink, window)
+                if n
+                else float("nan"),
+                "cache_saved_fraction": float(got["saved"].mean()) if n else float("nan"),
+            }
+        )
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["seed"] = table["seed"].astype("Int64")
+    return table
+
+
+@dataclass
+class HybridCurve:
+    """The result: accuracy per condition (`table`), per-sample `records`, and the resolved sink / window."""
+
+    table: pd.DataFrame
+    records: pd.DataFrame
+    sink: int
+    window: int
+    median_tokens: float
+
+
+def _warn(message: str) -> None:
+    print(f"corelens: warning: {message}", file=sys.stderr)
+
+
+def curve(
+    m: Loaded,
+    data: str | Path,
+    heads: str | Path,
+    *,
+    keeps: str | Sequence[str] = ("5%", "10%", "20%", "50%"),
+    sets: Sequence[str] = SETS,
+    seeds: int = 3,
+    seed: int = 0,
+    sink: str | int = 128,
+    window: str | int = 1024,
+    scorer: str = "auto",
+    max_new_tokens: int = 8,
+    limit: int | None = None,
+    out: str | Path | None = None,
+    progress: bool = False,
+    argv: list[str] | None = None,
+    warn: Callable[[str], None] = _warn,
+) -> HybridCurve:
+    """Evaluate `data` under hybrid attention with top / random / bottom full sets of `heads` at each kept share."""
+    keeps = parse_k(keeps)
+    unknown = set(sets) - {"top", "bottom", "random", "layer-matched"}
+    if unknown:
+        raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
+    table = read_heads(heads, m)
+    identified = rank_manifest(heads)
+    warning = same_file_warning(data, identified)
+    if warning:
+        warn(warning)
+    samples, _ = read_samples(data, limit=limit)
+    missing = [s.id for s in samples if s.answer is None]
+    if missing:
+        raise InputError(
+            f"{len(missing)} sample(s) have no answer to score against", file=str(data), sample=missing[0]
+        )
+
+    prepared: dict[str, Prepared] = {}
+    for s in tqdm(samples, desc="prepare", unit="sample", disable=not progress):
+        prepared[s.id] = prepare(m, s)
+    lengths = [p.seq_len for p in prepared.values()]
+    median = float(statistics.median(lengths)) if lengths else float("nan")
+    sink_n, window_n = resolve_size(sink, lengths), resolve_size(window, lengths)
+    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n)
+    total = m.num_layers * m.num_heads
+
+    run = None
+    if out is not None:
+        settings = {
+            "model": str(m.path.resolve()),
+            "model_config_hash": m.config_hash(),
+            "data": str(Path(data).resolve()),
+            "data_sha256": file_hash(data),
+            "heads": str(Path(heads).resolve()),
+            "heads_sha256": file_hash(heads),
+            "identified_on": identified.get("data"),
+            "keeps": keeps,
+            "sets": list(sets),
+            "seeds": seeds,
+            "seed": seed,
+            "sink": str(sink),
+            "window": str(window),
+            "scorer": scorer,
+            "max_new_tokens": max_new_tokens,
+            "limit": limit,
+        }
+        run = Run(out, "hybrid", settings, argv)
+        run.manifest.update(sink_tokens=sink_n, window_tokens=window_n, median_prompt_tokens=median)
+        if warning:
+            run.manifest["warnings"] = sorted(set(run.manifest.get("warnings", [])) | {warning})
+        write_json(
+            run.path / "policies.json",
+            [{"name": c.name, **(c.policy.to_dict() if c.policy else {})} for c in conds],
+        )
+
+    logged: list[dict] = list(run.records()) if run else []
+    done = {r["id"] for r in logged}
+    for sample in tqdm(samples, desc="hybrid", unit="sample", disable=not progress):
+        for c in conds:
+            rid = f"{c.name}|{sample.id}"
+            if rid in done:
+                continue
+            p = prepared[sample.id]
+            prediction, saved = generate_answer(m, p, max_new_tokens, c.policy)
+            record = {
+                "id": rid,
+                "status": "ok",
+                "condition": c.name,
+                "sample": sample.id,
+                "task": sample.task,
+                "tokens": p.seq_len,
+                "prediction": prediction,
+                "gold": sample.answer,
+                "correct": score(prediction, sample.answer, sample.choices, scorer),
+                "saved": saved,
+            }
+            logged.append(record)
+            done.add(rid)
+            if run:
+                run.log(record)
+
+    names = {c.name for c in conds}
+    wanted = {s.id for s in samples}
+    columns = ["condition", "sample", "task", "tokens", "prediction", "gold", "correct", "saved"]
+    ok = [r for r in logged if r.get("status") == "ok" and r["condition"] in names and r["sample"] in wanted]
+    records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
+    result = _table(records, conds, total, sink_n, window_n)
+    if run:
+        records.to_parquet(run.path / "records.parquet", index=False)
+        result.to_csv(run.path / "hybrid.csv", index=False)
+        from corelens.report.hybrid import accuracy_vs_kept
+
+        accuracy_vs_kept(
+            result,
+            run.path / "figures" / "hybrid.png",
+            title=f"hybrid attention on {Path(data).name} (S={sink_n}, W={window_n}, median prompt {median:.0f})",
+        )
+        run.finish(samples=len(samples), conditions=len(conds))
+    return HybridCurve(result, records, sink_n, window_n, median)
+
+
+def curve_path(
+    model: str | Path, data: str | Path, heads: str | Path, out: str | Path, **kwargs
+) -> HybridCurve:
+    """Load `model` and run the hybrid accuracy curve into run directory `out`."""
+    return curve(load(model), data, heads, out=out, **kwargs)

@@ -1,0 +1,213 @@
+"""Training the organism from scratch on the CPU: fresh synthetic samples every step, loss on the answer.
+
+Every step renders new samples of one task (round robin over the tasks), so the model never sees a sample
+twice and its running training accuracy is already a held-out estimate. The loss is the cross-entropy of
+the answer word and the `<|im_end|>` that follows it (labels -100 everywhere else); AdamW with linear
+warm-up and cosine decay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from corelens.organism.aux import AuxHeads, batch_labels
+from corelens.organism.batch import IGNORE, encode
+from corelens.organism.model import FAMILY, OrganismConfig, build_model, build_processor, count_parameters
+from corelens.organism.tasks import TASKS, questions, render
+
+TRAIN_DATA_SEED = 0  # training samples come from seed 0; evaluation and the demo use other seeds
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings of one training run."""
+
+    steps: int = 3000
+    batch: int = 32
+    turns: int = 4  # questions per rendered scene: its own + up to turns - 1 extra chat turns
+    aux_weight: float = 1.0  # weight of the vision tower's per-token auxiliary loss (organism/aux.py)
+    aux_until: float = 0.5  # share of the steps after which the auxiliary loss has faded linearly to 0
+    lr: float = 2e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    data_seed: int = TRAIN_DATA_SEED
+    tasks: tuple[str, ...] = TASKS
+    task_weights: tuple[float, ...] = ()  # relative share of steps per task; empty = equal
+    threads: int = 2
+    log_every: int = 25
+    time_limit: float = 0.0  # seconds; stop early (after a log line) when exceeded, 0 = none
+    model: OrganismConfig = field(default_factory=OrganismConfig)
+
+    def to_dict(self) -> dict:
+        """Return the settings as a plain dict."""
+        out = asdict(self)
+        out["tasks"] = list(self.tasks)
+        out["task_weights"] = list(self.task_weights)
+        return out
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """Return the learning rate at `step`: linear warm-up, then cosine decay to `min_lr`."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def task_schedule(cfg: TrainConfig) -> list[str]:
+    """Return the task of every step: a deterministic interleaving following `task_weights`."""
+    weights = list(cfg.task_weights) or [1.0] * len(cfg.tasks)
+    total = sum(weights)
+    credit = [0.0] * len(cfg.tasks)
+    order = []
+    for _ in range(cfg.steps):
+        credit = [c + w / total for c, w in zip(credit, weights)]
+        k = max(range(len(credit)), key=lambda i: credit[i])
+        credit[k] -= 1.0
+        order.append(cfg.tasks[k])
+    return order
+
+
+def aux_scale(step: int, cfg: TrainConfig) -> float:
+    """Return the auxiliary loss weight at `step`: `aux_weight`, fading linearly to 0 at `aux_until`."""
+    end = cfg.aux_until * cfg.steps
+    return cfg.aux_weight * max(0.0, 1.0 - step / end) if end > 0 else 0.0
+
+
+def answer_loss(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the mean cross-entropy of the labelled tokens and whether each sample's own answer was argmax."""
+    labels, at = batch["labels"], batch["answer_at"]
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", "answer_at")}
+    logits = model(**inputs, use_cache=False).logits.float()
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE
+    )
+    rows = torch.arange(len(at))
+    correct = logits[rows, at - 1].argmax(-1) == labels[rows, at]
+    return loss, correct
+
+
+def extra_turns(record: dict, count: int, seed: int, index: int) -> list[tuple[str, str]]:
+    """Return up to `count` other questions about the same scene, drawn deterministically."""
+    own = (record["question"], record["answer"])
+    pool = [q for q in questions(record) if q != own]
+    rng = np.random.default_rng([seed, 7, TASKS.index(record["task"]), index])
+    return [pool[i] for i in rng.permutation(len(pool))[:count]]
+
+
+def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, log=print) -> dict:
+    """Train an organism from scratch with `cfg`; save checkpoint + `training.json` to `out`; return the log."""
+    out = Path(out)
+    torch.set_num_threads(cfg.threads)
+    processor = build_processor()
+    model = build_model(cfg.model, processor, seed=cfg.seed)
+    model.train()
+    heads = AuxHeads(model.get_input_embeddings(), processor.tokenizer)
+    captured: dict[str, torch.Tensor] = {}
+    hook = model.model.visual.register_forward_hook(
+        lambda _m, _i, out: captured.__setitem__("features", out.pooler_output)
+    )
+    own = [(n, p) for n, p in heads.named_parameters() if not n.startswith("embeddings.")]
+    named = [*model.named_parameters(), *(("aux." + n, p) for n, p in own)]
+    decay = [p for n, p in named if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in named if not (p.ndim >= 2 and "embed" not in n)]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+    )
+    schedule = task_schedule(cfg)
+    counters = dict.fromkeys(cfg.tasks, 0)
+    recent = {t: deque(maxlen=max(1, 8 * cfg.log_every // len(cfg.tasks))) for t in cfg.tasks}
+    losses: deque = deque(maxlen=cfg.log_every)
+    aux_losses: deque = deque(maxlen=cfg.log_every)
+    history = []
+    start, cpu_start = time.time(), time.process_time()
+    data_time = 0.0
+    log(f"organism: {FAMILY}, {count_parameters(model):,} parameters; {cfg.steps} steps of {cfg.batch}")
+    step = 0
+    for step, task in enumerate(schedule):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, cfg)
+        t0 = time.time()
+        first = counters[task]
+        samples = [render(task, first + i, cfg.data_seed) for i in range(cfg.batch)]
+        counters[task] += cfg.batch
+        extra = [
+            extra_turns(s.record, cfg.turns - 1, cfg.data_seed, first + i) for i, s in enumerate(samples)
+        ]
+        batch = encode(processor, samples, extra=extra)
+        scale = aux_scale(step, cfg)
+        aux_targets = batch_labels(samples) if scale > 0 else {}
+        data_time += time.time() - t0
+        loss, correct = answer_loss(model, batch)
+        aux = heads.loss(captured.pop("features"), aux_targets) if scale > 0 else loss.new_zeros(())
+        captured.clear()
+        total = loss + scale * aux
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        aux_losses.append(aux.item())
+        recent[task].append(correct.float().mean().item())
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            entry = {
+                "step": step + 1,
+                "seconds": round(time.time() - start, 1),
+                "cpu_seconds": round(time.process_time() - cpu_start, 1),
+                "lr": learning_rate(step, cfg),
+                "loss": round(sum(losses) / len(losses), 4),
+                "aux_loss": round(sum(aux_losses) / len(aux_losses), 4),
+                "accuracy": {t: round(sum(v) / len(v), 4) for t, v in recent.items() if v},
+            }
+            history.append(entry)
+            accs = " ".join(f"{t}={a:.2f}" for t, a in entry["accuracy"].items())
+            log(
+                f"step {entry['step']:5d}  {entry['seconds']:7.0f}s  loss {entry['loss']:.3f}  "
+                f"aux {entry['aux_loss']:.3f}  {accs}"
+            )
+            if cfg.time_limit and time.time() - start > cfg.time_limit:
+                log(f"time limit of {cfg.time_limit:.0f} s reached: stopping after step {step + 1}")
+                break
+    wall, cpu = time.time() - start, time.process_time() - cpu_start
+    hook.remove()
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    record = {
+        "command": " ".join(argv) if argv else " ".join(sys.argv),
+        "family": FAMILY,
+        "parameters": count_parameters(model),
+        "config": cfg.to_dict(),
+        "steps_done": step + 1,
+        "samples_seen": counters,
+        "wall_seconds": round(wall, 1),
+        "cpu_seconds": round(cpu, 1),
+        "data_seconds": round(data_time, 1),
+        "threads": cfg.threads,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "python": sys.version.split()[0],
+        },
+        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+        "history": history,
+    }
+    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    log(f"trained {step + 1} steps in {wall:.0f} s; saved {out}")
+    return record

@@ -1,0 +1,218 @@
+"""Hybrid attention on real (tiny) Qwen-VL models: stock parity, reference parity, trimmed-cache decoding, policy."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from helpers import noise_image
+
+import corelens
+from corelens.attention.hybrid import HybridPolicy, as_policy
+from corelens.data.sample import Sample
+from corelens.errors import CorelensError
+from corelens.models.prepare import prepare
+from corelens.models.tiny import load_tiny
+
+# GQA group size -> tiny config (Qwen2.5-VL derives head_dim = hidden / heads = 16).
+GROUPS = {
+    1: {"heads": 4, "kv_heads": 4},
+    2: {"heads": 4, "kv_heads": 2},
+    3: {"heads": 6, "kv_heads": 2, "hidden": 96},
+    4: {"heads": 4, "kv_heads": 1},
+}
+
+
+def _prompt(n_tokens, batch, pad, seed=0):
+    """Return text-only ids (no special tokens) and a left-padded attention mask (row 1 padded by `pad`)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(20, 60, (batch, n_tokens), generator=g)
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        mask[1, :pad] = 0
+    return ids, mask
+
+
+def _policy(layers, heads, seed):
+    g = torch.Generator().manual_seed(seed)
+    flags = torch.rand(layers, heads, generator=g) < 0.35
+    return [tuple(p) for p in flags.nonzero().tolist()]
+
+
+def test_all_full_or_wide_window_is_the_stock_model(tiny_dir, family, tmp_path):
+    path = tiny_dir(family)
+    m = corelens.load(path)
+    stock, _ = load_tiny(path)
+    image = tmp_path / "im.png"
+    noise_image(301, 173).save(image)
+    sample = Sample(
+        "s", "image", "what is the colour of the cup ?", images=(image,), image_sizes=((301, 173),)
+    )
+    inputs = prepare(m, sample).inputs
+    n = inputs["input_ids"].shape[1]
+    every = [(layer, head) for layer in range(m.num_layers) for head in range(m.num_heads)]
+    with torch.no_grad():
+        ref = stock(**inputs).logits
+        with corelens.hybrid(m, every, sink=2, window=3):
+            full = m.model(**inputs).logits
+        with corelens.hybrid(m, [], sink=0, window=n):
+            wide = m.model(**inputs).logits
+        with corelens.hybrid(m, [], sink=4, window=5, kernel="reference"):
+            narrow = m.model(**inputs).logits
+    assert (full - ref).abs().max().item() <= 1e-5
+    assert (wide - ref).abs().max().item() <= 1e-5
+    assert (narrow - ref).abs().max().item() > 1e-3  # the pattern does bite when W < N
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 4])
+def test_any_policy_equals_the_dense_masked_reference(tiny_dir, groups):
+    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[groups]))
+    ids, mask = _prompt(157, 2, 23, seed=groups)  # 157: a multiple of no block size
+    policy = _policy(m.num_layers, m.num_heads, seed=groups)
+    outs = {}
+    with torch.no_grad():
+        for kernel in ("reference", "auto"):
+            with corelens.hybrid(m, policy, sink=5, window=21, kernel=kernel) as h:
+                outs[kernel] = m.model(input_ids=ids, attention_mask=mask).logits
+            assert h.stats[f"prefill:{'reference' if kernel == 'reference' else 'blocked'}"] == m.num_layers
+    real = mask.bool()
+    assert (outs["auto"] - outs["reference"])[real].abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+def test_greedy_decoding_with_the_trimmed_cache(tiny_dir, groups):
+    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[groups]))
+    ids, mask = _prompt(61, 2, 9, seed=10 + groups)
+    # A layer-0 KV head whose query heads all stream, one whose heads are all full, and mixed ones.
+    policy = [(0, h) for h in range(groups)] + [(1, 0)]
+    gen = {"max_new_tokens": 9, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        with corelens.hybrid(m, policy, sink=3, window=8, kernel="reference") as ref_session:
+            ref = m.model.generate(input_ids=ids, attention_mask=mask, **gen)  # DynamicCache, every key kept
+        with corelens.hybrid(m, policy, sink=3, window=8) as h:
+            cache = h.cache()
+            out = m.model.generate(input_ids=ids, attention_mask=mask, cache=cache, **gen)
+        # Teacher-forced dense reference over the whole generated sequence.
+        full_mask = torch.cat([mask, torch.ones(2, 9, dtype=mask.dtype)], dim=1)
+        with corelens.hybrid(m, policy, sink=3, window=8, kernel="reference"):
+            forced = m.model(input_ids=ref.sequences, attention_mask=full_mask).logits
+    assert ref_session.stats["masked"] > 0 and h.stats["trimmed"] > 0
+    assert torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.scores, ref.scores):
+        assert (a - b).abs().max().item() <= 1e-4
+    n = ids.shape[1]
+    assert torch.equal(forced[:, n - 1 : -1].argmax(-1), ref.sequences[:, n:])
+
+    report = h.cache_report()
+    layer = cache.layers[0]
+    assert layer.trimmed and len(layer.stream_kv) == m.num_kv_heads - 1
+    kept = layer.skeys.shape[2]
+    assert kept == 3 + 8  # sinks + window slots, not every position
+    dim = m.text_config.hidden_size // m.num_heads
+    total = n + 8  # the cache holds every position but the last generated token
+    streaming = sum(len(x.stream_kv) for x in cache.layers)
+    slot_positions = sum(x.positions.numel() * 8 for x in cache.layers if x.trimmed)
+    # batch 2, K and V, fp32; the streaming KV heads keep `kept` of `total` positions (+ their slot table).
+    want = 2 * streaming * (total - kept) * 2 * dim * 4 - slot_positions
+    assert report["saved_bytes"] == want and report["saved_fraction"] > 0
+
+
+def test_trimmed_cache_refuses_to_leave_its_block(tiny_dir):
+    m = corelens.load(tiny_dir("qwen2_5_vl"))
+    ids, mask = _prompt(40, 1, 0)
+    with corelens.hybrid(m, [(0, 0)], sink=2, window=4) as h:
+        cache = h.cache()
+        with torch.no_grad():
+            m.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+    assert cache.layers[1].trimmed
+    with pytest.raises(CorelensError, match="inside its"), torch.no_grad():
+        m.model(input_ids=ids[:, :1], cache=cache, use_cache=True)
+    with pytest.raises(CorelensError, match="cannot be cropped"):
+        cache.crop(-1)
+
+
+def test_policy_is_plain_data(tmp_path):
+    heads = pd.DataFrame(
+        {"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "rank": [3, 1, 2, 4], "mass": [0.2, 0.4, 0.3, 0.1]}
+    )
+    top = HybridPolicy.from_heads(heads, "50%", sink=8, window=64)
+    assert top.full == ((0, 1), (1, 0))
+    assert HybridPolicy.from_heads(heads, 1, kind="bottom").full == ((1, 1),)
+    assert len(HybridPolicy.from_heads(heads, 0.5, kind="random", seed=2).full) == 2
+    path = top.save(tmp_path / "p.json")
+    assert HybridPolicy.load(path) == top
+    assert json.loads(path.read_text())["source"]["keep"] == "50%"
+    csv = tmp_path / "heads.csv"
+    heads.to_csv(csv, index=False)
+    assert as_policy(csv, keep="50%").full == top.full
+    assert as_policy(path, window=7).window == 7
+    assert as_policy([(1, 1), (0, 0), (1, 1)]).full == ((0, 0), (1, 1))
+    assert top.streaming_kv(2, 2, 1).tolist() == [[False], [False]]
+    assert top.ideal_speedup(4096, 2, 2) == pytest.approx(
+        corelens.attention.kernels.ideal_speedup(4096, 0.5, 8, 64)
+    )
+    with pytest.raises(CorelensError, match="outside a model"):
+        HybridPolicy(((2, 0),)).full_mask(2, 2)
+    with pytest.raises(CorelensError, match="not a hybrid policy"):
+        HybridPolicy.from_dict({"format": "x"})
+    with pytest.raises(ValueError, match="needs `keep`"):
+        as_policy(csv)
+
+
+def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
+    from corelens.cli import main
+    from corelens.organism.tasks import generate
+
+    model = tiny_dir("qwen2_5_vl")
+    data = generate("document", tmp_path / "data", n=2, seed=1)
+    rows = [(layer, head, 8 - (4 * layer + head)) for layer in range(2) for head in range(4)]
+    heads = tmp_path / "rank" / "heads.csv"
+    heads.parent.mkdir()
+    pd.DataFrame(rows, columns=["layer", "head", "rank"]).assign(mass=0.0).to_csv(heads, index=False)
+    out = tmp_path / "run"
+    argv = ["hybrid", "--model", str(model), "--data", str(data), "--heads", str(heads), "--out", str(out),
+            "--keep", "25%", "--seeds", "2", "--sink", "2", "--window", "10%", "--max-new-tokens", "2"]  # fmt: skip
+    assert main(argv) == 0
+    table = pd.read_csv(out / "hybrid.csv")
+    assert list(table["set"]) == ["dense", "top", "random", "random", "bottom"]
+    assert list(table["full_heads"]) == [8, 2, 2, 2, 2] and (table["n"] == 2).all()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["sink_tokens"] == 2 and manifest["window_tokens"] == round(
+        0.1 * manifest["median_prompt_tokens"]
+    )
+    assert (table.loc[table["set"] != "dense", "cache_saved_fraction"] > 0).all()
+    assert (out / "figures" / "hybrid.png").stat().st_size > 0
+    logged = (out / "samples.jsonl").read_text()
+    assert main(argv) == 0  # resumed: nothing is answered twice
+    assert (out / "samples.jsonl").read_text() == logged
+
+
+def test_a_hook_that_replaces_the_hybrid_kernel_is_an_error(tiny_dir):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from corelens.attention import AttentionHook, activate
+
+    class Replace(AttentionHook):
+        def pre(self, call):
+            call.kernel = sdpa_attention_forward
+
+    m = corelens.load(tiny_dir("qwen2_5_vl"))
+    ids, mask = _prompt(40, 1, 0)
+    inner = pytest.raises(CorelensError, match="outer hook")
+    with (
+        corelens.hybrid(m, [], sink=2, window=4),
+        activate(m.layer_modules(), Replace()),
+        inner,
+        torch.no_grad(),
+    ):
+        m.model(input_ids=ids, attention_mask=mask)
+    outer = pytest.raises(CorelensError, match="replaces the attention kernel")
+    with (
+        activate(m.layer_modules(), Replace()),
+        corelens.hybrid(m, [], sink=2, window=4),
+        outer,
+        torch.no_grad(),
+    ):
+        m.model(input_ids=ids, attention_mask=mask)

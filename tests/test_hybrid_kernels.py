@@ -1,0 +1,135 @@
+"""Hybrid attention kernels against the dense masked reference (METHODS §4), at the kernel interface."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corelens.attention import kernels
+from corelens.attention.kernels import blocked, flex, reference
+from corelens.attention.kernels.flexattn import _mask_mod, policy_block_mask
+from corelens.attention.kernels.semantics import pairs, row_starts, streaming_keep
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def _inputs(batch, heads, groups, n, dim=16, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, n, dim, generator=g).to(dtype)
+    k = torch.randn(batch, heads // groups, n, dim, generator=g).to(dtype)
+    v = torch.randn(batch, heads // groups, n, dim, generator=g).to(dtype)
+    full = torch.rand(heads, generator=g) < 0.4
+    return q, k, v, full
+
+
+def _left_padded(pads, n):
+    keep = torch.ones(len(pads), n, dtype=torch.bool)
+    for row, pad in enumerate(pads):
+        keep[row, :pad] = False
+    return torch.ones(n, n, dtype=torch.bool).tril()[None, None] & keep[:, None, None, :]
+
+
+def test_rule_is_methods_4_and_pairs_count_it():
+    q = torch.arange(40)[None]
+    k = torch.arange(40)[None]
+    keep = streaming_keep(q, k, torch.zeros(1, dtype=torch.long), 3, 5)[0]
+    want = torch.tensor([[j <= i and (j < 3 or i - j < 5) for j in range(40)] for i in range(40)])
+    assert torch.equal(keep, want)
+    assert pairs(40, 3, 5) == (40 * 41 // 2, int(want.sum()))
+    assert pairs(10, 3, 8)[1] == pairs(10, 3, 8)[0]  # N <= S + W: nothing dropped
+
+
+# Lengths that are multiples of no block size (blocks are 32..128 positions; flex tiles 128).
+@pytest.mark.parametrize("groups", [1, 2, 3, 4])
+@pytest.mark.parametrize("n,sink,window", [(37, 4, 8), (157, 5, 40), (301, 16, 64), (130, 0, 7)])
+def test_blocked_equals_reference(groups, n, sink, window):
+    q, k, v, full = _inputs(1, 4 * groups if groups < 4 else 8, groups, n, seed=n + groups)
+    scale = 16**-0.5
+    ref = reference(q, k, v, None, full, sink, window, scale)
+    out = blocked(q, k, v, None, full, sink, window, scale)
+    assert (out - ref).abs().max().item() <= 1e-5
+    out_small = blocked(q, k, v, None, full, sink, window, scale, block=8)  # many tiles per row
+    assert (out_small - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_blocked_left_padding_and_other_masks(groups):
+    n, sink, window = 211, 6, 50
+    q, k, v, full = _inputs(3, 3 * groups, groups, n, seed=7)
+    scale = 0.3
+    mask = _left_padded([0, 9, 120], n)
+    ref = reference(q, k, v, mask, full, sink, window, scale)
+    out = blocked(q, k, v, mask, full, sink, window, scale, block=16)
+    assert (out - ref).abs().max().item() <= 1e-5
+    assert out[2, :120].abs().max() == 0  # pad rows attend nothing, as in sdpa
+    assert torch.equal(row_starts(mask, 3, q.device), torch.tensor([0, 9, 120]))
+    # Right padding / any mask that is not causal + left padding: the exact dense path.
+    holes = mask & (torch.rand(3, 1, n, n, generator=torch.Generator().manual_seed(1)) < 0.9)
+    ref = reference(q, k, v, holes, full, sink, window, scale)
+    assert (blocked(q, k, v, holes, full, sink, window, scale) - ref).abs().max().item() <= 1e-5
+
+
+def test_blocked_keeps_the_input_dtype_with_fp32_accumulation():
+    q, k, v, full = _inputs(1, 4, 2, 300, seed=3, dtype=torch.bfloat16)
+    out = blocked(q, k, v, None, full, 4, 32, 0.25)
+    ref = reference(q.float(), k.float(), v.float(), None, full, 4, 32, 0.25)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max().item() <= 2e-2  # bf16 output rounding only
+
+
+@pytest.mark.parametrize("pads", [None, [0, 40]])
+def test_flex_equals_reference(pads):
+    n = 197
+    q, k, v, full = _inputs(2, 6, 3, n, seed=11)
+    mask = None if pads is None else _left_padded(pads, n)
+    ref = reference(q, k, v, mask, full, 5, 33, 0.25)
+    out = flex(q, k, v, mask, full, 5, 33, 0.25, compiled=False)
+    assert (out - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "n,sink,window,block", [(100, 5, 16, 8), (97, 0, 20, 16), (64, 30, 3, 8), (130, 7, 1, 32)]
+)
+def test_flex_block_mask_classifies_tiles_exactly(n, sink, window, block):
+    """Full tiles must hold only kept pairs (their mask_mod is skipped); every kept pair must be in a tile."""
+    flags = (True, False, False)
+    bm = policy_block_mask(flags, n, sink, window, "cpu", block=block)
+    mod = _mask_mod(torch.tensor(flags), None, None, sink, window)
+    i = torch.arange(n)
+    nb = -(-n // block)
+    for h in range(len(flags)):
+        dense = mod(0, h, i[:, None], i[None, :])
+        tiles = torch.nn.functional.pad(dense, (0, nb * block - n, 0, nb * block - n))
+        tiles = tiles.view(nb, block, nb, block).transpose(1, 2)
+        partial = torch.zeros(nb, nb, dtype=torch.bool)
+        whole = torch.zeros(nb, nb, dtype=torch.bool)
+        for qb in range(nb):
+            partial[qb, bm.kv_indices[0, h, qb, : bm.kv_num_blocks[0, h, qb]].long()] = True
+            whole[qb, bm.full_kv_indices[0, h, qb, : bm.full_kv_num_blocks[0, h, qb]].long()] = True
+        has_pair = tiles.any(dim=-1).any(dim=-1)
+        assert not (partial & whole).any()
+        assert torch.equal(has_pair, partial | whole)
+        for qb, kb in whole.nonzero().tolist():
+            rows = slice(qb * block, min(n, (qb + 1) * block))
+            cols = slice(kb * block, min(n, (kb + 1) * block))
+            assert dense[rows, cols].all()
+
+
+def test_auto_prefers_flex_on_cuda_and_falls_back(monkeypatch):
+    assert kernels.choose("auto", torch.device("cuda")) == "flex"
+    assert kernels.choose("auto", torch.device("cpu")) == "blocked"
+    with pytest.raises(ValueError, match="unknown hybrid kernel"):
+        kernels.choose("fast", torch.device("cpu"))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no triton here")
+
+    # What a CUDA machine whose FlexAttention fails to compile goes through, simulated on CPU.
+    monkeypatch.setattr(kernels, "choose", lambda kind, device: "flex")
+    monkeypatch.setitem(kernels._IMPL, "flex", broken)
+    q, k, v, full = _inputs(1, 4, 2, 90, seed=5)
+    out, ran, reason = kernels.prefill("auto", q, k, v, None, full, 3, 20, 0.25)
+    assert ran == "blocked" and "no triton here" in reason
+    assert (out - reference(q, k, v, None, full, 3, 20, 0.25)).abs().max().item() <= 1e-5
+    with pytest.raises(RuntimeError, match="no triton"):  # an explicit choice never falls back
+        kernels.prefill("flex", q, k, v, None, full, 3, 20, 0.25)

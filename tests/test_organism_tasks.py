@@ -1,0 +1,154 @@
+"""The organism's synthetic tasks: determinism, exact targets read back from the pixels, balanced answers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from corelens.data import read_samples
+from corelens.organism.tasks import (
+    COLOURS,
+    MARK,
+    PALETTE,
+    SHAPES,
+    TASKS,
+    generate,
+    questions,
+    render,
+)
+
+COLOUR_OF = {rgb: name for name, rgb in PALETTE.items()}
+
+
+def blobs(image) -> list[dict]:
+    """Return every object drawn in a palette colour: its colour, pixel mask, bounding box and centre."""
+    pixels = np.asarray(image)
+    found = []
+    for rgb, name in COLOUR_OF.items():
+        labels, count = ndimage.label(np.all(pixels == rgb, axis=-1))
+        for k in range(1, count + 1):
+            mask = labels == k
+            ys, xs = np.nonzero(mask)
+            found.append(
+                {
+                    "colour": name,
+                    "mask": mask,
+                    "bbox": (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1),
+                    "centre": ((xs.min() + xs.max() + 1) / 2, (ys.min() + ys.max() + 1) / 2),
+                }
+            )
+    return found
+
+
+def inside(point, box) -> bool:
+    return box[0] <= point[0] < box[2] and box[1] <= point[1] < box[3]
+
+
+def contains(box, bbox) -> bool:
+    return box[0] <= bbox[0] and box[1] <= bbox[1] and bbox[2] <= box[2] and bbox[3] <= box[3]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_generation_is_deterministic_and_readable(task, tmp_path):
+    a = generate(task, tmp_path / "a", 3, seed=5)
+    b = generate(task, tmp_path / "b", 3, seed=5)
+    c = generate(task, tmp_path / "c", 3, seed=6)
+    assert a.read_bytes() == b.read_bytes()
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.png"))
+    assert files and all(
+        (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files
+    )
+    assert a.read_bytes() != c.read_bytes()
+    samples, skipped = read_samples(a)
+    assert len(samples) == 3 and not skipped
+    for s in samples:
+        assert s.answer in s.choices and len(s.choices) >= 5 and s.task == task
+
+
+@pytest.mark.parametrize("index", range(12))
+def test_image_target_box_holds_the_referred_object_only(index):
+    sample = render("image", index, seed=3)
+    record, scene = sample.record, sample.record["scene"]
+    box = record["targets"][0]["box"]
+    found = blobs(sample.images[0])
+    assert len(found) == len(scene["objects"])  # every object is one blob of its own palette colour
+    hits = [b for b in found if inside(b["centre"], box)]
+    assert len(hits) == 1, "the box must contain exactly one object's centre"
+    referent = hits[0]
+    assert contains(box, referent["bbox"])
+    assert referent["mask"].sum() > 40
+    if scene["ask"] == "colour":
+        assert referent["colour"] == record["answer"]
+    # The named attributes pick exactly one object of the scene.
+    named = scene["named"]
+    fits = [o for o in scene["objects"] if all(o[k] == scene["objects"][0][k] for k in named)]
+    assert len(fits) == 1
+    for word in (scene["objects"][0][k] for k in named):
+        assert word in record["question"].split()
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_video_tube_follows_the_moving_object(index):
+    sample = render("video", index, seed=3)
+    record, scene = sample.record, sample.record["scene"]
+    tube = record["targets"][0]
+    assert tube["frames"] == list(range(len(sample.frames))) and 4 <= len(sample.frames) <= 8
+    centres = []
+    for frame, box in zip(sample.frames, tube["boxes"]):
+        hits = [b for b in blobs(frame) if inside(b["centre"], box)]
+        assert len(hits) == 1
+        assert contains(box, hits[0]["bbox"])
+        if scene["ask"] == "colour":
+            assert hits[0]["colour"] == record["answer"]
+        centres.append(hits[0]["centre"])
+    dx, dy = np.diff(np.array(centres), axis=0).T
+    motion = scene["objects"][0]["motion"]
+    expected = {
+        "up": (dx == 0) & (dy < 0),
+        "down": (dx == 0) & (dy > 0),
+        "left": (dx < 0) & (dy == 0),
+        "right": (dx > 0) & (dy == 0),
+        "still": (dx == 0) & (dy == 0),
+    }[motion]
+    assert expected.all(), f"the tube does not move {motion}"
+    assert motion in record["question"].split()
+    # The motion names one object: no other object moves the same way.
+    assert [o["motion"] for o in scene["objects"]].count(motion) == 1
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_document_targets_are_the_marked_block(index):
+    sample = render("document", index, seed=3)
+    record = sample.record
+    page_target, box_target = record["targets"]
+    page = page_target["image"]
+    assert box_target["image"] == page and 4 <= len(sample.images) <= 12
+    x0, y0, x1, y1 = box_target["box"]
+    for p, image in enumerate(sample.images):
+        black = np.all(np.asarray(image) == MARK, axis=-1)
+        if p != page:
+            assert not black.any(), "only the marked page has a mark"
+            continue
+        ys, xs = np.nonzero(black)
+        assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (x0, y0, x1, y1)
+        figures = [b for b in blobs(image) if inside(b["centre"], (x0, y0, x1, y1))]
+        assert len(figures) == 1 and contains((x0, y0, x1, y1), figures[0]["bbox"])
+        if record["scene"]["ask"] == "colour":
+            assert figures[0]["colour"] == record["answer"]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_answers_are_balanced_and_not_given_by_the_question(task):
+    records = [render(task, i, seed=4).record for i in range(240)]
+    for ask, values in (("colour", COLOURS), ("shape", SHAPES)):
+        answers = Counter(r["answer"] for r in records if r["scene"]["ask"] == ask)
+        if not answers:
+            continue
+        assert set(answers) <= set(values)
+        assert max(answers.values()) / sum(answers.values()) < 2.2 / len(values)
+    for r in records:
+        assert r["answer"] not in r["question"].split()
+        assert (r["question"], r["answer"]) in questions(r)

@@ -1,0 +1,202 @@
+"""SAP (METHODS §6): the prior hook, its conventions, the priors, the key-region ratio and `corelens sap`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import corelens
+from corelens.attention import activate, row_probabilities
+from corelens.attention.dispatch import AttentionHook
+from corelens.attention.priors import SapHook, parse_heads, parse_layers, rebuild_rows, row_scores
+from corelens.cli import main
+from corelens.errors import CorelensError
+from corelens.experiments.sap import build_prior, key_region, prior_vis_attn, sap
+from corelens.models.prepare import prepare
+from corelens.models.tiny import load_tiny
+from corelens.organism.tasks import generate
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sap-data")
+    return {task: generate(task, root / task, 2, seed=9) for task in ("image", "video", "document")}
+
+
+def _sample(path, i: int = 0):
+    return corelens.read_samples(path)[0][i]
+
+
+class _Rows(AttentionHook):
+    def __init__(self):
+        self.pairs = []
+
+    def pre(self, call):
+        rows = torch.tensor([call.query.shape[2] - 1, 2])
+        self.pairs.append((torch.softmax(row_scores(call, rows), -1), row_probabilities(call, rows)))
+
+
+def test_named_sets():
+    assert parse_layers("all", 4) == (0, 1, 2, 3)
+    assert parse_layers("late", 28) == tuple(range(19, 28)) and parse_layers("early", 3) == (0,)
+    assert parse_layers("21-27", 28) == tuple(range(21, 28)) and parse_layers("0,2-3", 4) == (0, 2, 3)
+    assert parse_layers("last:2", 28) == (26, 27) and parse_layers("first:1", 4) == (0,)
+    for bad in ("5", "2-1", "x", "last:0", "last:9"):
+        with pytest.raises(CorelensError):
+            parse_layers(bad, 4)
+    assert parse_heads("1,3", 4).select(torch.zeros(4)).tolist() == [False, True, False, True]
+    band = parse_heads("band:50-100", 4).select(torch.tensor([0.1, 0.4, 0.2, 0.3]))
+    assert band.tolist() == [False, True, False, True]
+    with pytest.raises(CorelensError):
+        parse_heads("band:80-20", 4)
+
+
+def test_conventions_on_one_row():
+    scores = torch.tensor([[[[2.0, 0.5, -1.0, 1.0, float("-inf")]]]])  # keys 1, 2 are visual; key 4 masked
+    visual = torch.tensor([1, 2])
+    prior = torch.tensor([0.25, 0.75])
+    probs = torch.softmax(scores, -1)
+    mass = rebuild_rows(scores, visual, prior, "mass")[0, 0, 0]
+    m = probs[0, 0, 0, visual].sum()
+    torch.testing.assert_close(mass[visual], m * prior)
+    torch.testing.assert_close(mass[[0, 3, 4]], probs[0, 0, 0, [0, 3, 4]])
+    logits = rebuild_rows(scores, visual, prior, "logits")[0, 0, 0]
+    torch.testing.assert_close(logits, torch.softmax(torch.tensor([2.0, 0.25, 0.75, 1.0, float("-inf")]), -1))
+    mean = rebuild_rows(scores, visual, prior, "mean_logits")[0, 0, 0]
+    rescaled = prior * 2 * (-0.25)  # π · |V| · mean(s_V)
+    want = torch.softmax(torch.tensor([2.0, float(rescaled[0]), float(rescaled[1]), 1.0, float("-inf")]), -1)
+    torch.testing.assert_close(mean, want)
+    torch.testing.assert_close(rebuild_rows(scores, visual, None, "mass"), probs)  # 'own' prior: no-op
+
+
+def test_row_scores_match_row_probabilities(tiny_dir, data):
+    m = corelens.load(tiny_dir("qwen2_5_vl"))
+    p = prepare(m, _sample(data["image"]))
+    hook = _Rows()
+    with torch.no_grad(), activate(m.layer_modules(), hook):
+        m.model(**p.inputs, use_cache=False)
+    for softmaxed, probs in hook.pairs:
+        torch.testing.assert_close(softmaxed, probs, rtol=0, atol=1e-7)
+
+
+def test_own_prior_reproduces_stock_model(tiny_dir, family, data):
+    path = tiny_dir(family)
+    m = corelens.load(path)
+    stock, _ = load_tiny(path)
+    p = prepare(m, _sample(data["image"]))
+    hook = SapHook(torch.from_numpy(p.layout.visual), None, p.prompt_len)  # prior = the row's own attention
+    gen = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    with torch.no_grad(), activate(m.layer_modules(), hook):
+        ours = m.model(**p.inputs, use_cache=False).logits
+        ours_gen = m.model.generate(**p.inputs, **gen)
+    with torch.no_grad():
+        ref = stock(**p.inputs, use_cache=False).logits
+        ref_gen = stock.generate(**p.inputs, **gen)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
+    assert torch.equal(ours_gen.sequences, ref_gen.sequences)
+    for a, b in zip(ours_gen.scores, ref_gen.scores):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_mass_preserving_prior_keeps_visual_mass(tiny_dir, data):
+    m = corelens.load(tiny_dir("qwen2_vl"))
+    sample = _sample(data["image"])
+    p = prepare(m, sample)
+    visual = torch.from_numpy(p.layout.visual)
+    prior = torch.from_numpy(build_prior(m, sample, p, "noise").astype(np.float32))
+    hook = SapHook(visual, prior, p.prompt_len, heads=parse_heads("band:0-50", m.num_heads), record=True)
+    with torch.no_grad():
+        stock = m.model(**p.inputs, use_cache=False).logits
+        with activate(m.layer_modules(), hook):
+            ours = m.model(**p.inputs, use_cache=False).logits
+    assert len(hook.records) == m.num_layers  # one current row (the last prompt position) per layer
+    for _, before, after, chosen in hook.records:
+        torch.testing.assert_close(after[:, visual].sum(-1), before[:, visual].sum(-1), rtol=1e-6, atol=1e-7)
+        share = after[:, visual] / after[:, visual].sum(-1, keepdim=True)
+        torch.testing.assert_close(share, prior.expand_as(share), rtol=1e-5, atol=1e-7)
+        text = torch.ones(after.shape[-1], dtype=torch.bool)
+        text[visual] = False
+        torch.testing.assert_close(after[:, text], before[:, text])
+        assert 0 < int(chosen.sum()) < m.num_heads
+    torch.testing.assert_close(ours[0, :-1], stock[0, :-1], rtol=0, atol=1e-5)  # only the last row changes
+    assert not torch.allclose(ours[0, -1], stock[0, -1], atol=1e-4)
+
+
+def test_priors_are_distributions_over_visual_tokens(tiny_dir, data):
+    m = corelens.load(tiny_dir("qwen2_5_vl"))
+    for task, path in data.items():
+        sample = _sample(path)
+        p = prepare(m, sample)
+        n = len(p.layout.visual)
+        for kind in ("vis_attn", "complexity", "noise", "key"):
+            prior = build_prior(m, sample, p, kind, seed=1)
+            assert prior.shape == (n,) and (prior > 0).all(), (task, kind)
+            assert prior.sum() == pytest.approx(1.0), (task, kind)
+        if task == "image":
+            key = build_prior(m, sample, p, "key")
+            omega = p.layout.omega(sample.targets)
+            assert p.layout.visual[int(np.argmax(key))] in omega
+    assert build_prior(m, sample, p, "own") is None
+
+
+def test_vis_attn_undoes_the_window_order(tiny_dir, data):
+    """Qwen2.5-VL's blocks run in window order: the pooled prior must follow the merger's (decoder) order."""
+    m = corelens.load(tiny_dir("qwen2_5_vl"))
+    p = prepare(m, _sample(data["image"]))
+    visual = m.model.model.visual
+    seen = []
+    handle = visual.blocks[-1].register_forward_hook(lambda mod, a, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            pooled = visual(p.inputs["pixel_values"], grid_thw=p.inputs["image_grid_thw"]).pooler_output
+    finally:
+        handle.remove()
+    from transformers.vision_utils import get_vision_window_index
+
+    index, _ = get_vision_window_index(
+        p.inputs["image_grid_thw"], spatial_merge_size=2, window_size=visual.window_size, patch_size=14
+    )
+    assert not torch.equal(index, torch.arange(len(index)))  # the image spans several windows
+    torch.testing.assert_close(visual.merger(seen[0])[torch.argsort(index)], pooled)
+    prior = prior_vis_attn(m, p)
+    assert prior.shape == (len(p.layout.visual),) and prior.std() > 0
+
+
+def test_key_region_ratio_equals_eager_attention(tiny_dir, data):
+    path = tiny_dir("qwen2_vl")
+    m = corelens.load(path)
+    eager, _ = load_tiny(path, attn_implementation="eager")
+    sample = _sample(data["image"])
+    p = prepare(m, sample)
+    ratio, area = key_region(m, sample, p)
+    omega, visual = p.layout.omega(sample.targets), p.layout.visual
+    with torch.no_grad():
+        att = eager(**p.inputs, output_attentions=True, use_cache=False).attentions
+    rows = [a[0, :, -1].double() for a in att]  # (heads, keys) at the answer position
+    want = np.mean([(r[:, omega].sum(-1) / r[:, visual].sum(-1)).numpy() for r in rows])
+    assert ratio == pytest.approx(want, rel=1e-5)
+    assert area == pytest.approx(len(omega) / len(visual))
+
+
+def test_sap_run_and_cli(tiny_dir, data, tmp_path):
+    path = tiny_dir("qwen2_5_vl")
+    m = corelens.load(path)
+    out = tmp_path / "run"
+    result = sap(m, data["image"], priors=("noise", "own"), layers=("all", "1"), out=out, max_new_tokens=3)
+    acc = pd.read_csv(out / "accuracy.csv")
+    assert acc["condition"].tolist() == ["vanilla", "noise@all", "noise@1", "own@all", "own@1"]
+    own = acc[acc["condition"].str.startswith("own")]
+    assert (own["changed_answers"] == 0).all() and (own["accuracy"] == acc["accuracy"][0]).all()
+    frame = pd.read_parquet(out / "sap.parquet")
+    assert len(frame) == 2 * 5 and set(frame["sample_id"]) == {"image-00000", "image-00001"}
+    regions = pd.read_csv(out / "key_region.csv")
+    assert regions["group"].tolist() == ["correct", "incorrect", "all"] and regions["n"].iloc[-1] == 2
+    assert (out / "figures" / "sap_accuracy.png").stat().st_size > 1000
+    assert result.accuracy["n"].tolist() == [2] * 5
+    args = ["sap", "--model", str(path), "--data", str(data["image"]), "--max-new-tokens", "2"]
+    assert (
+        main([*args, "--out", str(tmp_path / "cli"), "--prior", "key", "--layers", "0", "--limit", "1"]) == 0
+    )
+    assert main([*args, "--out", str(tmp_path / "bad"), "--prior", "key", "--layers", "9-12"]) == 2
