@@ -88,3 +88,22 @@ class RamProbe(AttentionHook):
         totals = totals.cpu() / len(self.rows)
         self.mass[call.layer] = totals[:, 0]
         self.visual_mass[call.layer] = totals[:, 1]
+
+
+class KeyMapProbe(AttentionHook):
+    """Records, for chosen (layer, query head) pairs, the mean attention of `rows` over every key (fp32)."""
+
+    def __init__(self, heads: list[tuple[int, int]], rows: torch.Tensor, seq_len: int) -> None:
+        self.heads = [(int(layer), int(head)) for layer, head in heads]
+        self.rows = rows.long()
+        self.seq_len = seq_len
+        self.maps: dict[tuple[int, int], torch.Tensor] = {}
+
+    def pre(self, call: AttentionCall) -> None:
+        """Average the probed rows' attention of this layer's chosen heads (prefill only)."""
+        wanted = [h for layer, h in self.heads if layer == call.layer]
+        if not wanted or call.key.shape[2] != self.seq_len or call.query.shape[2] != self.seq_len:
+            return
+        probs = row_probabilities(call, self.rows)[0]  # (heads, rows, kv)
+        for head in wanted:
+            self.maps[(call.layer, head)] = probs[head].mean(0).cpu()

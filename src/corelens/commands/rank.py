@@ -19,6 +19,7 @@ def run(args: argparse.Namespace) -> None:
         limit=args.limit,
         skip_bad=args.skip_bad,
         progress=True,
+        overlays=args.overlays,
         argv=sys.argv,
     )
     best = ", ".join(f"L{layer}H{head}" for layer, head in ranking.top(5))
@@ -36,4 +37,7 @@ def register(sub) -> None:
     r.add_argument("--rule", choices=("any", "centre", "coverage"), default="any", help="box -> token rule")
     r.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     r.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    r.add_argument(
+        "--overlays", type=int, default=2, help="draw top/bottom heads' attention on the first N samples"
+    )
     r.set_defaults(func=run)

@@ -1,4 +1,4 @@
-"""The demo: held-out synthetic samples of three tasks, `rank` on each, the top heads and where the runs are.
+"""The demo: held-out samples of three tasks, `rank` on each, their stability, and one HTML report.
 
 The default model is the bundled model organism (`corelens.organism.organism_path()`): a small
 Qwen2.5-VL trained from scratch on these tasks (see its CARD.md), so its head ranking reflects heads that
@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from corelens.experiments.rank import rank
+from corelens.experiments.stability import stability
 from corelens.models.loaded import load
 from corelens.models.tiny import build_tiny_checkpoint
 from corelens.organism import CHECKPOINT
 from corelens.organism.tasks import TASKS, WORDS, generate
+from corelens.report.html import write_report
 
 ORGANISM_LABEL = "corelens model organism (Qwen2.5-VL, 4 layers x 8 heads, trained from scratch; see CARD.md)"
 RANDOM_LABEL = "tiny randomly initialised Qwen2.5-VL (organism checkpoint missing: rankings are meaningless)"
@@ -47,14 +49,22 @@ def run_demo(
     for task in TASKS:
         data = generate(task, out / "data" / task, n, seed=DEMO_SEED)
         run_dir = out / f"rank-{task}"
-        ranking = rank(m, data, out=run_dir, progress=True)
+        ranking = rank(m, data, out=run_dir, progress=True, overlays=1)
         best = ranking.heads.head(top)
         heads = ", ".join(
             f"L{int(r.layer)}H{int(r.head)} ({r.mass:.2f}, lift {r.lift:.1f})" for r in best.itertuples()
         )
         print(f"[{task}] top {top} heads by mean RAM (mass, lift over the area prior): {heads}")
         runs[task] = run_dir
-    print("\nrun directories (heads.csv, ram.parquet, manifest.json, figures/):")
-    for task, run_dir in runs.items():
-        print(f"  {task:9s} {run_dir}")
+    runs["stability"] = out / "stability"
+    result = stability([runs[t] for t in TASKS], runs["stability"], k="10%", n_boot=500)
+    for row in result.spearman.itertuples():
+        print(f"[stability] {row.a} vs {row.b}: Spearman {row.spearman:.2f} [{row.low:.2f}, {row.high:.2f}]")
+    universal = ", ".join(f"L{layer}H{head}" for layer, head in result.universal) or "none"
+    print(f"[stability] heads in the top 10 % of every task: {universal}")
+    print("\nrun directories (tables, manifest.json, figures/):")
+    for name, run_dir in runs.items():
+        print(f"  {name:9s} {run_dir}")
+    report = write_report(list(runs.values()), out / "report.html", title=f"corelens demo: {label}")
+    print(f"report: {report}")
     return runs

@@ -97,9 +97,13 @@ def rank(
     out: str | Path | None = None,
     skip_bad: bool = False,
     progress: bool = False,
+    overlays: int = 0,
     argv: list[str] | None = None,
 ) -> Ranking:
-    """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir."""
+    """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir.
+
+    `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples.
+    """
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
     if out is None:
         records = [_record(s, measure_sample(m, s, query, rule)) for s in tqdm(samples, disable=not progress)]
@@ -141,6 +145,12 @@ def rank(
     from corelens.report.heatmap import head_heatmap
 
     head_heatmap(ranking.heads, run.path / "figures" / "heads_mass.png", title=f"Mean RAM ({query} queries)")
+    if overlays > 0:
+        from corelens.experiments.overlay import write_overlays
+
+        ranked = {r["id"] for r in records}
+        chosen = [s for s in samples if s.id in ranked][:overlays]
+        write_overlays(m, chosen, ranking.heads, run.path / "figures", query=query)
     n_skipped = sum(1 for r in run.records() if r["status"] == "skipped")
     run.finish(samples=len(records), skipped=n_skipped)
     return ranking

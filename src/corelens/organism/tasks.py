@@ -179,9 +179,18 @@ def _side(rng: np.random.Generator, size: str) -> int:
     return int(rng.integers(low, high + 1))
 
 
-def _image_objects(rng: np.random.Generator, ask: str, named: tuple[str, ...], referent: dict) -> list[dict]:
+def _span(level: float, easy: tuple[int, int], full: tuple[int, int]) -> tuple[int, int]:
+    """Return the [low, high] range of a count at curriculum `level` (0 = easy, 1 = the task's own range)."""
+    low = round(easy[0] + level * (full[0] - easy[0]))
+    return low, max(low, round(easy[1] + level * (full[1] - easy[1])))
+
+
+def _image_objects(
+    rng: np.random.Generator, ask: str, named: tuple[str, ...], referent: dict, level: float = 1.0
+) -> list[dict]:
     """Return the referent plus 3-7 distractors: none fits the description, none shares the answer."""
-    count = int(rng.integers(4, 9))
+    low, high = _span(level, (1, 2), (4, 8))
+    count = int(rng.integers(low, high + 1))
     objects = [referent]
     # Confusers share part of a two-word description, so that one attribute alone is not enough.
     if len(named) == 2:
@@ -204,13 +213,13 @@ def _image_objects(rng: np.random.Generator, ask: str, named: tuple[str, ...], r
     return objects
 
 
-def image_sample(rng: np.random.Generator, index: int) -> Rendered:
+def image_sample(rng: np.random.Generator, index: int, level: float = 1.0) -> Rendered:
     """Return one `image` sample: find the object named by its attributes, answer its colour or shape."""
     ask = "colour" if rng.random() < 0.5 else "shape"
     options = (("shape",), ("size", "shape")) if ask == "colour" else (("colour",), ("size", "colour"))
     named = options[int(rng.integers(0, 2))]
     referent = {"colour": _pick(rng, COLOURS), "shape": _pick(rng, SHAPES), "size": _pick(rng, SIZES)}
-    objects = _image_objects(rng, ask, named, referent)
+    objects = _image_objects(rng, ask, named, referent, level)
     # Each object sits inside one token cell (so shapes are seen whole, at small offsets) and objects in
     # neighbouring cells stay at least 2 pixels apart.
     cells = rng.permutation((IMAGE_SIZE[0] // CELL) * (IMAGE_SIZE[1] // CELL))[: len(objects)]
@@ -260,7 +269,7 @@ def _start_range(motion: str, speed: int, frames: int, side: int, extent: int, a
     return 0, extent - side
 
 
-def video_sample(rng: np.random.Generator, index: int) -> Rendered:
+def video_sample(rng: np.random.Generator, index: int, level: float = 1.0) -> Rendered:
     """Return one `video` sample: find the object by its motion over time, answer its colour.
 
     Objects move freely across token cells, so their shapes are seen at every offset; the question asks
@@ -268,7 +277,8 @@ def video_sample(rng: np.random.Generator, index: int) -> Rendered:
     """
     frames = int(rng.integers(4, 9))
     ask = "colour"
-    count = int(rng.integers(3, 6))
+    low, high = _span(level, (1, 2), (3, 5))
+    count = int(rng.integers(low, high + 1))
     motions = [MOTIONS[i] for i in rng.permutation(len(MOTIONS))[:count]]
     referent = {"colour": _pick(rng, COLOURS), "shape": _pick(rng, SHAPES)}
     objects = [dict(referent, motion=motions[0])]
@@ -347,13 +357,14 @@ def _figure_block(
     draw_shape(draw, fig["shape"], (fx, fy, fx + side, fy + side), PALETTE[fig["colour"]])
 
 
-def document_sample(rng: np.random.Generator, index: int) -> Rendered:
+def document_sample(rng: np.random.Generator, index: int, level: float = 1.0) -> Rendered:
     """Return one `document` sample: 4-12 pages; ask the colour or shape of the marked block's figure.
 
     A page is a 3 x 4 grid of token-sized blocks: 1-3 figure blocks (a framed coloured shape), 2-5 text
     blocks (glyph lines), the rest blank paper. Exactly one figure block of the document is marked.
     """
-    pages = int(rng.integers(4, 13))
+    low, high = _span(level, (1, 2), (4, 12))
+    pages = int(rng.integers(low, high + 1))
     ask = "colour" if rng.random() < 0.5 else "shape"
     marked_page = int(rng.integers(0, pages))
     answer_fig = {"colour": _pick(rng, COLOURS), "shape": _pick(rng, SHAPES)}
@@ -442,18 +453,21 @@ def questions(record: dict) -> list[tuple[str, str]]:
     raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
 
 
-GENERATORS: dict[str, Callable[[np.random.Generator, int], Rendered]] = {
+GENERATORS: dict[str, Callable[[np.random.Generator, int, float], Rendered]] = {
     "image": image_sample,
     "video": video_sample,
     "document": document_sample,
 }
 
 
-def render(task: str, index: int, seed: int = 0) -> Rendered:
-    """Return sample `index` of `task` under `seed`, in memory (the same as `generate` writes)."""
+def render(task: str, index: int, seed: int = 0, level: float = 1.0) -> Rendered:
+    """Return sample `index` of `task` under `seed`, in memory (the same as `generate` writes).
+
+    `level` < 1 is for the training curriculum only: fewer objects (image, video) or pages (document).
+    """
     if task not in GENERATORS:
         raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
-    return GENERATORS[task](sample_rng(seed, task, index), index)
+    return GENERATORS[task](sample_rng(seed, task, index), index, level)
 
 
 def generate(task: str, folder: str | Path, n: int, seed: int = 0) -> Path:

@@ -32,12 +32,15 @@ TRAIN_DATA_SEED = 0  # training samples come from seed 0; evaluation and the dem
 class TrainConfig:
     """Optimisation settings of one training run."""
 
-    steps: int = 3000
-    batch: int = 32
-    turns: int = 4  # questions per rendered scene: its own + up to turns - 1 extra chat turns
+    steps: int = 4400
+    batch: int = 16
+    turns: int = 8  # questions per rendered scene: its own + up to turns - 1 extra chat turns
     aux_weight: float = 1.0  # weight of the vision tower's per-token auxiliary loss (organism/aux.py)
-    aux_until: float = 0.5  # share of the steps after which the auxiliary loss has faded linearly to 0
-    lr: float = 2e-3
+    aux_until: float = 0.6  # share of the steps after which the auxiliary loss has faded linearly to 0
+    curriculum_until: float = 0.7  # share of the steps by which every task has reached full difficulty
+    curriculum_step: float = 0.1  # level gained when a task's running accuracy passes `curriculum_bar`
+    curriculum_bar: float = 0.8
+    lr: float = 3e-3
     min_lr: float = 1e-4
     warmup: int = 100
     weight_decay: float = 0.01
@@ -45,7 +48,7 @@ class TrainConfig:
     seed: int = 0
     data_seed: int = TRAIN_DATA_SEED
     tasks: tuple[str, ...] = TASKS
-    task_weights: tuple[float, ...] = ()  # relative share of steps per task; empty = equal
+    task_weights: tuple[float, ...] = (1.0, 1.0, 0.7)  # relative share of steps per task; empty = equal
     threads: int = 2
     log_every: int = 25
     time_limit: float = 0.0  # seconds; stop early (after a log line) when exceeded, 0 = none
@@ -85,6 +88,12 @@ def aux_scale(step: int, cfg: TrainConfig) -> float:
     """Return the auxiliary loss weight at `step`: `aux_weight`, fading linearly to 0 at `aux_until`."""
     end = cfg.aux_until * cfg.steps
     return cfg.aux_weight * max(0.0, 1.0 - step / end) if end > 0 else 0.0
+
+
+def curriculum_floor(step: int, cfg: TrainConfig) -> float:
+    """Return the least scene difficulty at `step`: 0 (fewest objects / pages) rising linearly to 1."""
+    end = cfg.curriculum_until * cfg.steps
+    return min(1.0, step / end) if end > 0 else 1.0
 
 
 def answer_loss(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +141,7 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
     schedule = task_schedule(cfg)
     counters = dict.fromkeys(cfg.tasks, 0)
     recent = {t: deque(maxlen=max(1, 8 * cfg.log_every // len(cfg.tasks))) for t in cfg.tasks}
+    level = dict.fromkeys(cfg.tasks, 0.0)
     losses: deque = deque(maxlen=cfg.log_every)
     aux_losses: deque = deque(maxlen=cfg.log_every)
     history = []
@@ -144,7 +154,8 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
             group["lr"] = learning_rate(step, cfg)
         t0 = time.time()
         first = counters[task]
-        samples = [render(task, first + i, cfg.data_seed) for i in range(cfg.batch)]
+        level[task] = max(level[task], curriculum_floor(step, cfg))
+        samples = [render(task, first + i, cfg.data_seed, level[task]) for i in range(cfg.batch)]
         counters[task] += cfg.batch
         extra = [
             extra_turns(s.record, cfg.turns - 1, cfg.data_seed, first + i) for i, s in enumerate(samples)
@@ -164,6 +175,14 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
         losses.append(loss.item())
         aux_losses.append(aux.item())
         recent[task].append(correct.float().mean().item())
+        window = recent[task]
+        if (
+            level[task] < 1.0
+            and len(window) == window.maxlen
+            and sum(window) / len(window) >= cfg.curriculum_bar
+        ):
+            level[task] = min(1.0, level[task] + cfg.curriculum_step)  # mastered: harder scenes
+            window.clear()
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             entry = {
                 "step": step + 1,
@@ -173,9 +192,10 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
                 "loss": round(sum(losses) / len(losses), 4),
                 "aux_loss": round(sum(aux_losses) / len(aux_losses), 4),
                 "accuracy": {t: round(sum(v) / len(v), 4) for t, v in recent.items() if v},
+                "level": {t: round(v, 2) for t, v in level.items()},
             }
             history.append(entry)
-            accs = " ".join(f"{t}={a:.2f}" for t, a in entry["accuracy"].items())
+            accs = " ".join(f"{t}={a:.2f}@{level[t]:.1f}" for t, a in entry["accuracy"].items())
             log(
                 f"step {entry['step']:5d}  {entry['seconds']:7.0f}s  loss {entry['loss']:.3f}  "
                 f"aux {entry['aux_loss']:.3f}  {accs}"

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from corelens.report.figure import plt, save_figure
 
 STYLE = {
     "top": ("tab:red", "o"),
@@ -72,9 +70,4 @@ def dose_response(
     ax.set_title(title or "ablation dose-response")
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

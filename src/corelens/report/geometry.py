@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from corelens.report.figure import plt, save_figure
 
 # (baseline, module) -> legend label and line style
 _CURVES = (
@@ -19,15 +17,6 @@ _CURVES = (
     ("noise-delta", "attn", "noise Δ (attention)", "--"),
     ("noise-qkv", "attn", "noise QKV (attention)", "--"),
 )
-
-
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def flow_curves(layers: pd.DataFrame, path: str | Path) -> Path:
@@ -50,7 +39,7 @@ def flow_curves(layers: pd.DataFrame, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     axes[1].axhline(0.0, color="black", lw=0.6)
     axes[0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def sap_accuracy(accuracy: pd.DataFrame, path: str | Path) -> Path:
@@ -66,4 +55,4 @@ def sap_accuracy(accuracy: pd.DataFrame, path: str | Path) -> Path:
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
     ax.set_title("SAP: accuracy per prior and layer set")
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from corelens.report.figure import plt, save_figure
 
 
 def head_heatmap(
@@ -26,9 +24,4 @@ def head_heatmap(
     ax.set_ylabel("layer")
     ax.set_title(title or f"mean {value} per head")
     fig.colorbar(image, ax=ax, label=value)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

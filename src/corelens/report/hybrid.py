@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from corelens.report.figure import plt, save_figure
 
 STYLE = {
     "top": ("tab:red", "o", "CoRe (top)"),
@@ -50,9 +48,4 @@ def accuracy_vs_kept(table: pd.DataFrame, path: str | Path, *, title: str | None
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title or "hybrid attention: accuracy vs heads kept full", fontsize=9)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -1,0 +1,124 @@
+"""Cross-task (or cross-model) stability of rank runs: rank runs -> statistics tables + figures in a run dir.
+
+Writes `spearman.csv` (pairs with bootstrap 95 % intervals), `jaccard.csv`, `universal.csv`,
+`core_set.csv` (rank aggregation over runs), `topology.csv` (sparsity per run), `depth.csv` (depth
+profile per run) and figures (Spearman matrix, depth profiles, one heatmap per run).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from corelens.errors import CorelensError
+from corelens.metrics.headsets import k_count
+from corelens.metrics.stability import (
+    aggregate_ranking,
+    head_tables,
+    jaccard_pairs,
+    spearman_pairs,
+    universal_heads,
+)
+from corelens.metrics.topology import depth_profile, sparsity
+from corelens.runs import Run, file_hash
+
+
+@dataclass
+class Stability:
+    """The stability tables of a set of rank runs."""
+
+    labels: list[str]
+    spearman: pd.DataFrame
+    jaccard: pd.DataFrame
+    universal: list[tuple[int, int]]
+    core_set: pd.DataFrame
+    topology: pd.DataFrame
+    depth: pd.DataFrame
+
+
+def read_rank_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
+    """Return the long RAM table and the manifest of a finished `corelens rank` run directory."""
+    path = Path(path)
+    table, manifest = path / "ram.parquet", path / "manifest.json"
+    for needed in (table, manifest):
+        if not needed.is_file():
+            raise CorelensError(f"{path} is not a finished rank run: {needed.name} is missing")
+    info = json.loads(manifest.read_text())
+    if info.get("command") != "rank":
+        raise CorelensError(f"{path} holds a {info.get('command')!r} run, not a rank run")
+    return pd.read_parquet(table), info
+
+
+def run_labels(paths: list[Path], rams: list[pd.DataFrame]) -> list[str]:
+    """Return one label per run: its task when each run holds one distinct task, else its folder name."""
+    tasks = [sorted(ram["task"].dropna().unique()) for ram in rams]
+    if all(len(t) == 1 for t in tasks) and len({t[0] for t in tasks}) == len(tasks):
+        return [t[0] for t in tasks]
+    names = [p.name for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    return [str(p) for p in paths]
+
+
+def compute_stability(
+    rams: dict[str, pd.DataFrame], *, k: str | int | float = "5%", n_boot: int = 1000, seed: int = 0
+) -> Stability:
+    """Return the stability statistics of labelled long RAM tables (METHODS §2); `k` as in `k_count`."""
+    tables = head_tables(rams)
+    k = k_count(k, len(next(iter(tables.values()))))
+    layers = max(int(t["layer"].max()) + 1 for t in tables.values())
+    topology = pd.DataFrame([{"run": label, **sparsity(t)} for label, t in tables.items()])
+    depth = pd.concat(
+        [depth_profile(t, k, layers).assign(run=label) for label, t in tables.items()], ignore_index=True
+    )
+    return Stability(
+        labels=list(rams),
+        spearman=spearman_pairs(rams, n_boot=n_boot, seed=seed),
+        jaccard=jaccard_pairs(tables, k),
+        universal=universal_heads(tables, k),
+        core_set=aggregate_ranking(tables),
+        topology=topology,
+        depth=depth,
+    )
+
+
+def stability(
+    runs: list[str | Path],
+    out: str | Path,
+    *,
+    k: str | int | float = "5%",
+    n_boot: int = 1000,
+    seed: int = 0,
+    argv: list[str] | None = None,
+) -> Stability:
+    """Compare rank runs (different tasks or models) and write the stability run directory `out`."""
+    if len(runs) < 2:
+        raise CorelensError("stability needs at least two rank runs")
+    paths = [Path(r) for r in runs]
+    loaded = [read_rank_run(p) for p in paths]
+    rams = [ram for ram, _ in loaded]
+    labels = run_labels(paths, rams)
+    settings = {
+        "runs": [str(p.resolve()) for p in paths],
+        "ram_sha256": [file_hash(p / "ram.parquet") for p in paths],
+        "k": k,
+        "n_boot": n_boot,
+        "seed": seed,
+    }
+    run = Run(out, "stability", settings, argv)
+    result = compute_stability(dict(zip(labels, rams)), k=k, n_boot=n_boot, seed=seed)
+    result.spearman.to_csv(run.path / "spearman.csv", index=False)
+    result.jaccard.to_csv(run.path / "jaccard.csv", index=False)
+    pd.DataFrame(result.universal, columns=["layer", "head"]).to_csv(run.path / "universal.csv", index=False)
+    result.core_set.to_csv(run.path / "core_set.csv", index=False)
+    result.topology.to_csv(run.path / "topology.csv", index=False)
+    result.depth.to_csv(run.path / "depth.csv", index=False)
+    from corelens.report.topology import depth_figure, spearman_figure
+
+    spearman_figure(result.spearman, result.labels, run.path / "figures" / "spearman.png")
+    depth_figure(result.depth, run.path / "figures" / "depth.png")
+    run.finish(labels=labels, universal=len(result.universal))
+    return result

@@ -1,0 +1,103 @@
+"""Cross-task stability of head rankings: Spearman with bootstrap intervals, top-k Jaccard, universal heads.
+
+METHODS §2 (statistics), seed 000 §3.3. Every input is a long RAM table (`metrics.ram.sample_frame`) of one
+task or model; all must rank the same (layer, head) grid. Bootstrap intervals resample the samples of each
+table independently (tables of different tasks hold different samples).
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from corelens.metrics.ram import head_table, top_heads
+
+
+def sample_matrix(ram: pd.DataFrame, value: str = "mass") -> np.ndarray:
+    """Return the (samples, heads) matrix of `value`, heads in (layer, head) order."""
+    wide = ram.pivot_table(index="sample_id", columns=["layer", "head"], values=value, aggfunc="mean")
+    return wide.sort_index(axis=1).to_numpy(np.float64)
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    return float(stats.spearmanr(a, b).statistic)
+
+
+def spearman_pairs(
+    rams: dict[str, pd.DataFrame], *, value: str = "mass", n_boot: int = 1000, seed: int = 0
+) -> pd.DataFrame:
+    """Return one row per pair of tables: Spearman of per-head mean `value` and its bootstrap 95 % interval."""
+    matrices = {label: sample_matrix(ram, value) for label, ram in rams.items()}
+    shapes = {label: m.shape[1] for label, m in matrices.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"the runs rank different numbers of heads: {shapes}")
+    rows = []
+    for a, b in combinations(matrices, 2):
+        ma, mb = matrices[a], matrices[b]
+        rho = _spearman(ma.mean(0), mb.mean(0))
+        low = high = float("nan")
+        if n_boot > 0 and len(ma) > 1 and len(mb) > 1:
+            result = stats.bootstrap(
+                (np.arange(len(ma)), np.arange(len(mb))),
+                lambda ia, ib, ma=ma, mb=mb: _spearman(ma[ia].mean(0), mb[ib].mean(0)),
+                paired=False,
+                vectorized=False,
+                n_resamples=n_boot,
+                confidence_level=0.95,
+                method="percentile",
+                rng=np.random.default_rng(seed),
+            )
+            low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+        rows.append(
+            {"a": a, "b": b, "spearman": rho, "low": low, "high": high, "n_a": len(ma), "n_b": len(mb)}
+        )
+    return pd.DataFrame(rows, columns=["a", "b", "spearman", "low", "high", "n_a", "n_b"])
+
+
+def square(pairs: pd.DataFrame, labels: list[str], column: str) -> pd.DataFrame:
+    """Return the symmetric label x label matrix of `column` from a pairs table (1 on the diagonal)."""
+    matrix = pd.DataFrame(np.eye(len(labels)), index=labels, columns=labels)
+    for row in pairs.itertuples():
+        matrix.loc[row.a, row.b] = matrix.loc[row.b, row.a] = getattr(row, column)
+    return matrix
+
+
+def jaccard_pairs(tables: dict[str, pd.DataFrame], k: int | float) -> pd.DataFrame:
+    """Return the Jaccard overlap of the top-`k` head sets of every pair of head tables."""
+    sets = {label: set(top_heads(t, k)) for label, t in tables.items()}
+    rows = [
+        {"a": a, "b": b, "jaccard": len(sets[a] & sets[b]) / max(1, len(sets[a] | sets[b]))}
+        for a, b in combinations(sets, 2)
+    ]
+    return pd.DataFrame(rows, columns=["a", "b", "jaccard"])
+
+
+def universal_heads(tables: dict[str, pd.DataFrame], k: int | float) -> list[tuple[int, int]]:
+    """Return the heads in the top-`k` of every head table, sorted by (layer, head)."""
+    sets = [set(top_heads(t, k)) for t in tables.values()]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
+def aggregate_ranking(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Return one row per head: its rank in each table, the mean rank, and `rank` by mean rank (1 = best)."""
+    merged = None
+    for label, table in tables.items():
+        part = table[["layer", "head", "rank"]].rename(columns={"rank": f"rank_{label}"})
+        merged = part if merged is None else merged.merge(part, on=["layer", "head"], how="inner")
+    if merged is None:
+        raise ValueError("no head tables to aggregate")
+    merged["mean_rank"] = merged[[c for c in merged.columns if c.startswith("rank_")]].mean(axis=1)
+    order = np.lexsort(
+        (merged["head"].to_numpy(), merged["layer"].to_numpy(), merged["mean_rank"].to_numpy())
+    )
+    merged = merged.iloc[order].reset_index(drop=True)
+    merged["rank"] = np.arange(1, len(merged) + 1)
+    return merged
+
+
+def head_tables(rams: dict[str, pd.DataFrame], by: str = "mass") -> dict[str, pd.DataFrame]:
+    """Return the per-head table of each long RAM table."""
+    return {label: head_table(ram, by) for label, ram in rams.items()}

@@ -1,0 +1,23 @@
+"""Shared figure plumbing: matplotlib on the Agg backend and one way to save a figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["plt", "save_figure"]
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out `fig`, write it to `path` (PNG, 120 dpi; folders created), close it; return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,115 @@
+"""One self-contained HTML page for a study: every run's manifest, tables and figures (embedded as data URIs).
+
+Any corelens run directory can be given: the page shows its manifest (command, model, data, versions, the
+command line), every CSV table in it (first rows), every figure under `figures/`, and for rank runs the
+sparsity of the ranking. A small script marks on `<body data-figures="loaded/total">` how many figures
+the browser decoded, so a headless browser test can check that every figure loaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from corelens.errors import CorelensError
+from corelens.metrics.topology import sparsity
+
+MAX_ROWS = 12
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; } h3 { font-size: 1em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1em; }
+th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: right; } th { background: #f3f3f3; }
+figure { display: inline-block; margin: 0.5em; vertical-align: top; }
+figure img { max-width: 100%; border: 1px solid #eee; } figcaption { font-size: 0.8em; color: #555; }
+dl { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; font-size: 0.85em; }
+dt { font-weight: 600; } dd { margin: 0; font-family: monospace; word-break: break-all; }
+"""
+SCRIPT = """
+window.addEventListener('load', function () {
+  var images = Array.from(document.images);
+  var ok = images.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
+  document.body.dataset.figures = ok + '/' + images.length;
+});
+"""
+
+
+def _manifest(run: Path) -> dict:
+    path = run / "manifest.json"
+    if not path.is_file():
+        raise CorelensError(f"{run} is not a corelens run directory: manifest.json is missing")
+    return json.loads(path.read_text())
+
+
+def _definition_list(items: dict) -> str:
+    rows = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items())
+    return f"<dl>{rows}</dl>"
+
+
+def _table(path: Path) -> str:
+    frame = pd.read_csv(path)
+    more = len(frame) - MAX_ROWS
+    body = frame.head(MAX_ROWS).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+    note = f"<p><small>… {more} more rows in {html.escape(path.name)}</small></p>" if more > 0 else ""
+    return f"<h3>{html.escape(path.name)}</h3>{body}{note}"
+
+
+def _figure(path: Path, run: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    caption = html.escape(str(path.relative_to(run)))
+    return f'<figure><img src="data:image/png;base64,{data}" alt="{caption}"><figcaption>{caption}</figcaption></figure>'
+
+
+def run_section(run: Path) -> str:
+    """Return the HTML section of one run directory."""
+    manifest = _manifest(run)
+    settings = manifest.get("settings", {})
+    versions = manifest.get("versions", {})
+    meta = {
+        "command": manifest.get("command"),
+        "command line": " ".join(manifest.get("argv") or []),
+        **{f"setting: {k}": v for k, v in settings.items()},
+        **{f"version: {k}": v for k, v in versions.items()},
+        "started": manifest.get("started"),
+        "finished": manifest.get("finished"),
+    }
+    parts = [f"<h2>{html.escape(run.name)} <small>({html.escape(str(manifest.get('command')))})</small></h2>"]
+    parts.append(_definition_list(meta))
+    heads = run / "heads.csv"
+    if manifest.get("command") == "rank" and heads.is_file():
+        stats = sparsity(pd.read_csv(heads))
+        parts.append(
+            "<p>Sparsity: "
+            f"{stats['heads_for_50pct']:.1%} of heads hold 50 % of the mass, "
+            f"{stats['heads_for_80pct']:.1%} hold 80 %; Gini {stats['gini']:.3f}.</p>"
+        )
+    parts += [_table(p) for p in sorted(run.glob("*.csv"))]
+    parts += [_figure(p, run) for p in sorted((run / "figures").glob("**/*.png"))]
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def write_report(runs: list[str | Path], out: str | Path, *, title: str = "corelens report") -> Path:
+    """Write one self-contained HTML page for `runs` to `out`; return its path."""
+    if not runs:
+        raise CorelensError("report needs at least one run directory")
+    paths = [Path(r) for r in runs]
+    for p in paths:
+        if not p.is_dir():
+            raise CorelensError(f"run directory {p} does not exist")
+    sections = "\n".join(run_section(p) for p in paths)
+    listing = "".join(f"<li>{html.escape(str(p))}</li>" for p in paths)
+    page = (
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from "
+        f"{len(paths)} run(s):</p><ul>{listing}</ul>{sections}</body></html>\n"
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page)
+    return out

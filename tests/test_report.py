@@ -1,0 +1,125 @@
+"""A whole study: rank on three tasks (with overlays) -> `corelens stability` -> `corelens report` (HTML).
+
+The report is rendered in headless Chromium (Debian's package; `.ci/run` installs it): the screenshot must
+not be blank and the page must mark every embedded figure as decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from corelens.cli import main
+from corelens.organism.tasks import TASKS, WORDS, generate
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    from corelens.models.tiny import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("study")
+    model = build_tiny_checkpoint("qwen2_5_vl", root / "model", words=WORDS, layers=2, heads=4, kv_heads=2)
+    runs = []
+    for task in TASKS:
+        data = generate(task, root / "data" / task, 3, seed=5)
+        out = root / f"rank-{task}"
+        assert (
+            main(["rank", "--model", str(model), "--data", str(data), "--out", str(out), "--overlays", "1"])
+            == 0
+        )
+        runs.append(out)
+    stable = root / "stability"
+    assert main(["stability", *map(str, runs), "--out", str(stable), "--k", "2", "--n-boot", "200"]) == 0
+    report = root / "report.html"
+    assert main(["report", *map(str, runs), str(stable), "--out", str(report), "--title", "tiny study"]) == 0
+    return root, runs, stable, report
+
+
+def test_rank_draws_overlays_of_top_and_bottom_heads(study):
+    _, runs, _, _ = study
+    for run in runs:
+        overlays = list((run / "figures").glob("overlay-*.png"))
+        assert len(overlays) == 1
+        image = np.asarray(Image.open(overlays[0]).convert("L"), dtype=float)
+        assert image.shape[0] > 200 and image.std() > 10
+
+
+def test_stability_writes_every_table(study):
+    _, runs, stable, _ = study
+    spearman = pd.read_csv(stable / "spearman.csv")
+    assert sorted(zip(spearman["a"], spearman["b"])) == sorted(
+        [("image", "video"), ("image", "document"), ("video", "document")]
+    )
+    assert ((spearman["spearman"] >= -1) & (spearman["spearman"] <= 1)).all()
+    assert (spearman["low"] <= spearman["high"]).all()
+    assert len(pd.read_csv(stable / "jaccard.csv")) == 3
+    core = pd.read_csv(stable / "core_set.csv")
+    assert len(core) == 8 and {"rank_image", "rank_video", "rank_document", "mean_rank"} <= set(core.columns)
+    assert set(pd.read_csv(stable / "topology.csv")["run"]) == set(TASKS)
+    assert pd.read_csv(stable / "depth.csv").groupby("run")["core_heads"].sum().eq(2).all()
+    for figure in ("spearman.png", "depth.png"):
+        assert (stable / "figures" / figure).stat().st_size > 5000
+    manifest = json.loads((stable / "manifest.json").read_text())
+    assert manifest["command"] == "stability" and len(manifest["settings"]["ram_sha256"]) == 3
+
+
+def test_stability_needs_rank_runs(study, tmp_path, capsys):
+    _, runs, stable, _ = study
+    assert main(["stability", str(runs[0]), str(stable), "--out", str(tmp_path / "s")]) != 0
+    assert "not a finished rank run" in capsys.readouterr().err
+
+
+def test_report_is_self_contained_with_manifests(study):
+    _, runs, _, report = study
+    text = report.read_text()
+    sources = re.findall(r'<img src="([^"]*)"', text)
+    assert len(sources) == 3 * 2 + 2  # heatmap + overlay per rank run, two stability figures
+    assert all(s.startswith("data:image/png;base64,") for s in sources)
+    assert "http://" not in text and "https://" not in text
+    for run in runs:
+        assert run.name in text
+    assert "spearman.csv" in text and "heads.csv" in text and "of heads hold 50 %" in text
+    assert "version: transformers" in text and "command line" in text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_report_renders_in_headless_chromium(study, tmp_path):
+    _, _, _, report = study
+    profile = tmp_path / "profile"
+    common = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+    dom = subprocess.run(
+        [*common, "--virtual-time-budget=5000", "--dump-dom", report.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    images = len(re.findall(r"<img ", dom))
+    assert images == 8 and f'data-figures="{images}/{images}"' in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*common, "--window-size=1200,2400", f"--screenshot={shot}", report.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert pixels.shape == (2400, 1200) and pixels.std() > 5 and (pixels < 128).mean() > 0.005
