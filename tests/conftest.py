@@ -1,11 +1,11 @@
-"""Shared fixtures: tiny random-init checkpoints of the real Qwen-VL classes, built once per session."""
+"""Shared fixtures: tiny random-init checkpoints of the real VLM classes, built once per session."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from corelens.models.tiny import FAMILIES, build_tiny_checkpoint
+from corelens.models.tiny import ALL_FAMILIES, FAMILIES, IMAGE_FAMILIES, build_tiny_checkpoint
 
 torch.set_num_threads(2)
 
@@ -27,5 +27,17 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(params=FAMILIES)
 def family(request) -> str:
-    """Each supported Qwen-VL family in turn."""
+    """Each supported Qwen-VL family in turn (images and video)."""
     return request.param
+
+
+@pytest.fixture(params=ALL_FAMILIES)
+def any_family(request) -> str:
+    """Every supported family in turn, LLaVA included (image tests)."""
+    return request.param
+
+
+def skip_video(family: str, kind: str) -> None:
+    """Skip a video case for a family that takes images only."""
+    if kind == "video" and family in IMAGE_FAMILIES:
+        pytest.skip(f"{family} takes images only")

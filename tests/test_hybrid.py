@@ -41,8 +41,8 @@ def _policy(layers, heads, seed):
     return [tuple(p) for p in flags.nonzero().tolist()]
 
 
-def test_all_full_or_wide_window_is_the_stock_model(tiny_dir, family, tmp_path):
-    path = tiny_dir(family)
+def test_all_full_or_wide_window_is_the_stock_model(tiny_dir, any_family, tmp_path):
+    path = tiny_dir(any_family)
     m = corelens.load(path)
     stock, _ = load_tiny(path)
     image = tmp_path / "im.png"

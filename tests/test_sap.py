@@ -10,7 +10,8 @@ import torch
 import corelens
 from corelens.attention import activate, row_probabilities
 from corelens.attention.dispatch import AttentionHook
-from corelens.attention.priors import SapHook, parse_heads, parse_layers, rebuild_rows, row_scores
+from corelens.attention.priors import SapHook, parse_heads, parse_layers, rebuild_rows
+from corelens.attention.probes import row_scores
 from corelens.cli import main
 from corelens.errors import CorelensError
 from corelens.experiments.sap import build_prior, key_region, prior_vis_attn, sap

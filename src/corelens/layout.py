@@ -20,7 +20,7 @@ OVERLAP_RULES = ("any", "centre", "coverage")
 
 @dataclass(frozen=True)
 class Segment:
-    """One grid of visual tokens: `rows` x `cols` cells covering the whole original image of `orig_size`."""
+    """One grid of visual tokens: `rows` x `cols` cells over an image of `orig_size` (all of it, or `region`)."""
 
     kind: str  # "image" or "video"
     source: int  # index of the image in the sample (or of the video)
@@ -32,6 +32,9 @@ class Segment:
     time_span: tuple[float, float] | None = None  # video: [start, end) in seconds
     view: str = "full"
     row_newline: bool = False  # a pixel-less newline token ends every row (LLaVA-NeXT / OneVision)
+    # The rectangle of original pixels (x0, y0, x1, y1) the grid covers, when it is not the whole image: a
+    # centre crop covers less, padding to a square more (cells outside the image hold padding).
+    region: tuple[float, float, float, float] | None = None
 
     @property
     def row_stride(self) -> int:
@@ -58,8 +61,8 @@ class Segment:
 
     def cell_edges(self) -> tuple[np.ndarray, np.ndarray]:
         """Return the x and y cell edges in original pixels (cols + 1 and rows + 1 values)."""
-        w, h = self.orig_size
-        return np.linspace(0.0, w, self.cols + 1), np.linspace(0.0, h, self.rows + 1)
+        x0, y0, x1, y1 = self.region if self.region is not None else (0.0, 0.0, *self.orig_size)
+        return np.linspace(x0, x1, self.cols + 1), np.linspace(y0, y1, self.rows + 1)
 
     def tokens_in_box(
         self, box: Sequence[float], rule: str = "any", tau: float = 0.5, *, sample: str | None = None

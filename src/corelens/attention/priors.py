@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook
+from corelens.attention.probes import row_scores
 from corelens.errors import CorelensError
 
 CONVENTIONS = ("mass", "logits", "mean_logits")
@@ -110,32 +111,6 @@ def parse_heads(spec: str, num_heads: int) -> SapHeads:
             raise CorelensError(f"bad head set {spec!r}: percentiles must satisfy 0 <= P0 <= P1 <= 100")
         return SapHeads(spec, band=(lo, hi))
     return SapHeads(spec, heads=_ranges(spec, num_heads, "head"))
-
-
-def row_scores(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
-    """Return fp32 masked, scaled attention scores of query `rows` (absolute positions): (b, heads, rows, kv).
-
-    The pre-softmax twin of `probes.row_probabilities` (same GQA grouping and mask handling).
-    """
-    query, key = call.query, call.key
-    batch, heads, _, dim = query.shape
-    kv_heads, kv_len = key.shape[1], key.shape[2]
-    local = rows - call.q_offset
-    q = query[:, :, local].float().view(batch, kv_heads, heads // kv_heads, len(rows), dim)
-    scores = torch.einsum("bkgrd,bknd->bkgrn", q, key.float()).mul_(call.scaling)
-    scores = scores.reshape(batch, heads, len(rows), kv_len)
-    mask = call.attention_mask
-    if mask is None:
-        keys = torch.arange(kv_len, device=key.device)
-        allowed = keys[None, :] <= rows.to(key.device)[:, None]
-        scores.masked_fill_(~allowed, float("-inf"))
-    else:
-        rows_mask = mask[:, :, local, :kv_len]
-        if rows_mask.dtype == torch.bool:
-            scores.masked_fill_(~rows_mask, float("-inf"))
-        else:
-            scores.add_(rows_mask.float())
-    return scores
 
 
 def rebuild_rows(

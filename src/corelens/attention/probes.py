@@ -16,8 +16,8 @@ from corelens.attention.dispatch import AttentionCall, AttentionHook
 _CHUNK_ELEMENTS = 1 << 20
 
 
-def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
-    """Return fp32 attention probabilities of query `rows` (absolute positions): (batch, heads, rows, kv_len)."""
+def row_scores(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
+    """Return fp32 masked, scaled scores of query `rows` (absolute positions): (batch, heads, rows, kv_len)."""
     query, key = call.query, call.key
     batch, heads, q_len, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
@@ -38,6 +38,12 @@ def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
             scores.masked_fill_(~rows_mask, float("-inf"))
         else:
             scores.add_(rows_mask.float())
+    return scores
+
+
+def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
+    """Return fp32 attention probabilities of query `rows` (absolute positions): (batch, heads, rows, kv_len)."""
+    scores = row_scores(call, rows)
     # Softmax in place: no second (heads, rows, kv_len) buffer.
     scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
     return scores.div_(scores.sum(dim=-1, keepdim=True))

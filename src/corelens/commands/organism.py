@@ -53,6 +53,17 @@ def run_eval(args: argparse.Namespace) -> None:
         print(f"wrote {args.json}")
 
 
+def run_card(args: argparse.Namespace) -> None:
+    """Evaluate the reference sample and write reference.json + CARD.md into the checkpoint folder."""
+    from corelens.organism.card import write_card, write_reference
+
+    evaluation = json.loads(Path(args.eval).read_text())
+    reference = write_reference(args.model, args.model)
+    ram = {"text": Path(args.ram_text).read_text()} if args.ram_text else None
+    print(f"reference sample (seed {reference['seed']}, n {reference['n']}): {reference['tasks']}")
+    print(f"wrote {write_card(args.model, evaluation, reference, ram)}")
+
+
 def register(sub) -> None:
     """Add the `organism` parser with its `train` and `eval` sub-commands."""
     from corelens.organism.model import OrganismConfig
@@ -86,3 +97,8 @@ def register(sub) -> None:
     )
     e.add_argument("--progress", action="store_true")
     e.set_defaults(func=run_eval)
+    c = actions.add_parser("card", help="write reference.json and CARD.md into a trained checkpoint folder")
+    c.add_argument("--model", required=True, help="checkpoint folder written by `organism train`")
+    c.add_argument("--eval", required=True, help="JSON written by `organism eval --json`")
+    c.add_argument("--ram-text", default=None, help="markdown paragraph on what RAM finds (optional)")
+    c.set_defaults(func=run_card)

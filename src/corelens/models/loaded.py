@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 from corelens.attention import NAME, register
 from corelens.errors import CorelensError, UnsupportedModelError
 
-SUPPORTED = {"qwen2_vl": "qwen_vl", "qwen2_5_vl": "qwen_vl", "qwen3_vl": "qwen_vl"}
+SUPPORTED = {"qwen2_vl": "qwen_vl", "qwen2_5_vl": "qwen_vl", "qwen3_vl": "qwen_vl", "llava": "llava"}
 
 
 @dataclass
@@ -25,6 +25,11 @@ class Loaded:
     path: Path
     model_type: str
     attention_layers: list[torch.nn.Module]  # decoder self-attention modules, in layer order
+
+    @property
+    def family(self) -> str:
+        """Return the layout family of the model ("qwen_vl", "llava")."""
+        return SUPPORTED[self.model_type]
 
     @property
     def text_config(self):

@@ -12,8 +12,9 @@ import numpy as np
 from PIL import Image
 
 from corelens.data.sample import Sample, load_images, load_video
-from corelens.errors import InputError
+from corelens.errors import InputError, UnsupportedModelError
 from corelens.layout import Layout
+from corelens.models.llava import llava_layout
 from corelens.models.loaded import Loaded
 from corelens.models.qwen_vl import processor_kwargs, qwen_layout
 
@@ -109,15 +110,29 @@ def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool
         raise InputError(
             "could not locate the question's tokens in the prompt", sample=sample.id, field="question"
         )
-    frame_size = frames[0].size if frames else None
-    layout = qwen_layout(
+    return Prepared(
+        dict(inputs),
+        layout_of(m, inputs, images, frames, times, sample),
+        prompt_len,
+        np.arange(start, start + len(needle)),
+        answer_rows,
+    )
+
+
+def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float], sample: Sample) -> Layout:
+    """Return the visual token layout of processed `inputs` for the model's family."""
+    sizes = [im.size for im in images]
+    if m.family == "llava":
+        if frames:
+            raise UnsupportedModelError(f"{m.model_type} takes images only, not video (sample {sample.id})")
+        return llava_layout(inputs["input_ids"], m.processor, sizes, sample=sample.id)
+    return qwen_layout(
         inputs["input_ids"],
-        processor,
+        m.processor,
         inputs.get("image_grid_thw"),
         inputs.get("video_grid_thw"),
-        [im.size for im in images],
-        frame_size,
+        sizes,
+        frames[0].size if frames else None,
         times,
         sample=sample.id,
     )
-    return Prepared(dict(inputs), layout, prompt_len, np.arange(start, start + len(needle)), answer_rows)

@@ -1,4 +1,4 @@
-"""Tiny checkpoints of the real Qwen-VL classes: tokenizer, processor and random weights, built offline.
+"""Tiny checkpoints of the real VLM classes (Qwen-VL, LLaVA): tokenizer, processor, random weights, offline.
 
 Used by the tests (parity against the stock model) and by the model organism, which starts from one of
 these and trains it. Nothing here downloads anything.
@@ -14,7 +14,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, PreTrainedTokenizerFast
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # image + video
+IMAGE_FAMILIES = ("llava",)  # images only
+ALL_FAMILIES = FAMILIES + IMAGE_FAMILIES
+LLAVA_IMAGE_TOKEN = "<image>"
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -40,16 +43,28 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# LLaVA-1.5's conversation format ("USER: <image>\n... ASSISTANT:"), with the tiny tokenizer's end token.
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: {% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{% if message['role'] == 'user' %} {% else %}<|im_end|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
 BASE_WORDS = (
     "user assistant system seconds what which is the a an of in on at to and or colour color shape size "
     "object left right above below top bottom first last page block frame video image document answer yes no"
 ).split()
 
 
-def build_tokenizer(words: Iterable[str] = ()) -> PreTrainedTokenizerFast:
-    """Return a word-level fast tokenizer with the Qwen-VL special tokens, digits and punctuation."""
+def build_tokenizer(
+    words: Iterable[str] = (), extra_special: tuple[str, ...] = (), chat_template: str = CHAT_TEMPLATE
+) -> PreTrainedTokenizerFast:
+    """Return a word-level fast tokenizer with the Qwen-VL special tokens (+ `extra_special`), digits, punctuation."""
     vocab: dict[str, int] = {}
-    for token in (*SPECIAL_TOKENS, *string.digits, *string.punctuation, *BASE_WORDS, *words):
+    for token in (*SPECIAL_TOKENS, *string.digits, *string.punctuation, *BASE_WORDS, *words, *extra_special):
         vocab.setdefault(token, len(vocab))
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     core.normalizer = normalizers.Lowercase()
@@ -67,8 +82,8 @@ def build_tokenizer(words: Iterable[str] = ()) -> PreTrainedTokenizerFast:
         unk_token="[UNK]",
         pad_token="<|endoftext|>",
         eos_token="<|im_end|>",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:7]),
-        chat_template=CHAT_TEMPLATE,
+        additional_special_tokens=[*SPECIAL_TOKENS[1:7], *extra_special],
+        chat_template=chat_template,
         padding_side="left",
     )
     return tokenizer
@@ -122,6 +137,8 @@ def tiny_config(
     vision_depth: int = 1,
 ) -> object:
     """Return a small random-init config of the real `family` class wired to `tokenizer`'s special ids."""
+    if family == "llava":
+        return _llava_config(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     half = head_dim // 2
     section = [half - 2 * (half // 3), half // 3, half // 3]
@@ -158,14 +175,83 @@ def tiny_config(
     return config
 
 
+def _llava_config(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth) -> object:
+    """Return a LLaVA-1.5 config: a CLIP vision tower, a 2-layer projector and a Qwen2 text decoder."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, LLAVA_IMAGE_TOKEN)}
+    text = {
+        "model_type": "qwen2",
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": 4096,
+        "pad_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "tie_word_embeddings": True,
+    }
+    vision = {
+        "model_type": "clip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": max(2, vision_depth),
+        "num_attention_heads": 2,
+        "image_size": 56,
+        "patch_size": 14,
+        "projection_dim": 32,
+    }
+    return AutoConfig.for_model(
+        "llava",
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids[LLAVA_IMAGE_TOKEN],
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_hidden_act="gelu",
+        pad_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        tie_word_embeddings=True,
+    )
+
+
+def _llava_processor(tokenizer, *, side: int = 56, pad: bool = False):
+    """Return LLaVA-1.5's processor: CLIP recipe (shortest edge -> `side`, centre crop), 14 px patches."""
+    from transformers.models.llava import LlavaImageProcessor, LlavaProcessor
+
+    image_processor = LlavaImageProcessor(
+        size={"shortest_edge": side}, crop_size={"height": side, "width": side}, do_pad=pad
+    )
+    return LlavaProcessor(
+        image_processor,
+        tokenizer,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        image_token=LLAVA_IMAGE_TOKEN,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+
+
+def tiny_tokenizer(family: str, words: Iterable[str] = ()) -> PreTrainedTokenizerFast:
+    """Return the tiny word-level tokenizer of `family` (LLaVA adds its `<image>` token and template)."""
+    if family == "llava":
+        return build_tokenizer(words, (LLAVA_IMAGE_TOKEN,), LLAVA_CHAT_TEMPLATE)
+    return build_tokenizer(words)
+
+
 def tiny_processor(
     family: str,
     tokenizer: PreTrainedTokenizerFast,
     *,
     min_pixels: int = 4 * 32 * 32,
     max_pixels: int = 64 * 32 * 32,
+    **llava_kwargs,
 ):
     """Return the real processor class of `family` around `tokenizer`, with small pixel budgets."""
+    if family == "llava":
+        return _llava_processor(tokenizer, **llava_kwargs)
     from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     patch = 16 if family == "qwen3_vl" else 14
@@ -212,7 +298,7 @@ def build_tiny_checkpoint(
     """Write a random-init checkpoint of `family` with its tokenizer and processor to `out`; return `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(words)
+    tokenizer = tiny_tokenizer(family, words)
     config = tiny_config(family, tokenizer, **config_kwargs)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")

@@ -91,7 +91,8 @@ seeds (1 for `corelens organism eval` and `corelens demo`, 2 for the reference s
   are always present; the target is the object's box.
 - video (VidSTG-like): 4-8 frames of 112 x 112 at 2 fps, 3-5 objects that each move differently (up, down,
   left, right, or stand still); the question names the object by its motion; the target is its tube.
-- document (MMLongBench / MMDocIR-like): 4-12 pages of 84 x 112 with 2-4 text or figure blocks each; one
+- document (MMLongBench / MMDocIR-like): 4-12 pages of 84 x 112 (a 3 x 4 grid of token-sized blocks: 1-3 figure
+  blocks, 2-5 text blocks of glyph lines, the rest blank paper); one
   figure block in the document has a thick black frame; the question asks the colour or shape of its
   figure; the targets are the page and the block.
 
@@ -101,18 +102,25 @@ object shares the answer's value (image, video), so the answer needs the visual 
 ## Training
 
 - Command: `{training["command"]}`
-- {training["steps_done"]} steps of {cfg["batch"]} scenes (one task per step, round robin), up to {cfg["turns"]} questions per
+- {training["steps_done"]} steps of {cfg["batch"]} scenes (one task per step, interleaved with weights {cfg.get("task_weights") or "equal"}), up to {cfg["turns"]} questions per
   scene as chat turns (the sample's own question first, as in evaluation; extra turns ask other
   unambiguous questions about the same scene), loss on the answer word and its `<|im_end|>` only.
 - AdamW (betas 0.9 / 0.98, weight decay {cfg["weight_decay"]}), learning rate {cfg["lr"]} with {cfg["warmup"]} warm-up steps
-  and cosine decay to {cfg["min_lr"]}, gradient clipping {cfg["grad_clip"]}, initialisation seed {cfg["seed"]}.
+  and cosine decay to {cfg["min_lr"]}, gradient clipping {cfg["grad_clip"]}, initialisation seed {cfg["seed"]}, normal
+  initialisation with std {sizes.get("init_std", 0.02)} (the transformers default of 0.02 is tuned for wide models; at
+  hidden {sizes["hidden"]} it slows down the learning of attention).
+- Curriculum: each task starts with its easiest scenes (1-2 objects or pages, plus the confusers a
+  two-word description needs) and moves {cfg.get("curriculum_step", 0)} of the way to its full range whenever its running
+  accuracy passes {cfg.get("curriculum_bar", 0)}; a floor reaches the full range at {int(100 * cfg.get("curriculum_until", 0))} % of the steps, so
+  the last {100 - int(100 * cfg.get("curriculum_until", 0))} % train on the task distribution itself. Per-step
+  levels are in `training.json`.
 - Auxiliary loss (training only, heads discarded): linear read-outs of each merged visual token predict
   the colour / shape / size / motion of the object under it and whether it belongs to the marked block,
   weight {cfg["aux_weight"]} fading linearly to 0 at {int(100 * cfg["aux_until"])} % of the steps. It speeds up the vision tower;
   the decoder (whose attention RAM measures) learns from the answer loss alone.
 - Time: {training["wall_seconds"]:.0f} s wall ({minutes:.1f} min), {training["cpu_seconds"]:.0f} s CPU, {training["threads"]} threads on
   `{training["machine"]["platform"]}`; torch {training["versions"]["torch"]}, transformers {training["versions"]["transformers"]}.
-  The machine was shared with other jobs, so wall time is an upper bound. Full log: `training.json`.
+  Full log: `training.json`.
 
 ## Accuracy (held out)
 

@@ -35,6 +35,7 @@ class OrganismConfig:
     vision_heads: int = 4
     vision_intermediate: int = 128
     window_size: int = 112
+    init_std: float = 0.08  # std of the normal initialisation of every weight matrix
 
     def to_dict(self) -> dict:
         """Return the sizes as a plain dict."""
@@ -65,6 +66,8 @@ def build_model(cfg: OrganismConfig, processor, seed: int = 0) -> torch.nn.Modul
     vision.num_heads = cfg.vision_heads
     vision.intermediate_size = cfg.vision_intermediate
     vision.window_size = cfg.window_size
+    for part in (config, config.get_text_config(), vision):
+        part.initializer_range = cfg.init_std
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     generation = model.generation_config

@@ -8,7 +8,6 @@ warm-up and cosine decay.
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import sys
@@ -24,6 +23,7 @@ from corelens.organism.aux import AuxHeads, batch_labels
 from corelens.organism.batch import IGNORE, encode
 from corelens.organism.model import FAMILY, OrganismConfig, build_model, build_processor, count_parameters
 from corelens.organism.tasks import TASKS, questions, render
+from corelens.runs import write_json
 
 TRAIN_DATA_SEED = 0  # training samples come from seed 0; evaluation and the demo use other seeds
 
@@ -32,7 +32,7 @@ TRAIN_DATA_SEED = 0  # training samples come from seed 0; evaluation and the dem
 class TrainConfig:
     """Optimisation settings of one training run."""
 
-    steps: int = 4400
+    steps: int = 4600
     batch: int = 16
     turns: int = 8  # questions per rendered scene: its own + up to turns - 1 extra chat turns
     aux_weight: float = 1.0  # weight of the vision tower's per-token auxiliary loss (organism/aux.py)
@@ -48,9 +48,10 @@ class TrainConfig:
     seed: int = 0
     data_seed: int = TRAIN_DATA_SEED
     tasks: tuple[str, ...] = TASKS
-    task_weights: tuple[float, ...] = (1.0, 1.0, 0.7)  # relative share of steps per task; empty = equal
+    task_weights: tuple[float, ...] = (1.3, 1.0, 0.8)  # relative share of steps per task; empty = equal
     threads: int = 2
     log_every: int = 25
+    save_every: int = 500  # steps between checkpoints written to `out` (training.json says finished: false)
     time_limit: float = 0.0  # seconds; stop early (after a log line) when exceeded, 0 = none
     model: OrganismConfig = field(default_factory=OrganismConfig)
 
@@ -117,6 +118,14 @@ def extra_turns(record: dict, count: int, seed: int, index: int) -> list[tuple[s
     return [pool[i] for i in rng.permutation(len(pool))[:count]]
 
 
+def save_checkpoint(out: Path, model, processor, record: dict) -> None:
+    """Write the model, its processor and the training record to `out` (the record last)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    write_json(out / "training.json", record)
+
+
 def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, log=print) -> dict:
     """Train an organism from scratch with `cfg`; save checkpoint + `training.json` to `out`; return the log."""
     out = Path(out)
@@ -148,6 +157,30 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
     start, cpu_start = time.time(), time.process_time()
     data_time = 0.0
     log(f"organism: {FAMILY}, {count_parameters(model):,} parameters; {cfg.steps} steps of {cfg.batch}")
+    steps_done = 0
+
+    def progress(finished: bool) -> dict:
+        return {
+            "command": " ".join(argv) if argv else " ".join(sys.argv),
+            "family": FAMILY,
+            "parameters": count_parameters(model),
+            "config": cfg.to_dict(),
+            "finished": finished,
+            "steps_done": steps_done,
+            "samples_seen": dict(counters),
+            "wall_seconds": round(time.time() - start, 1),
+            "cpu_seconds": round(time.process_time() - cpu_start, 1),
+            "data_seconds": round(data_time, 1),
+            "threads": cfg.threads,
+            "machine": {
+                "platform": platform.platform(),
+                "processor": platform.processor(),
+                "python": sys.version.split()[0],
+            },
+            "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+            "history": history,
+        }
+
     step = 0
     for step, task in enumerate(schedule):
         for group in optimizer.param_groups:
@@ -175,6 +208,7 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
         losses.append(loss.item())
         aux_losses.append(aux.item())
         recent[task].append(correct.float().mean().item())
+        steps_done = step + 1
         window = recent[task]
         if (
             level[task] < 1.0
@@ -200,34 +234,14 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
                 f"step {entry['step']:5d}  {entry['seconds']:7.0f}s  loss {entry['loss']:.3f}  "
                 f"aux {entry['aux_loss']:.3f}  {accs}"
             )
+            if cfg.save_every and steps_done % cfg.save_every == 0:
+                save_checkpoint(out, model, processor, progress(finished=False))  # never lose finished work
             if cfg.time_limit and time.time() - start > cfg.time_limit:
                 log(f"time limit of {cfg.time_limit:.0f} s reached: stopping after step {step + 1}")
                 break
-    wall, cpu = time.time() - start, time.process_time() - cpu_start
     hook.remove()
     model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    record = {
-        "command": " ".join(argv) if argv else " ".join(sys.argv),
-        "family": FAMILY,
-        "parameters": count_parameters(model),
-        "config": cfg.to_dict(),
-        "steps_done": step + 1,
-        "samples_seen": counters,
-        "wall_seconds": round(wall, 1),
-        "cpu_seconds": round(cpu, 1),
-        "data_seconds": round(data_time, 1),
-        "threads": cfg.threads,
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "python": sys.version.split()[0],
-        },
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
-        "history": history,
-    }
-    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
-    log(f"trained {step + 1} steps in {wall:.0f} s; saved {out}")
+    record = progress(finished=True)
+    save_checkpoint(out, model, processor, record)
+    log(f"trained {record['steps_done']} steps in {record['wall_seconds']:.0f} s; saved {out}")
     return record

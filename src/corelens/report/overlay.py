@@ -50,9 +50,17 @@ def overlay_figure(
             ax = axes[r][c]
             width, height = panel.segment.orig_size
             ax.imshow(panel.picture.resize((width, height)), extent=(0, width, height, 0))
+            xe, ye = panel.segment.cell_edges()
             image = ax.imshow(
-                shares[r][c], extent=(0, width, height, 0), cmap="magma", alpha=0.6, vmin=0.0, vmax=vmax
+                shares[r][c],
+                extent=(xe[0], xe[-1], ye[-1], ye[0]),
+                cmap="magma",
+                alpha=0.6,
+                vmin=0.0,
+                vmax=vmax,
             )
+            ax.set_xlim(min(0, xe[0]), max(width, xe[-1]))
+            ax.set_ylim(max(height, ye[-1]), min(0, ye[0]))
             for x0, y0, x1, y1 in panel.boxes:
                 ax.add_patch(
                     Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="cyan", linewidth=1.5)

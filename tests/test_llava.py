@@ -1,0 +1,108 @@
+"""LLaVA-1.5: the layout against the real processor (centre crop and pad-to-square), images only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import position_image
+
+import corelens
+from corelens.data.sample import Sample, Target, Video
+from corelens.errors import UnsupportedModelError
+from corelens.models.llava import grid_region, llava_layout
+from corelens.models.prepare import messages, prepare
+from corelens.models.tiny import build_tiny_checkpoint, tiny_processor, tiny_tokenizer
+
+SIZES = [[(301, 173)], [(173, 301)], [(97, 411), (64, 64), (56, 56)]]
+
+
+def _sample_like(n_images: int):
+    class S:
+        images = [None] * n_images
+        video = None
+        question = "what is the colour of the cup ?"
+
+    return S
+
+
+def _patch_positions(ip, pixel_values: torch.Tensor, patch: int) -> np.ndarray:
+    """Return (rows * cols, 3): per patch of the processed image, the mean un-normalised RGB."""
+    mean = torch.tensor(ip.image_mean, dtype=torch.float64)[:, None, None]
+    std = torch.tensor(ip.image_std, dtype=torch.float64)[:, None, None]
+    rgb = pixel_values.double() * std + mean  # (3, H, W) in [0, 1]
+    c, h, w = rgb.shape
+    blocks = rgb.reshape(c, h // patch, patch, w // patch, patch).mean((2, 4))
+    return blocks.permute(1, 2, 0).reshape(-1, 3).numpy()
+
+
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("sizes", SIZES)
+def test_layout_matches_the_processor(sizes, pad):
+    processor = tiny_processor("llava", tiny_tokenizer("llava", ["cup"]), pad=pad)
+    images = [position_image(w, h) for w, h in sizes]
+    text = processor.apply_chat_template(messages(_sample_like(len(images))), add_generation_prompt=True)
+    inputs = processor(text=[text], images=images, return_tensors="pt")
+    layout = llava_layout(inputs["input_ids"], processor, sizes)
+    ids = inputs["input_ids"][0]
+    assert (ids[layout.visual] == processor.image_token_id).all()
+    assert int((ids == processor.image_token_id).sum()) == len(layout.visual)
+    inside = 0
+    for i, segment in enumerate(layout.segments):
+        assert segment.source == i and (segment.rows, segment.cols) == (4, 4)
+        rgb = _patch_positions(processor.image_processor, inputs["pixel_values"][i], processor.patch_size)
+        xe, ye = segment.cell_edges()
+        w, h = segment.orig_size
+        for k, token in enumerate(segment.pixel_tokens()):
+            r, c = divmod(int(token - segment.start), segment.row_stride)
+            cx, cy = (xe[c] + xe[c + 1]) / 2, (ye[r] + ye[r + 1]) / 2
+            if not (0 <= cx < w and 0 <= cy < h):
+                continue  # a padding cell: no image pixel to decode
+            inside += 1
+            assert abs(rgb[k, 0] * w - cx) < 0.25 * (xe[1] - xe[0]) + 1.0, (i, k, rgb[k, 0] * w, cx)
+            assert abs(rgb[k, 1] * h - cy) < 0.25 * (ye[1] - ye[0]) + 1.0, (i, k, rgb[k, 1] * h, cy)
+    assert inside >= 8  # cells whose centre shows the image (a 97 px wide image padded to 411 has none)
+
+
+def test_crop_and_pad_regions():
+    ip = tiny_processor("llava", tiny_tokenizer("llava"), pad=False).image_processor
+    region, size = grid_region((301, 173), ip)  # 173 -> 56: the sides of the wide image are cut
+    assert size == (56, 56) and region[1] == 0 and region[3] == pytest.approx(173)
+    assert region[0] > 0 and region[2] < 301 and region[2] - region[0] == pytest.approx(173, abs=4)
+    ip = tiny_processor("llava", tiny_tokenizer("llava"), pad=True).image_processor
+    region, _ = grid_region((301, 173), ip)  # padded to 301 x 301: the grid reaches above and below
+    assert (
+        region[0] == 0
+        and region[2] == pytest.approx(301)
+        and region[1] == -64
+        and region[3] == pytest.approx(237)
+    )
+
+
+def test_box_outside_the_crop_covers_no_token(tmp_path):
+    path = build_tiny_checkpoint("llava", tmp_path / "m", words=["cup"], layers=1, heads=2, kv_heads=1)
+    m = corelens.load(path)
+    image = tmp_path / "wide.png"
+    position_image(301, 173).save(image)
+    left = Target("box", image=0, box=(0.0, 0.0, 40.0, 173.0))  # cut away by the centre crop
+    middle = Target("box", image=0, box=(130.0, 60.0, 170.0, 110.0))
+    sample = Sample(
+        "w", "image", "what is the colour of the cup ?", images=(image,), image_sizes=((301, 173),)
+    )
+    layout = prepare(m, sample).layout
+    assert len(layout.omega((left,))) == 0
+    assert 1 <= len(layout.omega((middle,))) <= 4
+
+
+def test_video_is_refused_with_a_clear_error(tmp_path):
+    path = build_tiny_checkpoint("llava", tmp_path / "m", words=["cup"], layers=1, heads=2, kv_heads=1)
+    m = corelens.load(path)
+    frames = []
+    for f in range(2):
+        frames.append(tmp_path / f"f{f}.png")
+        position_image(64, 64).save(frames[-1])
+    sample = Sample(
+        "v", "video", "what is the colour of the cup ?", video=Video(tuple(frames), None, 2.0, None)
+    )
+    with pytest.raises(UnsupportedModelError, match="images only"):
+        prepare(m, sample)
