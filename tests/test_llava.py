@@ -106,3 +106,57 @@ def test_video_is_refused_with_a_clear_error(tmp_path):
     )
     with pytest.raises(UnsupportedModelError, match="images only"):
         prepare(m, sample)
+
+
+def _check_cells(segment, rgb_of_cell) -> int:
+    """Assert each in-image cell's decoded position is its centre; return how many cells were checked."""
+    xe, ye = segment.cell_edges()
+    w, h = segment.orig_size
+    checked = 0
+    for r in range(segment.rows):
+        for c in range(segment.cols):
+            cx, cy = (xe[c] + xe[c + 1]) / 2, (ye[r] + ye[r + 1]) / 2
+            if not (0 <= cx < w and 0 <= cy < h):
+                continue
+            x, y = rgb_of_cell(r, c)[:2] * (w, h)
+            assert abs(x - cx) < 0.25 * (xe[1] - xe[0]) + 1.0, (segment.view, r, c, x, cx)
+            assert abs(y - cy) < 0.25 * (ye[1] - ye[0]) + 1.0, (segment.view, r, c, y, cy)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("sizes", [[(301, 173)], [(173, 301)], [(97, 411), (64, 64)], [(120, 100)]])
+def test_llava_next_layout_matches_the_processor(sizes):
+    from corelens.models.llava_next import llava_next_layout
+
+    processor = tiny_processor("llava_next", tiny_tokenizer("llava_next", ["cup"]))
+    images = [position_image(w, h) for w, h in sizes]
+    text = processor.apply_chat_template(messages(_sample_like(len(images))), add_generation_prompt=True)
+    inputs = processor(text=[text], images=images, return_tensors="pt")
+    layout = llava_next_layout(inputs["input_ids"], processor, 56, sizes)
+    ids = inputs["input_ids"][0]
+    assert (ids[layout.visual] == processor.image_token_id).all()
+    assert int((ids == processor.image_token_id).sum()) == len(layout.visual)
+    ip, patch = processor.image_processor, processor.patch_size
+    for i in range(len(sizes)):
+        base, grid = layout.segments[2 * i : 2 * i + 2]
+        assert (base.view, grid.view, grid.row_newline) == ("base", "grid", True)
+        tiles = [_patch_positions(ip, t, patch).reshape(4, 4, 3) for t in inputs["pixel_values"][i]]
+        assert _check_cells(base, lambda r, c, t=tiles[0]: t[r, c]) == 16
+        # Grid cell (r, c) is feature (r + r0, c + c0) of the stitched tiles; r0 / c0: rows / columns unpadded.
+        best_h, best_w = select_best(sizes[i], ip.image_grid_pinpoints)
+        per_row = best_w // 56
+        r0 = ((best_h // 56) * 4 - grid.rows) // 2
+        c0 = (per_row * 4 - grid.cols) // 2
+
+        def cell(r, c, tiles=tiles, r0=r0, c0=c0, per_row=per_row):
+            fr, fc = r + r0, c + c0
+            return tiles[1 + (fr // 4) * per_row + fc // 4][fr % 4, fc % 4]
+
+        assert _check_cells(grid, cell) >= min(grid.rows * grid.cols, 4)
+
+
+def select_best(size, pinpoints):
+    from transformers.image_processing_utils import select_best_resolution
+
+    return select_best_resolution((size[1], size[0]), pinpoints)

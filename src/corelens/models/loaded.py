@@ -13,7 +13,13 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 from corelens.attention import NAME, register
 from corelens.errors import CorelensError, UnsupportedModelError
 
-SUPPORTED = {"qwen2_vl": "qwen_vl", "qwen2_5_vl": "qwen_vl", "qwen3_vl": "qwen_vl", "llava": "llava"}
+SUPPORTED = {
+    "qwen2_vl": "qwen_vl",
+    "qwen2_5_vl": "qwen_vl",
+    "qwen3_vl": "qwen_vl",
+    "llava": "llava",
+    "llava_next": "llava_next",
+}
 
 
 @dataclass
@@ -28,7 +34,7 @@ class Loaded:
 
     @property
     def family(self) -> str:
-        """Return the layout family of the model ("qwen_vl", "llava")."""
+        """Return the layout family of the model ("qwen_vl", "llava", "llava_next")."""
         return SUPPORTED[self.model_type]
 
     @property

@@ -15,6 +15,7 @@ from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import InputError, UnsupportedModelError
 from corelens.layout import Layout
 from corelens.models.llava import llava_layout
+from corelens.models.llava_next import llava_next_layout
 from corelens.models.loaded import Loaded
 from corelens.models.qwen_vl import processor_kwargs, qwen_layout
 
@@ -122,9 +123,12 @@ def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool
 def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float], sample: Sample) -> Layout:
     """Return the visual token layout of processed `inputs` for the model's family."""
     sizes = [im.size for im in images]
-    if m.family == "llava":
+    if m.family in ("llava", "llava_next"):
         if frames:
             raise UnsupportedModelError(f"{m.model_type} takes images only, not video (sample {sample.id})")
+        if m.family == "llava_next":
+            tile = int(m.model.config.vision_config.image_size)
+            return llava_next_layout(inputs["input_ids"], m.processor, tile, sizes, sample=sample.id)
         return llava_layout(inputs["input_ids"], m.processor, sizes, sample=sample.id)
     return qwen_layout(
         inputs["input_ids"],

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, PreTrainedTokenizerFast
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # image + video
-IMAGE_FAMILIES = ("llava",)  # images only
+IMAGE_FAMILIES = ("llava", "llava_next")  # images only
 ALL_FAMILIES = FAMILIES + IMAGE_FAMILIES
 LLAVA_IMAGE_TOKEN = "<image>"
 
@@ -137,8 +137,10 @@ def tiny_config(
     vision_depth: int = 1,
 ) -> object:
     """Return a small random-init config of the real `family` class wired to `tokenizer`'s special ids."""
-    if family == "llava":
-        return _llava_config(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth)
+    if family in IMAGE_FAMILIES:
+        return _llava_config(
+            family, tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
+        )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     half = head_dim // 2
     section = [half - 2 * (half // 3), half // 3, half // 3]
@@ -175,8 +177,14 @@ def tiny_config(
     return config
 
 
-def _llava_config(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth) -> object:
-    """Return a LLaVA-1.5 config: a CLIP vision tower, a 2-layer projector and a Qwen2 text decoder."""
+# LLaVA-NeXT's any-res resolutions, scaled to the tiny 56-pixel tiles (the released models use 336).
+TINY_PINPOINTS = [[56, 112], [112, 56], [112, 112], [56, 168], [168, 56]]
+
+
+def _llava_config(
+    family, tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
+) -> object:
+    """Return a LLaVA-1.5 / NeXT config: a CLIP vision tower (56 px tiles), a projector, a Qwen2 decoder."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, LLAVA_IMAGE_TOKEN)}
     text = {
         "model_type": "qwen2",
@@ -202,8 +210,10 @@ def _llava_config(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermed
         "patch_size": 14,
         "projection_dim": 32,
     }
+    extra = {"image_grid_pinpoints": TINY_PINPOINTS} if family == "llava_next" else {}
     return AutoConfig.for_model(
-        "llava",
+        family,
+        **extra,
         text_config=text,
         vision_config=vision,
         image_token_id=ids[LLAVA_IMAGE_TOKEN],
@@ -216,14 +226,20 @@ def _llava_config(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermed
     )
 
 
-def _llava_processor(tokenizer, *, side: int = 56, pad: bool = False):
-    """Return LLaVA-1.5's processor: CLIP recipe (shortest edge -> `side`, centre crop), 14 px patches."""
-    from transformers.models.llava import LlavaImageProcessor, LlavaProcessor
+def _llava_processor(family: str, tokenizer, *, side: int = 56, pad: bool = False):
+    """Return LLaVA-1.5's (CLIP recipe: shortest edge -> `side`, centre crop) or LLaVA-NeXT's processor."""
+    common = {"size": {"shortest_edge": side}, "crop_size": {"height": side, "width": side}}
+    if family == "llava_next":
+        from transformers.models.llava_next import LlavaNextImageProcessor, LlavaNextProcessor
 
-    image_processor = LlavaImageProcessor(
-        size={"shortest_edge": side}, crop_size={"height": side, "width": side}, do_pad=pad
-    )
-    return LlavaProcessor(
+        image_processor = LlavaNextImageProcessor(**common, image_grid_pinpoints=TINY_PINPOINTS)
+        cls = LlavaNextProcessor
+    else:
+        from transformers.models.llava import LlavaImageProcessor, LlavaProcessor
+
+        image_processor = LlavaImageProcessor(**common, do_pad=pad)
+        cls = LlavaProcessor
+    return cls(
         image_processor,
         tokenizer,
         patch_size=14,
@@ -236,7 +252,7 @@ def _llava_processor(tokenizer, *, side: int = 56, pad: bool = False):
 
 def tiny_tokenizer(family: str, words: Iterable[str] = ()) -> PreTrainedTokenizerFast:
     """Return the tiny word-level tokenizer of `family` (LLaVA adds its `<image>` token and template)."""
-    if family == "llava":
+    if family in IMAGE_FAMILIES:
         return build_tokenizer(words, (LLAVA_IMAGE_TOKEN,), LLAVA_CHAT_TEMPLATE)
     return build_tokenizer(words)
 
@@ -250,8 +266,8 @@ def tiny_processor(
     **llava_kwargs,
 ):
     """Return the real processor class of `family` around `tokenizer`, with small pixel budgets."""
-    if family == "llava":
-        return _llava_processor(tokenizer, **llava_kwargs)
+    if family in IMAGE_FAMILIES:
+        return _llava_processor(family, tokenizer, **llava_kwargs)
     from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     patch = 16 if family == "qwen3_vl" else 14
