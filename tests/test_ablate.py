@@ -21,7 +21,14 @@ from corelens.models.prepare import prepare
 HEADS = [(0, 1), (1, 0), (1, 3)]
 GEN = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
 # (family, kv_heads): every family, GQA groups of 2 and 4 query heads.
-CASES = [("qwen2_vl", 2), ("qwen2_5_vl", 1), ("qwen3_vl", 2), ("llava", 2), ("llava_next", 1)]
+CASES = [
+    ("qwen2_vl", 2),
+    ("qwen2_5_vl", 1),
+    ("qwen3_vl", 2),
+    ("llava", 2),
+    ("llava_next", 1),
+    ("llava_onevision", 2),
+]
 
 
 def _sample(tmp_path, seed: int = 0, name: str = "s") -> Sample:

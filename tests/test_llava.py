@@ -160,3 +160,78 @@ def select_best(size, pinpoints):
     from transformers.image_processing_utils import select_best_resolution
 
     return select_best_resolution((size[1], size[0]), pinpoints)
+
+
+def _onevision():
+    return tiny_processor("llava_onevision", tiny_tokenizer("llava_onevision", ["cup"]))
+
+
+@pytest.mark.parametrize("size", [(301, 173), (120, 100), (56, 150), (173, 301)])
+def test_onevision_single_image_layout(size):
+    from corelens.models.llava_next import anyres_grid
+    from corelens.models.llava_onevision import onevision_layout
+
+    processor = _onevision()
+    text = processor.apply_chat_template(messages(_sample_like(1)), add_generation_prompt=True)
+    inputs = processor(text=[text], images=[position_image(*size)], return_tensors="pt")
+    layout = onevision_layout(inputs["input_ids"], processor, 56, [size])
+    ids = inputs["input_ids"][0]
+    assert int((ids == processor.image_token_id).sum()) == len(layout.visual)
+    base, grid = layout.segments
+    ip = processor.image_processor
+    tiles = [_patch_positions(ip, t, 14).reshape(4, 4, 3) for t in inputs["pixel_values"][0]]
+    assert _check_cells(base, lambda r, c: tiles[0][r, c]) == 16
+    rows, cols, region = anyres_grid(size, processor, 56, 4)
+    assert grid.region == region and grid.row_newline
+    if rows * cols <= 2 * 16:  # not downsampled: every cell is one feature of the stitched tiles
+        assert (grid.rows, grid.cols) == (rows, cols)
+        best_h, best_w = select_best(size, ip.image_grid_pinpoints)
+        per_row = best_w // 56
+        r0, c0 = ((best_h // 56) * 4 - rows) // 2, (per_row * 4 - cols) // 2
+
+        def cell(r, c):
+            fr, fc = r + r0, c + c0
+            return tiles[1 + (fr // 4) * per_row + fc // 4][fr % 4, fc % 4]
+
+        assert _check_cells(grid, cell) >= 4
+    else:  # resized bilinearly over the same region to fit 2 tiles' worth of features
+        assert grid.rows < rows and grid.cols < cols and grid.rows * grid.cols <= 2 * 16 * 1.21
+
+
+def test_onevision_several_images_are_padded_squares_with_a_newline():
+    from corelens.models.llava_onevision import onevision_layout
+
+    processor = _onevision()
+    sizes = [(301, 173), (64, 64)]
+    text = processor.apply_chat_template(messages(_sample_like(2)), add_generation_prompt=True)
+    # One prompt's images as one nested list: OneVision's multi-image mode (per-image anyres is off).
+    inputs = processor(text=[text], images=[[position_image(*s) for s in sizes]], return_tensors="pt")
+    layout = onevision_layout(inputs["input_ids"], processor, 56, sizes)
+    ids = inputs["input_ids"][0]
+    assert int((ids == processor.image_token_id).sum()) == len(layout.visual) == 2 * (16 + 1)
+    for i, segment in enumerate(layout.segments):
+        assert segment.trailing == 1 and (segment.rows, segment.cols) == (4, 4)
+        cells = _patch_positions(processor.image_processor, inputs["pixel_values"][i][0], 14).reshape(4, 4, 3)
+        assert _check_cells(segment, lambda r, c, cells=cells: cells[r, c]) >= 8
+
+
+def test_onevision_video_frames_are_pooled_with_one_newline():
+    from corelens.models.llava_onevision import onevision_layout
+
+    processor = _onevision()
+    frames = [position_image(150, 90, frame=f / 4) for f in range(5)]
+    sample = _sample_like(0)
+    sample.video = object()
+    text = processor.apply_chat_template(messages(sample), add_generation_prompt=True)
+    inputs = processor(text=[text], videos=[frames], return_tensors="pt")
+    times = [f / 2.0 for f in range(5)]
+    layout = onevision_layout(inputs["input_ids"], processor, 56, [], (150, 90), times)
+    ids = inputs["input_ids"][0]
+    assert int((ids == processor.video_token_id).sum()) == len(layout.visual) == 5 * 4 + 1
+    video = inputs["pixel_values_videos"][0]
+    for f, segment in enumerate(layout.segments):
+        assert segment.frames == (f,) and (segment.rows, segment.cols) == (2, 2)
+        assert segment.time_span == (f / 2.0, f / 2.0 + 0.5) and segment.trailing == int(f == 4)
+        cells = _patch_positions(processor.video_processor, video[f], 28).reshape(2, 2, 3)
+        assert _check_cells(segment, lambda r, c, cells=cells: cells[r, c]) == 4
+        assert abs(cells[..., 2].mean() - f / 4) < 0.01

@@ -35,6 +35,7 @@ class Segment:
     # The rectangle of original pixels (x0, y0, x1, y1) the grid covers, when it is not the whole image: a
     # centre crop covers less, padding to a square more (cells outside the image hold padding).
     region: tuple[float, float, float, float] | None = None
+    trailing: int = 0  # pixel-less tokens after the grid (LLaVA-OneVision: one newline after a video / image)
 
     @property
     def row_stride(self) -> int:
@@ -44,7 +45,7 @@ class Segment:
     @property
     def end(self) -> int:
         """Return one past the last token position of the segment."""
-        return self.start + self.rows * self.row_stride
+        return self.start + self.rows * self.row_stride + self.trailing
 
     def token(self, row: np.ndarray | int, col: np.ndarray | int) -> np.ndarray | int:
         """Return the token position of grid cell (row, col)."""

@@ -44,13 +44,15 @@ def _unpad(features_h: int, features_w: int, size: tuple[int, int]) -> tuple[int
     return 0, features_h, pad, features_w - pad
 
 
-def next_segments(
-    image_size: tuple[int, int], processor, tile: int, source: int, start: int
-) -> tuple[Segment, Segment]:
-    """Return the base-view and grid segments of one image whose tokens start at `start`."""
+def anyres_grid(
+    image_size: tuple[int, int], processor, tile: int, per_tile: int
+) -> tuple[int, int, tuple[float, float, float, float]]:
+    """Return the rows, columns and original-pixel region of an image's unpadded any-res feature grid.
+
+    `tile` is the vision tower's input side in pixels, `per_tile` its features per side.
+    """
     width, height = image_size
-    patch = int(processor.patch_size)
-    per_tile = tile // patch
+    patch = tile / per_tile  # canvas pixels per feature
     best_h, best_w = select_best_resolution((height, width), processor.image_processor.image_grid_pinpoints)
     new_h, new_w = _fit((height, width), (best_h, best_w))
     paste_x, paste_y = (best_w - new_w) // 2, (best_h - new_h) // 2
@@ -63,19 +65,28 @@ def next_segments(
         (c1 * patch - paste_x) / sx,
         (r1 * patch - paste_y) / sy,
     )
-    base = Segment("image", source, start, per_tile, per_tile, (width, height), view="base")
+    return r1 - r0, c1 - c0, region
+
+
+def next_segments(
+    image_size: tuple[int, int], processor, tile: int, source: int, start: int
+) -> tuple[Segment, Segment]:
+    """Return the base-view and grid segments of one image whose tokens start at `start`."""
+    per_tile = tile // int(processor.patch_size)
+    rows, cols, region = anyres_grid(image_size, processor, tile, per_tile)
+    base = Segment("image", source, start, per_tile, per_tile, tuple(image_size), view="base")
     grid = Segment(
-        "image",
-        source,
-        base.end,
-        r1 - r0,
-        c1 - c0,
-        (width, height),
-        view="grid",
-        row_newline=True,
-        region=region,
+        "image", source, base.end, rows, cols, tuple(image_size), view="grid", row_newline=True, region=region
     )
     return base, grid
+
+
+def take_run(positions: np.ndarray, used: int, count: int, what: str, sample: str | None) -> int:
+    """Return the first position of the next `count` visual tokens, which must form one contiguous run."""
+    span = positions[used : used + count]
+    if len(span) != count or span[-1] - span[0] != count - 1:
+        raise InputError(f"{what}: expected one run of {count} visual tokens in the prompt", sample=sample)
+    return int(span[0])
 
 
 def llava_next_layout(
@@ -98,18 +109,17 @@ def llava_next_layout(
     positions = np.flatnonzero(ids == processor.image_token_id)
     segments, used = [], 0
     for i, size in enumerate(image_sizes):
-        if used >= len(positions):
-            raise InputError(f"image {i}: no image tokens left in the prompt", sample=sample)
-        base, grid = next_segments(tuple(size), processor, tile, i, int(positions[used]))
-        count = grid.end - base.start
-        span = positions[used : used + count]
-        if len(span) != count or span[-1] - span[0] != count - 1:
-            raise InputError(
-                f"image {i}: expected one run of {count} image tokens (base view + unpadded grid + newlines)",
-                sample=sample,
-            )
+        first = int(positions[used]) if used < len(positions) else 0
+        base, grid = next_segments(tuple(size), processor, tile, i, first)
+        take_run(
+            positions,
+            used,
+            grid.end - base.start,
+            f"image {i} (base view + unpadded grid + newlines)",
+            sample,
+        )
         segments += [base, grid]
-        used += count
+        used += grid.end - base.start
     if used != len(positions):
         raise InputError(
             f"{len(positions) - used} image tokens are left over after the images", sample=sample

@@ -19,6 +19,7 @@ SUPPORTED = {
     "qwen3_vl": "qwen_vl",
     "llava": "llava",
     "llava_next": "llava_next",
+    "llava_onevision": "llava_onevision",
 }
 
 
@@ -34,7 +35,7 @@ class Loaded:
 
     @property
     def family(self) -> str:
-        """Return the layout family of the model ("qwen_vl", "llava", "llava_next")."""
+        """Return the layout family of the model ("qwen_vl", "llava", "llava_next", "llava_onevision")."""
         return SUPPORTED[self.model_type]
 
     @property

@@ -16,6 +16,7 @@ from corelens.errors import InputError, UnsupportedModelError
 from corelens.layout import Layout
 from corelens.models.llava import llava_layout
 from corelens.models.llava_next import llava_next_layout
+from corelens.models.llava_onevision import onevision_layout
 from corelens.models.loaded import Loaded
 from corelens.models.qwen_vl import processor_kwargs, qwen_layout
 
@@ -83,10 +84,13 @@ def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool
     prompt = processor.apply_chat_template(messages(sample), add_generation_prompt=True, tokenize=False)
     extra = processor_kwargs(m.model_type, times, sample.video.fps if sample.video else None)
 
+    # LLaVA-OneVision reads a nested list as one prompt's images (its multi-image mode).
+    given = [images] if images and m.family == "llava_onevision" else images or None
+
     def run(text: str):
         return processor(
             text=[text],
-            images=images or None,
+            images=given,
             videos=[frames] if frames else None,
             return_tensors="pt",
             **extra,
@@ -123,6 +127,12 @@ def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool
 def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float], sample: Sample) -> Layout:
     """Return the visual token layout of processed `inputs` for the model's family."""
     sizes = [im.size for im in images]
+    if m.family == "llava_onevision":
+        tile = int(m.model.config.vision_config.image_size)
+        frame_size = frames[0].size if frames else None
+        return onevision_layout(
+            inputs["input_ids"], m.processor, tile, sizes, frame_size, times, sample=sample.id
+        )
     if m.family in ("llava", "llava_next"):
         if frames:
             raise UnsupportedModelError(f"{m.model_type} takes images only, not video (sample {sample.id})")

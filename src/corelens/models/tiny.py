@@ -16,8 +16,10 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor,
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # image + video
 IMAGE_FAMILIES = ("llava", "llava_next")  # images only
-ALL_FAMILIES = FAMILIES + IMAGE_FAMILIES
+ALL_FAMILIES = (*FAMILIES, *IMAGE_FAMILIES, "llava_onevision")
+LLAVA_FAMILIES = ("llava", "llava_next", "llava_onevision")
 LLAVA_IMAGE_TOKEN = "<image>"
+LLAVA_VIDEO_TOKEN = "<video>"
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -48,7 +50,8 @@ LLAVA_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: {% endif %}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'video' %}<video>\n"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}{% if message['role'] == 'user' %} {% else %}<|im_end|>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
@@ -137,7 +140,7 @@ def tiny_config(
     vision_depth: int = 1,
 ) -> object:
     """Return a small random-init config of the real `family` class wired to `tokenizer`'s special ids."""
-    if family in IMAGE_FAMILIES:
+    if family in LLAVA_FAMILIES:
         return _llava_config(
             family, tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
         )
@@ -179,13 +182,16 @@ def tiny_config(
 
 # LLaVA-NeXT's any-res resolutions, scaled to the tiny 56-pixel tiles (the released models use 336).
 TINY_PINPOINTS = [[56, 112], [112, 56], [112, 112], [56, 168], [168, 56]]
+TINY_ASPECT = "anyres_max_2"  # OneVision downsamples grids above 2 tiles' worth of features (a 2 x 2 grid)
 
 
 def _llava_config(
     family, tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
 ) -> object:
     """Return a LLaVA-1.5 / NeXT config: a CLIP vision tower (56 px tiles), a projector, a Qwen2 decoder."""
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, LLAVA_IMAGE_TOKEN)}
+    ids = {
+        t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, LLAVA_IMAGE_TOKEN, LLAVA_VIDEO_TOKEN)
+    }
     text = {
         "model_type": "qwen2",
         "vocab_size": len(tokenizer),
@@ -210,15 +216,23 @@ def _llava_config(
         "patch_size": 14,
         "projection_dim": 32,
     }
-    extra = {"image_grid_pinpoints": TINY_PINPOINTS} if family == "llava_next" else {}
+    extra: dict = {"image_grid_pinpoints": TINY_PINPOINTS} if family != "llava" else {}
+    if family == "llava_onevision":  # SigLIP tower, all features, video token
+        vision = {k: v for k, v in vision.items() if k != "projection_dim"} | {
+            "model_type": "siglip_vision_model"
+        }
+        extra |= {
+            "video_token_id": ids[LLAVA_VIDEO_TOKEN],
+            "vision_feature_select_strategy": "full",
+            "vision_feature_layer": -1,
+            "vision_aspect_ratio": TINY_ASPECT,
+        }
     return AutoConfig.for_model(
         family,
-        **extra,
         text_config=text,
         vision_config=vision,
         image_token_id=ids[LLAVA_IMAGE_TOKEN],
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
+        **{"vision_feature_layer": -2, "vision_feature_select_strategy": "default"} | extra,
         projector_hidden_act="gelu",
         pad_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
@@ -229,6 +243,25 @@ def _llava_config(
 def _llava_processor(family: str, tokenizer, *, side: int = 56, pad: bool = False):
     """Return LLaVA-1.5's (CLIP recipe: shortest edge -> `side`, centre crop) or LLaVA-NeXT's processor."""
     common = {"size": {"shortest_edge": side}, "crop_size": {"height": side, "width": side}}
+    if family == "llava_onevision":
+        from transformers.models.llava_onevision import (
+            LlavaOnevisionImageProcessor,
+            LlavaOnevisionProcessor,
+            LlavaOnevisionVideoProcessor,
+        )
+
+        square = {"height": side, "width": side}
+        return LlavaOnevisionProcessor(
+            LlavaOnevisionImageProcessor(size=square, image_grid_pinpoints=TINY_PINPOINTS),
+            tokenizer,
+            LlavaOnevisionVideoProcessor(size=square),
+            num_image_tokens=(side // 14) ** 2,
+            vision_feature_select_strategy="full",
+            vision_aspect_ratio=TINY_ASPECT,
+            image_token=LLAVA_IMAGE_TOKEN,
+            video_token=LLAVA_VIDEO_TOKEN,
+            chat_template=LLAVA_CHAT_TEMPLATE,
+        )
     if family == "llava_next":
         from transformers.models.llava_next import LlavaNextImageProcessor, LlavaNextProcessor
 
@@ -252,8 +285,8 @@ def _llava_processor(family: str, tokenizer, *, side: int = 56, pad: bool = Fals
 
 def tiny_tokenizer(family: str, words: Iterable[str] = ()) -> PreTrainedTokenizerFast:
     """Return the tiny word-level tokenizer of `family` (LLaVA adds its `<image>` token and template)."""
-    if family in IMAGE_FAMILIES:
-        return build_tokenizer(words, (LLAVA_IMAGE_TOKEN,), LLAVA_CHAT_TEMPLATE)
+    if family in LLAVA_FAMILIES:
+        return build_tokenizer(words, (LLAVA_IMAGE_TOKEN, LLAVA_VIDEO_TOKEN), LLAVA_CHAT_TEMPLATE)
     return build_tokenizer(words)
 
 
@@ -266,7 +299,7 @@ def tiny_processor(
     **llava_kwargs,
 ):
     """Return the real processor class of `family` around `tokenizer`, with small pixel budgets."""
-    if family in IMAGE_FAMILIES:
+    if family in LLAVA_FAMILIES:
         return _llava_processor(family, tokenizer, **llava_kwargs)
     from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
