@@ -45,8 +45,8 @@ def _witnesses(m):
     return seen, handles
 
 
-def test_capture_matches_the_layers(tiny_dir, family, data):
-    m = corelens.load(tiny_dir(family))
+def test_capture_matches_the_layers(tiny_dir, any_family, data):
+    m = corelens.load(tiny_dir(any_family))
     _, p = _inputs(m, data)
     seen, handles = _witnesses(m)
     got = []
