@@ -235,3 +235,51 @@ def test_onevision_video_frames_are_pooled_with_one_newline():
         cells = _patch_positions(processor.video_processor, video[f], 28).reshape(2, 2, 3)
         assert _check_cells(segment, lambda r, c, cells=cells: cells[r, c]) == 4
         assert abs(cells[..., 2].mean() - f / 4) < 0.01
+
+
+def _internvl():
+    return tiny_processor("internvl", tiny_tokenizer("internvl", ["cup"]))
+
+
+@pytest.mark.parametrize("sizes", [[(301, 173)], [(173, 301)], [(97, 411), (64, 64)], [(100, 100)]])
+def test_internvl_layout_matches_the_processor(sizes):
+    from corelens.models.internvl import internvl_layout, tile_grid
+
+    processor = _internvl()
+    text = processor.apply_chat_template(messages(_sample_like(len(sizes))), add_generation_prompt=True)
+    inputs = processor(text=[text], images=[position_image(*s) for s in sizes], return_tensors="pt")
+    layout = internvl_layout(inputs["input_ids"], processor, sizes)
+    ids = inputs["input_ids"][0]
+    assert int((ids == processor.image_token_id).sum()) == len(layout.visual)
+    assert not np.isin(
+        ids[layout.visual].numpy(), [processor.start_image_token_id, processor.end_image_token_id]
+    ).any()
+    tiles = iter(inputs["pixel_values"])
+    for i, size in enumerate(sizes):
+        cols, rows, thumbnail = tile_grid(size, processor.image_processor)
+        mine = [s for s in layout.segments if s.source == i]
+        assert len(mine) == cols * rows + int(thumbnail)
+        assert (mine[-1].view == "thumbnail") == thumbnail
+        for segment in mine:  # token (r, c) of a tile = its 2 x 2 patches after pixel shuffle: 28 x 28 pixels
+            cells = _patch_positions(processor.image_processor, next(tiles), 28).reshape(4, 4, 3)
+            assert _check_cells(segment, lambda r, c, cells=cells: cells[r, c]) == 16
+
+
+def test_internvl_token_order_through_the_model(tmp_path):
+    """Changing the pixels under one token's cell changes that token's embedding only (real pixel shuffle)."""
+    from transformers import AutoModelForImageTextToText
+
+    path = build_tiny_checkpoint("internvl", tmp_path / "m", words=["cup"], layers=1, heads=2, kv_heads=1)
+    model = AutoModelForImageTextToText.from_pretrained(path).eval()
+    model.model.vision_tower.encoder.layer = torch.nn.ModuleList()  # no attention: features stay local
+    processor = _internvl()
+    text = processor.apply_chat_template(messages(_sample_like(1)), add_generation_prompt=True)
+    image = position_image(100, 100)
+    pixels = processor(text=[text], images=[image], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        before = model.model.get_image_features(pixel_values=pixels).pooler_output[0]
+        changed = pixels.clone()
+        changed[0, :, 28:56, 56:84] += 1.0  # tile 0, token row 1, column 2
+        after = model.model.get_image_features(pixel_values=changed).pooler_output[0]
+    moved = ((after - before).abs().amax(-1) > 1e-6).nonzero().flatten().tolist()
+    assert moved == [1 * 4 + 2]

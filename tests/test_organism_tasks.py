@@ -82,6 +82,7 @@ def test_image_target_box_holds_the_referred_object_only(index):
     assert referent["mask"].sum() > 40
     if scene["ask"] == "colour":
         assert referent["colour"] == record["answer"]
+    assert referent["colour"] == scene["objects"][0]["colour"]  # the box holds the referent's own pixels
     # The named attributes pick exactly one object of the scene.
     named = scene["named"]
     fits = [o for o in scene["objects"] if all(o[k] == scene["objects"][0][k] for k in named)]
@@ -152,3 +153,20 @@ def test_answers_are_balanced_and_not_given_by_the_question(task):
     for r in records:
         assert r["answer"] not in r["question"].split()
         assert (r["question"], r["answer"]) in questions(r)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_curriculum_levels_shrink_scenes_but_full_level_is_the_task(task):
+    """Level 0 (training curriculum only) gives the smallest scenes; level 1 is what `generate` writes."""
+
+    def size(record: dict) -> int:
+        return len(record["scene"]["pages"]) if task == "document" else len(record["scene"]["objects"])
+
+    easy = [size(render(task, i, seed=8, level=0.0).record) for i in range(40)]
+    full = [size(render(task, i, seed=8).record) for i in range(40)]
+    low, high = {"image": (4, 8), "video": (3, 5), "document": (4, 12)}[task]
+    assert all(low <= n <= high for n in full) and max(full) > low
+    assert max(easy) <= (
+        4 if task == "image" else 2
+    )  # 1-2 objects / pages (+ the confusers a 2-word name needs)
+    assert sum(easy) < sum(full)

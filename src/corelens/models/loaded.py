@@ -20,6 +20,7 @@ SUPPORTED = {
     "llava": "llava",
     "llava_next": "llava_next",
     "llava_onevision": "llava_onevision",
+    "internvl": "internvl",
 }
 
 
@@ -35,7 +36,7 @@ class Loaded:
 
     @property
     def family(self) -> str:
-        """Return the layout family of the model ("qwen_vl", "llava", "llava_next", "llava_onevision")."""
+        """Return the layout family of the model ("qwen_vl", "llava", "llava_next", "llava_onevision", "internvl")."""
         return SUPPORTED[self.model_type]
 
     @property

@@ -14,6 +14,7 @@ from PIL import Image
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import InputError, UnsupportedModelError
 from corelens.layout import Layout
+from corelens.models.internvl import internvl_layout
 from corelens.models.llava import llava_layout
 from corelens.models.llava_next import llava_next_layout
 from corelens.models.llava_onevision import onevision_layout
@@ -127,6 +128,9 @@ def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool
 def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float], sample: Sample) -> Layout:
     """Return the visual token layout of processed `inputs` for the model's family."""
     sizes = [im.size for im in images]
+    if m.family == "internvl":
+        frame_size = frames[0].size if frames else None
+        return internvl_layout(inputs["input_ids"], m.processor, sizes, frame_size, times, sample=sample.id)
     if m.family == "llava_onevision":
         tile = int(m.model.config.vision_config.image_size)
         frame_size = frames[0].size if frames else None

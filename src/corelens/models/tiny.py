@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor,
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # image + video
 IMAGE_FAMILIES = ("llava", "llava_next")  # images only
-ALL_FAMILIES = (*FAMILIES, *IMAGE_FAMILIES, "llava_onevision")
+ALL_FAMILIES = (*FAMILIES, *IMAGE_FAMILIES, "llava_onevision", "internvl")
 LLAVA_FAMILIES = ("llava", "llava_next", "llava_onevision")
 LLAVA_IMAGE_TOKEN = "<image>"
 LLAVA_VIDEO_TOKEN = "<video>"
@@ -45,6 +45,19 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+INTERNVL_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+INTERNVL_TILE = 112
+# InternVL3's template: Qwen-style turns; an image is `<IMG_CONTEXT>` (the processor expands it to
+# `<img>` + tiles + `</img>`), a video `<video>` (expanded to `FrameN: <img>...</img>` per frame).
+INTERNVL_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|vision_start|><|image_pad|><|vision_end|>", "<IMG_CONTEXT>\n"
+).replace("<|vision_start|><|video_pad|><|vision_end|>", "<video>\n")
+
 # LLaVA-1.5's conversation format ("USER: <image>\n... ASSISTANT:"), with the tiny tokenizer's end token.
 LLAVA_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: {% endif %}"
@@ -63,7 +76,10 @@ BASE_WORDS = (
 
 
 def build_tokenizer(
-    words: Iterable[str] = (), extra_special: tuple[str, ...] = (), chat_template: str = CHAT_TEMPLATE
+    words: Iterable[str] = (),
+    extra_special: tuple[str, ...] = (),
+    chat_template: str = CHAT_TEMPLATE,
+    named: dict[str, str] | None = None,
 ) -> PreTrainedTokenizerFast:
     """Return a word-level fast tokenizer with the Qwen-VL special tokens (+ `extra_special`), digits, punctuation."""
     vocab: dict[str, int] = {}
@@ -88,6 +104,7 @@ def build_tokenizer(
         additional_special_tokens=[*SPECIAL_TOKENS[1:7], *extra_special],
         chat_template=chat_template,
         padding_side="left",
+        **({"model_specific_special_tokens": named} if named else {}),
     )
     return tokenizer
 
@@ -144,6 +161,10 @@ def tiny_config(
         return _llava_config(
             family, tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
         )
+    if family == "internvl":
+        return _internvl_config(
+            tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
+        )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     half = head_dim // 2
     section = [half - 2 * (half // 3), half // 3, half // 3]
@@ -185,14 +206,9 @@ TINY_PINPOINTS = [[56, 112], [112, 56], [112, 112], [56, 168], [168, 56]]
 TINY_ASPECT = "anyres_max_2"  # OneVision downsamples grids above 2 tiles' worth of features (a 2 x 2 grid)
 
 
-def _llava_config(
-    family, tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
-) -> object:
-    """Return a LLaVA-1.5 / NeXT config: a CLIP vision tower (56 px tiles), a projector, a Qwen2 decoder."""
-    ids = {
-        t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, LLAVA_IMAGE_TOKEN, LLAVA_VIDEO_TOKEN)
-    }
-    text = {
+def _qwen2_text(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate) -> dict:
+    """Return the Qwen2 text-decoder config of the LLaVA / InternVL tiny checkpoints."""
+    return {
         "model_type": "qwen2",
         "vocab_size": len(tokenizer),
         "hidden_size": hidden,
@@ -202,10 +218,20 @@ def _llava_config(
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "max_position_embeddings": 4096,
-        "pad_token_id": ids["<|endoftext|>"],
-        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
         "tie_word_embeddings": True,
     }
+
+
+def _llava_config(
+    family, tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
+) -> object:
+    """Return a LLaVA-1.5 / NeXT config: a CLIP vision tower (56 px tiles), a projector, a Qwen2 decoder."""
+    ids = {
+        t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, LLAVA_IMAGE_TOKEN, LLAVA_VIDEO_TOKEN)
+    }
+    text = _qwen2_text(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate)
     vision = {
         "model_type": "clip_vision_model",
         "hidden_size": 32,
@@ -283,10 +309,55 @@ def _llava_processor(family: str, tokenizer, *, side: int = 56, pad: bool = Fals
     )
 
 
+def _internvl_config(
+    tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate, vision_depth
+) -> object:
+    """Return an InternVL3 config: an InternViT tower (112 px tiles, 16 tokens each), a Qwen2 decoder."""
+    vision = {
+        "model_type": "internvl_vision",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": vision_depth,
+        "num_attention_heads": 2,
+        "image_size": [INTERNVL_TILE, INTERNVL_TILE],
+        "patch_size": [14, 14],
+    }
+    return AutoConfig.for_model(
+        "internvl",
+        text_config=_qwen2_text(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate),
+        vision_config=vision,
+        image_token_id=tokenizer.context_image_token_id,
+        image_seq_length=(INTERNVL_TILE // 28) ** 2,
+        downsample_ratio=0.5,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=True,
+    )
+
+
+def _internvl_processor(tokenizer, *, max_patches: int = 6):
+    """Return InternVL's processor: GOT-OCR2 tiling (1-`max_patches` tiles + thumbnail), 112 px tiles."""
+    from transformers.models.got_ocr2 import GotOcr2ImageProcessor
+    from transformers.models.internvl import InternVLProcessor, InternVLVideoProcessor
+
+    tile = {"height": INTERNVL_TILE, "width": INTERNVL_TILE}
+    return InternVLProcessor(
+        GotOcr2ImageProcessor(size=tile, crop_to_patches=True, min_patches=1, max_patches=max_patches),
+        tokenizer,
+        InternVLVideoProcessor(size=tile),
+        image_seq_length=(INTERNVL_TILE // 28) ** 2,
+        chat_template=INTERNVL_CHAT_TEMPLATE,
+    )
+
+
 def tiny_tokenizer(family: str, words: Iterable[str] = ()) -> PreTrainedTokenizerFast:
     """Return the tiny word-level tokenizer of `family` (LLaVA adds its `<image>` token and template)."""
     if family in LLAVA_FAMILIES:
         return build_tokenizer(words, (LLAVA_IMAGE_TOKEN, LLAVA_VIDEO_TOKEN), LLAVA_CHAT_TEMPLATE)
+    if family == "internvl":
+        return build_tokenizer(
+            words, tuple(INTERNVL_TOKENS.values()), INTERNVL_CHAT_TEMPLATE, named=INTERNVL_TOKENS
+        )
     return build_tokenizer(words)
 
 
@@ -298,9 +369,14 @@ def tiny_processor(
     max_pixels: int = 64 * 32 * 32,
     **llava_kwargs,
 ):
-    """Return the real processor class of `family` around `tokenizer`, with small pixel budgets."""
+    """Return the real processor class of `family` around `tokenizer`, with small pixel budgets.
+
+    `llava_kwargs` go to the LLaVA (`side`, `pad`) or InternVL (`max_patches`) processor builders.
+    """
     if family in LLAVA_FAMILIES:
         return _llava_processor(family, tokenizer, **llava_kwargs)
+    if family == "internvl":
+        return _internvl_processor(tokenizer, **llava_kwargs)
     from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     patch = 16 if family == "qwen3_vl" else 14

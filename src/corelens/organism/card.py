@@ -86,9 +86,9 @@ Generated on the fly by `corelens.organism.tasks` with seed {cfg["data_seed"]} (
 seeds (1 for `corelens organism eval` and `corelens demo`, 2 for the reference sample below).
 
 - image (RefCOCOg-like): 168 x 168 scenes of 4-8 objects (5 shapes x 6 colours x 2 sizes) on a noisy
-  background with muted clutter; the question names one object by shape, size + shape, colour or
-  size + colour and asks for its colour or shape; distractors that share part of a two-word description
-  are always present; the target is the object's box.
+  background with muted clutter; the question names one object by its colour or by size + colour and
+  asks for its shape; distractors that share part of a two-word description are always present, and no
+  other object has the answer's shape; the target is the object's box.
 - video (VidSTG-like): 4-8 frames of 112 x 112 at 2 fps, 3-5 objects that each move differently (up, down,
   left, right, or stand still); the question names the object by its motion; the target is its tube.
 - document (MMLongBench / MMDocIR-like): 4-12 pages of 84 x 112 (a 3 x 4 grid of token-sized blocks: 1-3 figure

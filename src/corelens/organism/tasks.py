@@ -2,8 +2,8 @@
 
 Three domains mirror seed 000's benchmarks, each deterministic from (seed, task, index):
 - `image` (RefCOCOg-like referring expressions): 4-8 objects (shape x colour x size) on a cluttered
-  background, each inside its own 28-pixel token cell; the question names one object by attributes and
-  asks for another of its attributes; the target is its box.
+  background, each inside its own 28-pixel token cell; the question names one object by its colour or by
+  size + colour and asks for its shape; the target is its box.
 - `video` (VidSTG-like): 4-8 frames, 3-5 objects that each move differently (up, down, left, right or
   not at all); the question names an object by its motion and asks its colour; the target is its tube.
 - `document` (MMLongBench / MMDocIR-like): 4-12 pages of token-sized text and figure blocks; one figure
@@ -11,7 +11,9 @@ Three domains mirror seed 000's benchmarks, each deterministic from (seed, task,
   shape of its figure; the targets are the page and the block.
 
 Every answer is one word from a closed set (6 colours or 5 shapes), drawn uniformly and independently of
-the question's wording, so the question alone does not reveal it. Objects are drawn without
+the question's wording, so the question alone does not reveal it. (Image questions name the object by
+colour and ask its shape: a first design that also named objects by shape trained too slowly on two CPU
+cores; see the organism's CARD.md.) Objects are drawn without
 anti-aliasing in exact palette colours that no background pixel can take, so tests can find every
 object's pixels in the saved image.
 """
@@ -54,6 +56,8 @@ WORDS = (
     "size",
     "number",
 )
+
+IMAGE_NAMINGS = (("colour",), ("size", "colour"))  # how image questions name their object
 
 CELL = 28  # pixels per visual token (14 px patches, 2 x 2 merge)
 IMAGE_SIZE = (168, 168)  # 6 x 6 visual tokens
@@ -214,10 +218,9 @@ def _image_objects(
 
 
 def image_sample(rng: np.random.Generator, index: int, level: float = 1.0) -> Rendered:
-    """Return one `image` sample: find the object named by its attributes, answer its colour or shape."""
-    ask = "colour" if rng.random() < 0.5 else "shape"
-    options = (("shape",), ("size", "shape")) if ask == "colour" else (("colour",), ("size", "colour"))
-    named = options[int(rng.integers(0, 2))]
+    """Return one `image` sample: find the object named by its colour (and size), answer its shape."""
+    ask = "shape"  # found by colour (and size), so that the retrieval key is a colour
+    named = IMAGE_NAMINGS[int(rng.integers(0, len(IMAGE_NAMINGS)))]
     referent = {"colour": _pick(rng, COLOURS), "shape": _pick(rng, SHAPES), "size": _pick(rng, SIZES)}
     objects = _image_objects(rng, ask, named, referent, level)
     # Each object sits inside one token cell (so shapes are seen whole, at small offsets) and objects in
@@ -419,10 +422,7 @@ def _image_questions(scene: dict) -> list[tuple[str, str]]:
     objects = scene["objects"]
     out = []
     for obj in objects:
-        for ask, options in (
-            ("colour", (("shape",), ("size", "shape"))),
-            ("shape", (("colour",), ("size", "colour"))),
-        ):
+        for ask, options in (("shape", IMAGE_NAMINGS),):
             for named in options:
                 if sum(all(o[k] == obj[k] for k in named) for o in objects) != 1:
                     continue

@@ -32,12 +32,12 @@ TRAIN_DATA_SEED = 0  # training samples come from seed 0; evaluation and the dem
 class TrainConfig:
     """Optimisation settings of one training run."""
 
-    steps: int = 4600
+    steps: int = 6000
     batch: int = 16
     turns: int = 8  # questions per rendered scene: its own + up to turns - 1 extra chat turns
     aux_weight: float = 1.0  # weight of the vision tower's per-token auxiliary loss (organism/aux.py)
     aux_until: float = 0.6  # share of the steps after which the auxiliary loss has faded linearly to 0
-    curriculum_until: float = 0.7  # share of the steps by which every task has reached full difficulty
+    curriculum_until: float = 0.8  # share of the steps by which every task has reached full difficulty
     curriculum_step: float = 0.1  # level gained when a task's running accuracy passes `curriculum_bar`
     curriculum_bar: float = 0.8
     lr: float = 3e-3
@@ -48,7 +48,7 @@ class TrainConfig:
     seed: int = 0
     data_seed: int = TRAIN_DATA_SEED
     tasks: tuple[str, ...] = TASKS
-    task_weights: tuple[float, ...] = (1.3, 1.0, 0.8)  # relative share of steps per task; empty = equal
+    task_weights: tuple[float, ...] = (2.0, 1.2, 0.6)  # relative share of steps per task; empty = equal
     threads: int = 2
     log_every: int = 25
     save_every: int = 500  # steps between checkpoints written to `out` (training.json says finished: false)
