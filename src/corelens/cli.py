@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the corelens command line; return the exit code."""
     args = parser().parse_args(argv)
     try:
+        if isinstance(getattr(args, "data", None), str) and args.command != "organism":
+            from corelens.data.readers import resolve
+
+            args.data = str(resolve(args.data))  # NAME:PATH -> converted (cached) sample file
         args.func(args)
     except CorelensError as err:
         if args.debug:

@@ -3,4 +3,16 @@
 A command's parser sets `func`, called with the parsed arguments; it only parses and calls an experiment.
 """
 
-COMMANDS = ("rank", "ablate", "demo", "bench", "flow", "sap", "organism", "hybrid", "stability", "report")
+COMMANDS = (
+    "rank",
+    "ablate",
+    "demo",
+    "bench",
+    "flow",
+    "sap",
+    "organism",
+    "hybrid",
+    "stability",
+    "report",
+    "data",
+)

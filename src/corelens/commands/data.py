@@ -1,0 +1,41 @@
+"""`corelens data convert`: a dataset in its native format -> corelens samples (JSONL + images)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def run_convert(args: argparse.Namespace) -> None:
+    """Convert NAME:PATH into the output folder."""
+    from corelens.data.readers import convert
+
+    options = json.loads(args.options) if args.options else {}
+    if args.limit is not None:
+        options["limit"] = args.limit
+    result = convert(args.spec, args.out, skip_bad=args.skip_bad, **options)
+    print(f"wrote {result.n} samples to {result.path}")
+    if result.skipped:
+        print(f"skipped {len(result.skipped)} bad records (listed in {result.path.parent / 'skipped.jsonl'})")
+
+
+def register(sub) -> None:
+    """Add the `data` parser with its `convert` sub-command."""
+    d = sub.add_parser("data", help="read datasets in their native formats")
+    actions = d.add_subparsers(dest="action", required=True)
+    c = actions.add_parser(
+        "convert", help="convert refcocog:PATH, vidstg:PATH, mmlongbench:PATH or mmdocir:PATH"
+    )
+    c.add_argument("spec", help="NAME:PATH, e.g. refcocog:/data/refcocog")
+    c.add_argument("--out", required=True, help="folder for the JSONL and any rendered images")
+    c.add_argument("--limit", type=int, default=None, help="convert the first N samples")
+    c.add_argument(
+        "--skip-bad", action="store_true", help="skip and list malformed records instead of stopping"
+    )
+    c.add_argument(
+        "--options",
+        default=None,
+        help='reader options as JSON, e.g. \'{"split": "val"}\' (refcocog: split, template, images; vidstg: '
+        "split, fps, max_frames; mmlongbench: max_side, max_pages, keep_unanswerable; mmdocir: level, max_pages)",
+    )
+    c.set_defaults(func=run_convert)

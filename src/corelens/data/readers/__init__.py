@@ -1,0 +1,105 @@
+"""Readers of the native dataset formats: RefCOCOg, VidSTG, MMLongBench-Doc, MMDocIR -> corelens samples.
+
+Each reader converts a dataset as it is published into the interchange JSONL (plus rendered page images
+where the source is a PDF or a parquet of page images). `--data NAME:PATH` on any command converts once
+into a cache folder (`$CORELENS_CACHE`, default `~/.cache/corelens/data`) keyed by the source's path, size
+and modification time and the reader's options; `corelens data convert NAME:PATH --out DIR` writes it
+where you choose. A malformed record raises an error naming the file, the record and the field, or with
+`skip_bad` is skipped and listed in `skipped.jsonl` beside the converted file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corelens.errors import CorelensError
+
+
+@dataclass
+class Converted:
+    """The result of one conversion: the JSONL written, how many samples, and the records skipped."""
+
+    path: Path
+    n: int
+    skipped: list[dict] = field(default_factory=list)
+
+
+def _readers() -> dict[str, Callable[..., Converted]]:
+    from corelens.data.readers import mmdocir, mmlongbench, refcocog, vidstg
+
+    return {
+        "refcocog": refcocog.convert,
+        "vidstg": vidstg.convert,
+        "mmlongbench": mmlongbench.convert,
+        "mmdocir": mmdocir.convert,
+    }
+
+
+READER_NAMES = ("refcocog", "vidstg", "mmlongbench", "mmdocir")
+
+
+def parse_spec(spec: str) -> tuple[str, Path] | None:
+    """Return (reader, source path) of a `NAME:PATH` spec, or None for a plain sample file."""
+    name, sep, rest = str(spec).partition(":")
+    if not sep or name not in READER_NAMES:
+        return None
+    return name, Path(rest)
+
+
+def _fingerprint(source: Path) -> dict:
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    return {
+        "source": str(source.resolve()),
+        "files": [
+            (str(p.relative_to(source)) if p != source else p.name, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in files
+        ],
+    }
+
+
+def convert(spec: str, out: str | Path, *, skip_bad: bool = False, **options) -> Converted:
+    """Convert the dataset of a `NAME:PATH` spec into folder `out` (JSONL + any rendered images)."""
+    parsed = parse_spec(spec)
+    if parsed is None:
+        raise CorelensError(f"{spec!r}: expected NAME:PATH with NAME one of {', '.join(READER_NAMES)}")
+    name, source = parsed
+    if not source.exists():
+        raise CorelensError(f"{name}: {source} does not exist")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = _readers()[name](source, out, skip_bad=skip_bad, **options)
+    if result.skipped:
+        with open(out / "skipped.jsonl", "w") as f:
+            for record in result.skipped:
+                f.write(json.dumps(record) + "\n")
+    return result
+
+
+def cache_root() -> Path:
+    """Return the folder where `NAME:PATH` specs are converted."""
+    return Path(os.environ.get("CORELENS_CACHE", Path.home() / ".cache" / "corelens" / "data"))
+
+
+def resolve(spec: str | Path, *, skip_bad: bool = False, **options) -> Path:
+    """Return a sample file for `spec`: itself, or the cached conversion of a `NAME:PATH` dataset."""
+    parsed = parse_spec(str(spec))
+    if parsed is None:
+        return Path(spec)
+    name, source = parsed
+    if not source.exists():
+        raise CorelensError(f"{name}: {source} does not exist")
+    key = json.dumps(
+        {"reader": name, **_fingerprint(source), "skip_bad": skip_bad, **options}, sort_keys=True
+    )
+    folder = cache_root() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    done = folder / "converted.json"
+    if done.is_file():
+        return Path(json.loads(done.read_text())["path"])
+    result = convert(str(spec), folder, skip_bad=skip_bad, **options)
+    done.write_text(json.dumps({"path": str(result.path), "n": result.n, "skipped": len(result.skipped)}))
+    return result.path
