@@ -171,21 +171,9 @@ def tiny_config(
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
     if family == "qwen3_vl":
         rope["mrope_interleaved"] = True
-    text = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": hidden,
-        "intermediate_size": intermediate,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "max_position_embeddings": 32768,
-        "rope_parameters": rope,
-        "pad_token_id": ids["<|endoftext|>"],
-        "eos_token_id": ids["<|im_end|>"],
-        "tie_word_embeddings": True,
-        "bos_token_id": None,
-    }
+    text = _qwen2_text(tokenizer, hidden, layers, heads, kv_heads, head_dim, intermediate)
+    text.pop("model_type")
+    text |= {"max_position_embeddings": 32768, "rope_parameters": rope, "bos_token_id": None}
     config = AutoConfig.for_model(
         family,
         text_config=text,

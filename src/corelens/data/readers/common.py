@@ -38,10 +38,12 @@ class Records:
                 raise
             self.skipped.append({**{k: v for k, v in where.items() if v is not None}, "error": str(err)})
 
-    def result(self, path: Path):
-        """Return the Converted result for the JSONL at `path`."""
+    def write(self, path: Path):
+        """Write the records to the JSONL `path` (None fields dropped); return the Converted result."""
         from corelens.data.readers import Converted
+        from corelens.data.sample import write_samples
 
+        write_samples(path, [{k: v for k, v in r.items() if v is not None} for r in self.items])
         return Converted(path, len(self.items), self.skipped)
 
 

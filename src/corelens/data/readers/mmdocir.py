@@ -17,7 +17,6 @@ from pathlib import Path
 from PIL import Image
 
 from corelens.data.readers.common import Records, find_one, run_until_limit
-from corelens.data.sample import write_samples
 from corelens.errors import InputError
 
 LEVELS = ("page", "layout", "both")
@@ -136,6 +135,4 @@ def convert(
         raise InputError(f"level must be one of {LEVELS}, got {level!r}")
     records = Records(skip_bad, limit)
     run_until_limit(_convert, source, out, records, level, max_pages)
-    path = out / "mmdocir.jsonl"
-    write_samples(path, [{k: v for k, v in r.items() if v is not None} for r in records.items])
-    return records.result(path)
+    return records.write(out / "mmdocir.jsonl")

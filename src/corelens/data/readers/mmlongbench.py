@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 from corelens.data.readers.common import Records, find_one, run_until_limit
-from corelens.data.sample import write_samples
 from corelens.errors import InputError
 
 
@@ -127,6 +126,4 @@ def convert(
     """Convert MMLongBench-Doc at `source` into `out/mmlongbench.jsonl` plus rendered pages."""
     records = Records(skip_bad, limit)
     run_until_limit(_convert, source, out, records, max_side, max_pages, keep_unanswerable)
-    path = out / "mmlongbench.jsonl"
-    write_samples(path, records.items)
-    return records.result(path)
+    return records.write(out / "mmlongbench.jsonl")

@@ -13,7 +13,6 @@ import pickle
 from pathlib import Path
 
 from corelens.data.readers.common import Records, find_one, run_until_limit
-from corelens.data.sample import write_samples
 from corelens.errors import InputError
 
 TEMPLATE = "{expression}"
@@ -149,6 +148,4 @@ def convert(
         run_until_limit(_parquet, source, out, records, template)
     else:
         run_until_limit(_original, source, out, records, split, template, Path(images) if images else None)
-    path = out / "refcocog.jsonl"
-    write_samples(path, records.items)
-    return records.result(path)
+    return records.write(out / "refcocog.jsonl")

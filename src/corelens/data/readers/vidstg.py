@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 from corelens.data.readers.common import Records, run_until_limit
-from corelens.data.sample import write_samples
 from corelens.errors import InputError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -174,6 +173,4 @@ def convert(
     """Convert VidSTG at `source` into `out/vidstg.jsonl` plus the sampled frames."""
     records = Records(skip_bad, limit)
     run_until_limit(_convert, source, out, records, split, fps, max_frames)
-    path = out / "vidstg.jsonl"
-    write_samples(path, records.items)
-    return records.result(path)
+    return records.write(out / "vidstg.jsonl")
