@@ -54,14 +54,14 @@ def encode(
 
     With `answers`, each sample's own question is followed by its answer and `<|im_end|>`, then by the
     (question, answer) turns of `extra[i]` if given; only answers and their `<|im_end|>` carry labels
-    (everything else is -100). `answer_at` holds the position of each sample's own answer token.
+    (everything else is -100). `answer_at` / `answer_len` hold the position and length (tokens) of each sample's own answer.
     """
     tok = processor.tokenizer
     merge = processor.image_processor.merge_size
     special = {name: tok.convert_tokens_to_ids(name) for name in tok.all_special_tokens}
     head = _ids(tok, "<|im_start|>user")
     tail = [special["<|im_end|>"], *_ids(tok, "<|im_start|>assistant")]
-    rows, labels, starts = [], [], []
+    rows, labels, starts, lengths = [], [], [], []
     image_pixels, image_grids, video_pixels, video_grids, seconds = [], [], [], [], []
     for sample in samples:
         ids = list(head)
@@ -82,6 +82,7 @@ def encode(
         ids += _ids(tok, sample.record["question"]) + tail
         label = [IGNORE] * len(ids)
         starts.append(len(ids))
+        lengths.append(len(_ids(tok, sample.record["answer"])))
         if answers:
             turns = [(None, sample.record["answer"]), *(extra[len(rows)] if extra else ())]
             for question, answer in turns:
@@ -102,6 +103,7 @@ def encode(
         "labels": torch.tensor([[IGNORE] * (width - len(r)) + lab for r, lab in zip(rows, labels)]),
     }
     batch["answer_at"] = torch.tensor([width - len(r) + s for r, s in zip(rows, starts)])
+    batch["answer_len"] = torch.tensor(lengths)
     # Qwen2.5-VL builds its 3-D (t, h, w) rope positions from these: 1 = image token, 2 = video token.
     ids = batch["input_ids"]
     batch["mm_token_type_ids"] = (ids == special["<|image_pad|>"]).long() + 2 * (

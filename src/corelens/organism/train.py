@@ -99,14 +99,17 @@ def curriculum_floor(step: int, cfg: TrainConfig) -> float:
 
 def answer_loss(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Return the mean cross-entropy of the labelled tokens and whether each sample's own answer was argmax."""
-    labels, at = batch["labels"], batch["answer_at"]
-    inputs = {k: v for k, v in batch.items() if k not in ("labels", "answer_at")}
+    labels, at, length = batch["labels"], batch["answer_at"], batch["answer_len"]
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", "answer_at", "answer_len")}
     logits = model(**inputs, use_cache=False).logits.float()
     loss = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE
     )
-    rows = torch.arange(len(at))
-    correct = logits[rows, at - 1].argmax(-1) == labels[rows, at]
+    offsets = torch.arange(int(length.max()))
+    positions = (at[:, None] + offsets[None, :]).clamp(max=labels.shape[1] - 1)
+    rows = torch.arange(len(at))[:, None]
+    hit = logits[rows, positions - 1].argmax(-1) == labels[rows, positions]
+    correct = (hit | (offsets[None, :] >= length[:, None])).all(-1)  # every token of the own answer
     return loss, correct
 
 

@@ -25,7 +25,8 @@ def spearman_figure(pairs: pd.DataFrame, labels: list[str], path: str | Path) ->
             text = f"{rho.iat[i, j]:.2f}"
             if i != j and np.isfinite(low.iat[i, j]):
                 text += f"\n[{low.iat[i, j]:.2f}, {high.iat[i, j]:.2f}]"
-            ax.text(j, i, text, ha="center", va="center", fontsize=8)
+            dark = abs(rho.iat[i, j]) > 0.6  # white text on the saturated end of the colour map
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
     ax.set_title("Spearman of per-head mean RAM (95 % bootstrap CI)")
     fig.colorbar(image, ax=ax, label="Spearman rho", shrink=0.8)
     return save_figure(fig, path)
