@@ -133,6 +133,14 @@ class Run:
             f.flush()
             os.fsync(f.fileno())
 
+    def log_skipped(self, skipped, done: set[str]) -> None:
+        """Log each bad input record (`SkippedSample`) once, keyed by its line; add the keys to `done`."""
+        for bad in skipped:
+            key = f"<skipped line {bad.line}>"
+            if key not in done:
+                self.log({"id": key, "status": "skipped", **bad.to_dict()})
+                done.add(key)
+
     def finish(self, **extra: object) -> None:
         """Record the end time, wall time and any extra summary in the manifest."""
         self.manifest.setdefault("timings", []).append(round(time.perf_counter() - self._t0, 3))

@@ -288,11 +288,7 @@ def sweep(
     logged: list[dict] = list(run.records()) if run else []
     done = {r["id"] for r in logged}
     if run:
-        for bad in skipped:
-            key = f"<skipped line {bad.line}>"
-            if key not in done:
-                run.log({"id": key, "status": "skipped", **bad.to_dict()})
-                done.add(key)
+        run.log_skipped(skipped, done)
 
     def log(record: dict) -> None:
         logged.append(record)

@@ -352,10 +352,7 @@ def flow(
         }
         run = Run(out, "flow", settings, argv)
         done = run.done()
-        for bad in skipped:
-            key = f"<skipped line {bad.line}>"
-            if key not in done:
-                run.log({"id": key, "status": "skipped", **bad.to_dict()})
+        run.log_skipped(skipped, done)
     for baseline in baselines:
         todo = [s for s in samples if f"{baseline}|{s.id}" not in done]
         if not todo:

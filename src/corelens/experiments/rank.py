@@ -121,10 +121,7 @@ def rank(
     }
     run = Run(out, "rank", settings, argv)
     done = run.done()
-    for bad in skipped:
-        key = f"<skipped line {bad.line}>"
-        if key not in done:
-            run.log({"id": key, "status": "skipped", **bad.to_dict()})
+    run.log_skipped(skipped, done)
     todo = [s for s in samples if s.id not in done]
     for sample in tqdm(todo, desc="rank", unit="sample", disable=not progress):
         try:

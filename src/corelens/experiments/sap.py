@@ -449,10 +449,7 @@ def sap(
         }
         run = Run(out, "sap", settings, argv)
         done = run.done()
-        for bad in skipped:
-            key = f"<skipped line {bad.line}>"
-            if key not in done:
-                run.log({"id": key, "status": "skipped", **bad.to_dict()})
+        run.log_skipped(skipped, done)
     for sample in tqdm(
         [s for s in samples if s.id not in done], desc="sap", unit="sample", disable=not progress
     ):
