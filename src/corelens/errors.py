@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 class CorelensError(Exception):
     """Base class of every error corelens raises on purpose (the CLI prints these without a traceback)."""
@@ -33,3 +35,8 @@ class InputError(CorelensError):
 
 class UnsupportedModelError(CorelensError):
     """A checkpoint whose architecture corelens does not (yet) support."""
+
+
+def warn(message: str) -> None:
+    """Print a corelens warning on standard error (the default `warn` of long-running experiments)."""
+    print(f"corelens: warning: {message}", file=sys.stderr)

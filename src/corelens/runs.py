@@ -58,6 +58,16 @@ def machine() -> dict[str, object]:
     }
 
 
+def model_data_settings(m, data: str | Path) -> dict:
+    """Return the settings every run records about its model and sample file (path, hash)."""
+    return {
+        "model": str(m.path.resolve()),
+        "model_config_hash": m.config_hash(),
+        "data": str(Path(data).resolve()),
+        "data_sha256": file_hash(data),
+    }
+
+
 def write_json(path: Path, data: object) -> None:
     """Write JSON atomically (temp file + rename)."""
     tmp = path.with_suffix(path.suffix + ".tmp")

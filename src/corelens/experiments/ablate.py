@@ -9,7 +9,6 @@ same file (by sha256). `mean` statistics come from a reference file only — by 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +20,12 @@ from tqdm import tqdm
 from corelens.attention.interventions import Ablation, HeadMeans, MeanRecorder, ablate
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, InputError
+from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.metrics.headsets import SETS, HeadSet, head_sets, parse_k
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare
-from corelens.runs import Run, file_hash, write_json
+from corelens.runs import Run, file_hash, model_data_settings, write_json
 
 BASELINE = "none"
 COLUMNS = [
@@ -182,10 +182,6 @@ class Sweep:
     records: pd.DataFrame
 
 
-def _warn(message: str) -> None:
-    print(f"corelens: warning: {message}", file=sys.stderr)
-
-
 def sweep(
     m: Loaded,
     data: str | Path,
@@ -205,7 +201,7 @@ def sweep(
     out: str | Path | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
-    warn: Callable[[str], None] = _warn,
+    warn: Callable[[str], None] = default_warn,
 ) -> Sweep:
     """Ablate top / bottom / random / layer-matched head sets of `heads` at each k; evaluate on `data`."""
     ks = parse_k(ks)
@@ -240,10 +236,7 @@ def sweep(
     run = None
     if out is not None:
         settings = {
-            "model": str(m.path.resolve()),
-            "model_config_hash": m.config_hash(),
-            "data": str(Path(data).resolve()),
-            "data_sha256": file_hash(data),
+            **model_data_settings(m, data),
             "heads": str(Path(heads).resolve()),
             "heads_sha256": file_hash(heads),
             "identified_on": identified.get("data"),

@@ -29,7 +29,7 @@ from corelens.metrics.mixing import MIXIG_OF, TME_ROWS, tme
 from corelens.metrics.spectra import FP32_EPS, RANK_RULES, SPECTRUM_METHODS, Spectrum, rid_terms, spectrum
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare
-from corelens.runs import Run, file_hash
+from corelens.runs import Run, model_data_settings
 
 BASELINES = ("none", "noise-delta", "noise-qkv")
 REFERENCES = ("module", "layer")
@@ -341,10 +341,7 @@ def flow(
     records: list[dict] = []
     if out is not None:
         settings = {
-            "model": str(m.path.resolve()),
-            "model_config_hash": m.config_hash(),
-            "data": str(Path(data).resolve()),
-            "data_sha256": file_hash(data),
+            **model_data_settings(m, data),
             "baselines": list(baselines),
             "limit": limit,
             "skip_bad": skip_bad,

@@ -12,7 +12,6 @@ is logged before the next starts.
 from __future__ import annotations
 
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +24,13 @@ from corelens.attention.hybrid import HybridPolicy, hybrid
 from corelens.attention.kernels import ideal_speedup
 from corelens.data.sample import read_samples
 from corelens.errors import CorelensError, InputError
+from corelens.errors import warn as default_warn
 from corelens.experiments.ablate import rank_manifest, read_heads, same_file_warning
 from corelens.experiments.evaluate import interval, score
 from corelens.metrics.headsets import SEEDED, k_count, parse_k, select
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare
-from corelens.runs import Run, file_hash, write_json
+from corelens.runs import Run, file_hash, model_data_settings, write_json
 
 DENSE = "dense"
 SETS = ("top", "random", "bottom")
@@ -156,10 +156,6 @@ class HybridCurve:
     median_tokens: float
 
 
-def _warn(message: str) -> None:
-    print(f"corelens: warning: {message}", file=sys.stderr)
-
-
 def curve(
     m: Loaded,
     data: str | Path,
@@ -177,7 +173,7 @@ def curve(
     out: str | Path | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
-    warn: Callable[[str], None] = _warn,
+    warn: Callable[[str], None] = default_warn,
 ) -> HybridCurve:
     """Evaluate `data` under hybrid attention with top / random / bottom full sets of `heads` at each kept share."""
     keeps = parse_k(keeps)
@@ -208,10 +204,7 @@ def curve(
     run = None
     if out is not None:
         settings = {
-            "model": str(m.path.resolve()),
-            "model_config_hash": m.config_hash(),
-            "data": str(Path(data).resolve()),
-            "data_sha256": file_hash(data),
+            **model_data_settings(m, data),
             "heads": str(Path(heads).resolve()),
             "heads_sha256": file_hash(heads),
             "identified_on": identified.get("data"),

@@ -16,7 +16,7 @@ from corelens.errors import InputError
 from corelens.metrics.ram import head_table, sample_frame, top_heads
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare
-from corelens.runs import Run, file_hash
+from corelens.runs import Run, model_data_settings
 
 
 @dataclass
@@ -109,10 +109,7 @@ def rank(
         records = [_record(s, measure_sample(m, s, query, rule)) for s in tqdm(samples, disable=not progress)]
         return _ranking(records)
     settings = {
-        "model": str(m.path.resolve()),
-        "model_config_hash": m.config_hash(),
-        "data": str(Path(data).resolve()),
-        "data_sha256": file_hash(data),
+        **model_data_settings(m, data),
         "query": query,
         "rule": rule,
         "limit": limit,

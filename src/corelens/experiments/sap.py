@@ -38,7 +38,7 @@ from corelens.experiments.flow import sample_seed
 from corelens.layout import Layout, Segment
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare
-from corelens.runs import Run, file_hash
+from corelens.runs import Run, model_data_settings
 
 PRIORS = ("vis_attn", "complexity", "noise", "key")
 CONTROLS = ("own",)
@@ -433,10 +433,7 @@ def sap(
     run, done, records = None, set(), []
     if out is not None:
         settings = {
-            "model": str(m.path.resolve()),
-            "model_config_hash": m.config_hash(),
-            "data": str(Path(data).resolve()),
-            "data_sha256": file_hash(data),
+            **model_data_settings(m, data),
             "priors": list(priors),
             "layers": list(layers),
             "heads": heads,
