@@ -328,9 +328,14 @@ def run_hybrid_benchmark(
     seed: int = 0,
     with_flex: bool = True,
     with_prefill: bool = True,
+    prefill_keeps: list[float] | None = None,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """Run the kernel and prefill measurements; return the results (see the module docstring)."""
+    """Run the kernel and prefill measurements; return the results (see the module docstring).
+
+    `prefill_keeps` limits the (slow) whole-decoder prefill to some of the kept fractions (default: all).
+    """
+    prefill_keeps = list(prefill_keeps or keeps)
     import transformers
 
     threads = threads or cores()
@@ -376,7 +381,7 @@ def run_hybrid_benchmark(
             result.update(
                 prefill_times(
                     tokens,
-                    keeps,
+                    prefill_keeps,
                     layers=layers,
                     hidden=hidden,
                     heads=heads,
@@ -397,7 +402,7 @@ def run_hybrid_benchmark(
     else:
         result["flex_s"] = None
     if with_prefill:
-        result["prefill_hybrid_s"] = result["prefill_per_keep"][str(keeps[0])]["prefill_hybrid_s"]
+        result["prefill_hybrid_s"] = result["prefill_per_keep"][str(prefill_keeps[0])]["prefill_hybrid_s"]
     result["wall_s"] = time.perf_counter() - started
     if busy0 is not None:
         # Cores used by other processes during the run, on average: the load this run competed with.
@@ -456,6 +461,11 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def fractions(text: str) -> list[float]:
+    """Return the kept fractions of "0.05,10%,0.2" as floats."""
+    return [float(x.strip().rstrip("%")) / (100 if x.strip().endswith("%") else 1) for x in text.split(",")]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``corelens bench hybrid --tokens N --keep F[,F...] [--sink S --window W] --json FILE``."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -478,14 +488,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="default: every core")
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--no-prefill", action="store_true", help="skip the whole-decoder prefill")
+    parser.add_argument("--prefill-keep", help="kept fraction(s) for the prefill (default: those of --keep)")
     args = parser.parse_args(argv)
-    keeps = [
-        float(x.strip().rstrip("%")) / (100 if x.strip().endswith("%") else 1) for x in args.keep.split(",")
-    ]
+    keeps = fractions(args.keep)
     result = run_hybrid_benchmark(
         args.tokens, keeps, sink=args.sink, window=args.window, heads=args.heads, kv_heads=args.kv_heads,
         hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
         seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
+        prefill_keeps=fractions(args.prefill_keep) if args.prefill_keep else None,
     )  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
