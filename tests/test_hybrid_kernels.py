@@ -9,6 +9,7 @@ from corelens.attention import kernels
 from corelens.attention.kernels import blocked, flex, reference
 from corelens.attention.kernels.flexattn import _mask_mod, policy_block_mask
 from corelens.attention.kernels.semantics import pairs, row_starts, streaming_keep
+from corelens.attention.kernels.tiles import causal_balanced
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -50,6 +51,15 @@ def test_blocked_equals_reference(groups, n, sink, window):
     assert (out - ref).abs().max().item() <= 1e-5
     out_small = blocked(q, k, v, None, full, sink, window, scale, block=8)  # many tiles per row
     assert (out_small - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("n", [256, 301, 512])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_balanced_causal_equals_sdpa(n, heads):
+    """The thread-balanced split (diagonal halves + rectangle, merged by log-sum-exp) is causal sdpa."""
+    q, k, v, _ = _inputs(2, heads, 1, n, seed=n + heads)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    assert (causal_balanced(q, k, v, 0.3) - want).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("groups", [1, 3])

@@ -1,4 +1,4 @@
-"""The fast CPU path: sdpa (is_causal) for the full heads; block tiles through sdpa for the streaming heads.
+"""The fast CPU path: thread-balanced causal sdpa for the full heads; block tiles through sdpa for the streaming heads.
 
 For a streaming head, the first `S + W` positions of a row see every earlier key (the window still reaches
 the sinks), so they are one plain causal sdpa call. Past them, queries are cut into blocks of `B` positions:
@@ -35,6 +35,39 @@ def block_size(groups: int) -> int:
     return int(min(128, max(32, math.ceil(768 / max(groups, 1)))))
 
 
+BALANCED_MIN = 256  # prompt length from which plain causal heads take `causal_balanced` on the CPU
+
+
+def causal_balanced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Return causal sdpa of q over k, v (batch, heads, n, dim) with equal work per CPU thread.
+
+    The CPU flash kernel hands each thread a contiguous run of (batch, head, query block) units; under a
+    causal mask the late query blocks cost the most, so with an odd number of heads (one full head, three)
+    one thread gets most of the work (measured at 16k tokens on 2 cores: one head alone 1.0 s, against
+    0.66 s per head in a 16-head call; 0.73 s through this function). Split at h = ceil(n / 2): the two causal diagonal halves run as one batch of
+    two equal problems (the upper half padded by one zero row if n is odd: a key after every real query is
+    masked, an extra query row is dropped) and the upper queries' rectangle over the lower keys runs as a
+    plain (uniform) call; the two parts of the upper rows merge exactly through their log-sum-exps.
+    """
+    batch, heads, n, dim = q.shape
+    h = (n + 1) // 2
+    odd = 2 * h - n
+
+    def upper(x: torch.Tensor) -> torch.Tensor:
+        x = x[:, :, h:]
+        return F.pad(x, (0, 0, 0, odd)) if odd else x
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    qs, ks, vs = (torch.cat([x[:, :, :h], upper(x)]) for x in (q, k, v))
+    diag, diag_lse = flash(qs, ks, vs, 0.0, True, scale=scale)
+    low_k, low_v = k[:, :, :h].contiguous(), v[:, :, :h].contiguous()
+    rect, rect_lse = flash(q[:, :, h:].contiguous(), low_k, low_v, 0.0, False, scale=scale)
+    top, top_lse = diag[batch:, :, : n - h], diag_lse[batch:, :, : n - h]
+    lse = torch.logaddexp(top_lse, rect_lse)
+    merged = top * torch.exp(top_lse - lse)[..., None] + rect * torch.exp(rect_lse - lse)[..., None]
+    return torch.cat([diag[:batch], merged], dim=2)
+
+
 def full_heads(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -48,6 +81,9 @@ def full_heads(
     kv = torch.div(heads, groups, rounding_mode="floor")
     q = query.index_select(1, heads)
     k, v = key.index_select(1, kv), value.index_select(1, kv)
+    n = q.shape[2]
+    if mask is None and q.device.type == "cpu" and n >= BALANCED_MIN and q.dtype == torch.float32:
+        return causal_balanced(q, k, v, scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale)
 
 
