@@ -58,7 +58,9 @@ def test_training_batches_equal_the_processor_output(task, processor, tmp_path):
     answer_ids = processor.tokenizer([s.answer for s in samples], add_special_tokens=False)["input_ids"]
     rows = torch.arange(3)
     assert got["input_ids"][rows, got["answer_at"]].tolist() == [ids[0] for ids in answer_ids]
-    assert (got["labels"] != -100).sum().item() == 6  # answer + <|im_end|> per sample
+    assert got["answer_len"].tolist() == [len(ids) for ids in answer_ids]
+    labelled = sum(len(ids) + 1 for ids in answer_ids)  # answer tokens + <|im_end|> per sample
+    assert (got["labels"] != -100).sum().item() == labelled
 
 
 def test_training_runs_and_changes_the_weights(tmp_path):
