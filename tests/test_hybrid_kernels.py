@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from corelens.attention import kernels
-from corelens.attention.kernels import blocked, flex, reference
+from corelens.attention.kernels import blocked, flex, reference, tiles
 from corelens.attention.kernels.flexattn import _mask_mod, policy_block_mask
 from corelens.attention.kernels.semantics import pairs, row_starts, streaming_keep
 from corelens.attention.kernels.tiles import causal_balanced
@@ -60,6 +60,18 @@ def test_balanced_causal_equals_sdpa(n, heads):
     q, k, v, _ = _inputs(2, heads, 1, n, seed=n + heads)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
     assert (causal_balanced(q, k, v, 0.3) - want).abs().max().item() <= 1e-5
+
+
+def test_balance_pays_only_where_one_call_leaves_a_thread_idle(monkeypatch):
+    """One head on 2 threads: the late query blocks land on one thread, the split pays; 2 or 3 heads do not."""
+    assert tiles.balance_pays(1, 16384, 2) and not tiles.balance_pays(1, 16384, 1)
+    assert not tiles.balance_pays(2, 16384, 2) and not tiles.balance_pays(3, 16384, 2)
+    # Forced on, the full heads of the blocked kernel still equal the dense reference.
+    monkeypatch.setattr(tiles, "balance_pays", lambda *args: True)
+    q, k, v, _ = _inputs(1, 4, 2, 301, seed=5)
+    full = torch.tensor([True, False, False, True])
+    ref = reference(q, k, v, None, full, 8, 32, 0.25)
+    assert (blocked(q, k, v, None, full, 8, 32, 0.25) - ref).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("groups", [1, 3])
