@@ -1,4 +1,5 @@
-"""The demo: held-out samples of three tasks, `rank` on each, their stability, and one HTML report.
+"""The demo: held-out samples of three tasks, `rank` on each, their stability, causal ablation and hybrid
+attention on the document task, and one HTML report.
 
 The default model is the bundled model organism (`corelens.organism.organism_path()`): a small
 Qwen2.5-VL trained from scratch on these tasks (see its CARD.md), so its head ranking reflects heads that
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corelens.experiments.ablate import sweep
+from corelens.experiments.hybrid import curve
 from corelens.experiments.rank import rank
 from corelens.experiments.stability import stability
-from corelens.models.loaded import load
+from corelens.models.loaded import Loaded, load
 from corelens.models.tiny import build_tiny_checkpoint
 from corelens.organism import CHECKPOINT
 from corelens.organism.tasks import TASKS, WORDS, generate
@@ -21,6 +24,8 @@ from corelens.report.html import write_report
 ORGANISM_LABEL = "corelens model organism (Qwen2.5-VL, 4 layers x 8 heads, trained from scratch; see CARD.md)"
 RANDOM_LABEL = "tiny randomly initialised Qwen2.5-VL (organism checkpoint missing: rankings are meaningless)"
 DEMO_SEED = 1  # held out: the organism was trained on seed 0
+EVAL_SEED = 3  # the ablation / hybrid samples: other than those the heads were ranked on
+HEAD_COUNTS = ("1", "3", "5")  # heads ablated / kept full in the demo's document sweeps
 
 
 def default_model(folder: Path) -> tuple[Path, str]:
@@ -32,6 +37,28 @@ def default_model(folder: Path) -> tuple[Path, str]:
             "qwen2_5_vl", folder, words=WORDS, layers=4, heads=8, kv_heads=2, hidden=128, head_dim=16
         )
     return folder, RANDOM_LABEL
+
+
+def document_sweeps(m: Loaded, out: Path, ranked: Path, n: int) -> dict[str, Path]:
+    """Ablate and keep full the top / bottom / random document heads (counts HEAD_COUNTS) on other samples."""
+    data = generate("document", out / "data" / "document-eval", n, seed=EVAL_SEED)
+    heads = ranked / "heads.csv"
+    runs = {"ablate": out / "ablate-document", "hybrid": out / "hybrid-document"}
+    sets = ("top", "bottom", "random")
+    ablation = sweep(m, data, heads, ks=HEAD_COUNTS, sets=sets, seeds=2, out=runs["ablate"]).table
+    hybrid = curve(
+        m, data, heads, keeps=HEAD_COUNTS, sets=sets, seeds=2, sink=4, window=16, out=runs["hybrid"]
+    )
+    for name, table, column in (("ablate", ablation, "k"), ("hybrid", hybrid.table, "keep")):
+        means = table.groupby(["set", column], sort=False)["accuracy"].mean()
+        cells = ", ".join(
+            f"{kind}: {acc:.0%}" if kind in ("none", "dense") else f"{kind} {k}: {acc:.0%}"
+            for (kind, k), acc in means.items()
+        )
+        print(
+            f"[document {name}] accuracy by head set ({'zeroed' if name == 'ablate' else 'kept full, S=4 W=16'}): {cells}"
+        )
+    return runs
 
 
 def run_demo(
@@ -56,6 +83,7 @@ def run_demo(
         )
         print(f"[{task}] top {top} heads by mean RAM (mass, lift over the area prior): {heads}")
         runs[task] = run_dir
+    runs.update(document_sweeps(m, out, runs["document"], n))
     runs["stability"] = out / "stability"
     result = stability([runs[t] for t in TASKS], runs["stability"], k="10%", n_boot=500)
     for row in result.spearman.itertuples():
