@@ -11,6 +11,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 import corelens
 from corelens.cli import main
 from corelens.data import read_samples
+from corelens.errors import CorelensError
 from corelens.experiments.evaluate import evaluate
 from corelens.models.prepare import messages
 from corelens.organism import CHECKPOINT, organism_path
@@ -19,7 +20,7 @@ from corelens.organism.model import OrganismConfig, build_model, build_processor
 from corelens.organism.tasks import TASKS, generate, render
 from corelens.organism.train import TrainConfig, train
 
-# The trained checkpoint is not shipped yet (issue 3 is open): these tests run as soon as it is.
+# The trained checkpoint ships in the package; from a source tree without it these tests are skipped.
 needs_checkpoint = pytest.mark.skipif(
     not (CHECKPOINT / "config.json").is_file(), reason="organism checkpoint not shipped yet (issue 3)"
 )
@@ -126,3 +127,18 @@ def test_organism_eval_writes_the_tasks_table(tmp_path):
     for row in result["tasks"].values():
         assert {"accuracy", "blank_accuracy", "chance", "n", "text_only_accuracy"} <= set(row)
         assert row["n"] == 2 and 0 < row["chance"] <= 0.2
+
+
+def test_resized_organism_builds_and_runs(processor):
+    """`organism train --hidden/--heads` sizes: head_dim follows hidden / heads; bad sizes are refused."""
+    cfg = OrganismConfig.sized(layers=1, heads=4, hidden=64)
+    assert (cfg.head_dim, cfg.intermediate) == (16, 192)
+    model = build_model(cfg, processor)
+    batch = encode(processor, [render("image", 0, seed=9)])
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", "answer_at", "answer_len")}
+    with torch.no_grad():
+        assert model(**inputs).logits.shape[:2] == batch["input_ids"].shape
+    with pytest.raises(CorelensError, match="multiple"):
+        OrganismConfig.sized(layers=1, heads=3, hidden=64)
+    with pytest.raises(ValueError, match="head_dim"):
+        OrganismConfig(hidden=64, heads=4, head_dim=8)

@@ -21,7 +21,7 @@ def run_train(args: argparse.Namespace) -> None:
         seed=args.seed,
         threads=args.threads,
         time_limit=args.time_limit,
-        model=OrganismConfig(layers=args.layers, heads=args.heads, hidden=args.hidden),
+        model=OrganismConfig.sized(layers=args.layers, heads=args.heads, hidden=args.hidden),
     )
     train(args.out, cfg, argv=["corelens", *sys.argv[1:]] if args.record_argv else None)
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import AutoModelForImageTextToText
 
+from corelens.errors import CorelensError
 from corelens.models.tiny import build_tokenizer, tiny_config, tiny_processor
 from corelens.organism.tasks import WORDS
 
@@ -36,6 +37,23 @@ class OrganismConfig:
     vision_intermediate: int = 128
     window_size: int = 112
     init_std: float = 0.08  # std of the normal initialisation of every weight matrix
+
+    def __post_init__(self) -> None:
+        # Qwen2.5-VL's text attention derives its head size from hidden / heads; rope sections from head_dim.
+        if self.heads * self.head_dim != self.hidden or self.heads % self.kv_heads:
+            raise ValueError(
+                f"organism sizes: need heads x head_dim = hidden and kv_heads dividing heads, got heads "
+                f"{self.heads}, head_dim {self.head_dim}, hidden {self.hidden}, kv_heads {self.kv_heads}"
+            )
+
+    @classmethod
+    def sized(cls, *, layers: int, heads: int, hidden: int) -> OrganismConfig:
+        """Return the default organism resized: head_dim = hidden / heads, MLP = 3 x hidden."""
+        if hidden % heads:
+            raise CorelensError(f"--hidden {hidden} is not a multiple of --heads {heads}")
+        return cls(
+            layers=layers, heads=heads, hidden=hidden, head_dim=hidden // heads, intermediate=3 * hidden
+        )
 
     def to_dict(self) -> dict:
         """Return the sizes as a plain dict."""
