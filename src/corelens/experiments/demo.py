@@ -55,9 +55,8 @@ def document_sweeps(m: Loaded, out: Path, ranked: Path, n: int) -> dict[str, Pat
             f"{kind}: {acc:.0%}" if kind in ("none", "dense") else f"{kind} {k}: {acc:.0%}"
             for (kind, k), acc in means.items()
         )
-        print(
-            f"[document {name}] accuracy by head set ({'zeroed' if name == 'ablate' else 'kept full, S=4 W=16'}): {cells}"
-        )
+        how = "zeroed" if name == "ablate" else "kept full, S=4 W=16"
+        print(f"[document {name}] accuracy by head set ({how}): {cells}")
     return runs
 
 
