@@ -25,6 +25,8 @@ def test_result_has_the_issue_keys_and_consistent_ratios(result: dict) -> None:
     for key in ("sdpa_s", "hybrid_s", "flex_s", "ideal_speedup", "prefill_sdpa_s", "prefill_hybrid_s"):
         assert key in result
     assert result["flex_s"] is None and "flex_error" not in result  # not asked for: no number, no error
+    assert result["device"] == "cpu" and result["dtype"] == "float32"
+    assert result["hybrid_kernel"] == {"0.25": "blocked", "0.5": "blocked"}  # `auto` on the CPU
     assert set(result["per_keep"]) == {"0.25", "0.5"} and set(result["prefill_per_keep"]) == {"0.5"}
     for row in result["per_keep"].values():
         assert row["hybrid_s"] > 0
@@ -70,6 +72,7 @@ def test_main_parses_fractions_and_prefill_subset(monkeypatch, tmp_path, result:
     monkeypatch.setattr(bench, "run_hybrid_benchmark", fake)
     path = tmp_path / "h.json"
     argv = ["--tokens", "300", "--keep", "5%,0.2", "--prefill-keep", "20%", "--no-flex", "--json", str(path)]
-    assert bench.main(argv) == 0
+    assert bench.main([*argv, "--device", "cuda:1", "--dtype", "bfloat16"]) == 0
     assert seen["keeps"] == [0.05, 0.2] and seen["prefill_keeps"] == [0.2] and seen["with_flex"] is False
+    assert seen["device"] == "cuda:1" and seen["dtype"] == "bfloat16"
     assert json.loads(path.read_text())["tokens"] == 300

@@ -1,10 +1,12 @@
 """Hybrid-attention benchmark: kernel and whole-decoder prefill times against stock sdpa and FlexAttention.
 
-One run, one process, one set of random inputs (fp32, batch 1, `torch.no_grad()`, all cores):
+One run, one process, one set of random inputs (batch 1, `torch.no_grad()`, all cores; fp32 on the CPU by
+default, `--device cuda --dtype bfloat16` for a GPU table, every time taken after a device synchronisation):
 
 - **kernels** on post-RoPE-shaped random q (1, H, N, d) and un-repeated k, v (1, H_kv, N, d), realistic width
   (default 16 query heads over 2 KV heads, head_dim 128): ``sdpa`` = transformers' stock sdpa attention call;
-  ``hybrid`` = corelens' blocked CPU kernel; ``flex`` = FlexAttention compiled with ``torch.compile`` on the
+  ``hybrid`` = corelens' `auto` kernel (the blocked path on the CPU, FlexAttention on CUDA; ``hybrid_kernel``
+  records which ran); ``flex`` = FlexAttention compiled with ``torch.compile`` on the
   same per-head block mask. For each kept fraction F, round(F H) heads (a seeded random choice) are full.
   The hybrid and flex outputs are compared (``max_abs_diff_flex``);
 - **prefill**: a random-weight Qwen2.5-VL text decoder (default 2 layers, hidden 2048, intermediate 5632),
@@ -35,7 +37,9 @@ from typing import Any
 
 import torch
 
-from corelens.attention.kernels import blocked, flex, ideal_speedup, pairs
+from corelens.attention.kernels import flex, ideal_speedup, pairs, prefill
+
+CPU = torch.device("cpu")
 
 
 def cores() -> int:
@@ -120,9 +124,17 @@ def choose_full(total: int, keep: float, seed: int) -> list[int]:
     return sorted(order[:count].tolist())
 
 
-def _timed(fn) -> tuple[float, Any]:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device = CPU) -> tuple[float, Any]:
+    """Return (seconds, result) of `fn()`, waiting for the device's queued work on both sides."""
+    _sync(device)
     start = time.perf_counter()
     out = fn()
+    _sync(device)
     return time.perf_counter() - start, out
 
 
@@ -138,14 +150,17 @@ def kernel_times(
     repeats: int,
     seed: int,
     with_flex: bool,
+    device: torch.device = CPU,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
-    """Time stock sdpa, the hybrid kernel and compiled FlexAttention on one layer's attention."""
+    """Time stock sdpa, corelens' hybrid kernel (`auto`) and compiled FlexAttention on one layer's attention."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, heads, tokens, head_dim, generator=g)
-    k = torch.randn(1, kv_heads, tokens, head_dim, generator=g)
-    v = torch.randn(1, kv_heads, tokens, head_dim, generator=g)
+    q, k, v = (
+        torch.randn(1, h, tokens, head_dim, generator=g).to(device, dtype)
+        for h in (heads, kv_heads, kv_heads)
+    )
     scale = head_dim**-0.5
     stub = _stub(heads // kv_heads)
     fulls = {}
@@ -157,14 +172,18 @@ def kernel_times(
     def sdpa():
         return sdpa_attention_forward(stub, q, k, v, None, scaling=scale)[0]
 
+    ran: dict[str, str] = {}
+
     def hybrid(keep):
-        return blocked(q, k, v, None, fulls[keep], sink, window, scale)
+        y, ran[str(keep)], _ = prefill("auto", q, k, v, None, fulls[keep], sink, window, scale)
+        return y
 
     def flexed(keep):
         return flex(q, k, v, None, fulls[keep], sink, window, scale, compiled=True)
 
     out: dict[str, Any] = {
-        "kernel_full_heads": {str(keep): fulls[keep].nonzero().flatten().tolist() for keep in keeps}
+        "kernel_full_heads": {str(keep): fulls[keep].nonzero().flatten().tolist() for keep in keeps},
+        "hybrid_kernel": ran,
     }
     # Warm-ups (the first flex call per mask compiles).
     sdpa()
@@ -176,9 +195,9 @@ def kernel_times(
     if with_flex:
         try:
             for keep in keeps:
-                seconds, y = _timed(lambda keep=keep: flexed(keep))
+                seconds, y = _timed(lambda keep=keep: flexed(keep), device)
                 compile_s[str(keep)] = seconds
-                diffs[str(keep)] = float((y - hybrid(keep)).abs().max())
+                diffs[str(keep)] = float((y.float() - hybrid(keep).float()).abs().max())
                 del y
         except Exception as err:  # recorded, never faked: the JSON says why there is no flex number
             flex_ok = False
@@ -191,11 +210,11 @@ def kernel_times(
         if flex_ok:
             times[f"flex:{keep}"] = []
     for _ in range(repeats):
-        times["sdpa"].append(_timed(sdpa)[0])
+        times["sdpa"].append(_timed(sdpa, device)[0])
         for keep in keeps:
-            times[f"hybrid:{keep}"].append(_timed(lambda keep=keep: hybrid(keep))[0])
+            times[f"hybrid:{keep}"].append(_timed(lambda keep=keep: hybrid(keep), device)[0])
             if flex_ok:
-                times[f"flex:{keep}"].append(_timed(lambda keep=keep: flexed(keep))[0])
+                times[f"flex:{keep}"].append(_timed(lambda keep=keep: flexed(keep), device)[0])
     out["sdpa_s"] = statistics.median(times["sdpa"])
     out["times_s"] = times
     out["flex_compile_s"] = compile_s
@@ -244,6 +263,8 @@ def prefill_times(
     window: int,
     repeats: int,
     seed: int,
+    device: torch.device = CPU,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """Time the whole-decoder prefill: stock sdpa against corelens hybrid attention, same weights and input."""
     from corelens.attention.hybrid import HybridPolicy, hybrid
@@ -251,8 +272,9 @@ def prefill_times(
     model = build_decoder(
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, intermediate=intermediate, seed=seed
     )
-    ids = random_ids(tokens, seed=seed)
-    warm = random_ids(min(tokens, 256), seed=seed)
+    model = model.to(device, dtype)
+    ids = random_ids(tokens, seed=seed).to(device)
+    warm = random_ids(min(tokens, 256), seed=seed).to(device)
     policies = {}
     for keep in keeps:
         chosen = choose_full(layers * heads, keep, seed)
@@ -274,10 +296,10 @@ def prefill_times(
     times: dict[str, list[float]] = {"sdpa": [], **{f"hybrid:{keep}": [] for keep in keeps}}
     stats = {}
     for _ in range(repeats):
-        seconds, _ = _timed(lambda: stock(ids))
+        seconds, _ = _timed(lambda: stock(ids), device)
         times["sdpa"].append(seconds)
         for keep in keeps:
-            seconds, (_, stats[str(keep)]) = _timed(lambda keep=keep: hybrid_forward(ids, keep))
+            seconds, (_, stats[str(keep)]) = _timed(lambda keep=keep: hybrid_forward(ids, keep), device)
             times[f"hybrid:{keep}"].append(seconds)
     dims = {
         "layers": layers,
@@ -302,7 +324,7 @@ def prefill_times(
         }
         # KV-cache bytes after this prefill: streaming KV heads keep S + W slots (plus an int64 slot table).
         stream_kv = int(policies[keep].streaming_kv(layers, heads, kv_heads).sum())
-        per_position = 2 * head_dim * 4  # K and V, fp32
+        per_position = 2 * head_dim * torch.finfo(dtype).bits // 8  # K and V
         dense_bytes = layers * kv_heads * tokens * per_position
         kept = min(tokens, sink + window)
         saved = stream_kv * ((tokens - kept) * per_position - kept * 8) if tokens > sink + window else 0
@@ -330,6 +352,8 @@ def run_hybrid_benchmark(
     with_prefill: bool = True,
     prefill_keeps: list[float] | None = None,
     threads: int | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Run the kernel and prefill measurements; return the results (see the module docstring).
 
@@ -341,6 +365,7 @@ def run_hybrid_benchmark(
     threads = threads or cores()
     torch.set_num_threads(threads)
     head_dim = hidden // heads
+    dev, dt = torch.device(device), getattr(torch, dtype)
     result: dict[str, Any] = {
         "tokens": tokens,
         "keeps": keeps,
@@ -355,7 +380,8 @@ def run_hybrid_benchmark(
         "repeats": repeats,
         "seed": seed,
         "threads": threads,
-        "dtype": "float32",
+        "dtype": dtype,
+        "device": device if dev.type != "cuda" else f"{device} ({torch.cuda.get_device_name(dev)})",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": machine(),
@@ -375,6 +401,8 @@ def run_hybrid_benchmark(
                 repeats=repeats,
                 seed=seed,
                 with_flex=with_flex,
+                device=dev,
+                dtype=dt,
             )  # fmt: skip
         )
         if with_prefill:
@@ -391,6 +419,8 @@ def run_hybrid_benchmark(
                     window=window,
                     repeats=repeats,
                     seed=seed,
+                    device=dev,
+                    dtype=dt,
                 )  # fmt: skip
             )
     # Top-level keys for the first kept fraction (the issue's single-F form).
@@ -488,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="default: every core")
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--no-prefill", action="store_true", help="skip the whole-decoder prefill")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--prefill-keep", help="kept fraction(s) for the prefill (default: those of --keep)")
     args = parser.parse_args(argv)
     keeps = fractions(args.keep)
@@ -495,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tokens, keeps, sink=args.sink, window=args.window, heads=args.heads, kv_heads=args.kv_heads,
         hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
         seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
-        prefill_keeps=fractions(args.prefill_keep) if args.prefill_keep else None,
+        prefill_keeps=fractions(args.prefill_keep) if args.prefill_keep else None, device=args.device,
+        dtype=args.dtype,
     )  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
