@@ -51,7 +51,8 @@ def balance_pays(units: int, n: int, threads: int) -> bool:
     The flash kernel hands each thread a contiguous run of (unit, query block) items; a causal block's work
     is the keys it sees. Predicts the busiest thread's work both ways; the split must win by 30 %: its copies,
     merge and second call cost 18-24 % (measured on 2 cores at 4k and 16k tokens: one head 0.84 -> 0.66 s,
-    predicted 1.5x; three heads 2.12 -> 2.25 s, predicted 1.17x, so three heads stay one call).
+    predicted 1.5x; three heads 2.12 -> 2.25 s in one run, 2.43 -> 2.01 s in another, predicted 1.17x,
+    so three heads stay one call; benchmarks/hybrid_anatomy.py).
     """
     if threads < 2:
         return False
@@ -68,8 +69,8 @@ def causal_balanced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
 
     The CPU flash kernel hands each thread a contiguous run of (batch, head, query block) units; under a
     causal mask the late query blocks cost the most, so with an odd number of heads (one full head, three)
-    one thread gets most of the work (measured at 16k tokens on 2 cores: one head alone 0.84-1.0 s, against
-    0.66 s per head in a 16-head call, and 0.66-0.73 s through this function). Split at h = ceil(n / 2): the
+    one thread gets most of the work (measured at 16k tokens on 2 cores: one head alone 0.84-1.2 s, against
+    0.66 s per head in a 16-head call, and 0.66-0.78 s through this function). Split at h = ceil(n / 2): the
     two causal diagonal halves run as one batch of two equal problems (the upper half padded by one zero row
     if n is odd: a key after every real query is masked, an extra query row is dropped) and the upper
     queries' rectangle over the lower keys runs as a plain (uniform) call; the two parts of the upper rows
