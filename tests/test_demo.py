@@ -18,10 +18,13 @@ def test_demo_ranks_three_tasks_and_writes_the_report(tmp_path, capsys):
         assert f"[{task}] top 5 heads" in printed
         assert (out / f"rank-{task}" / "heads.csv").is_file()
     assert (out / "stability" / "spearman.csv").is_file()
-    # Causal ablation and hybrid attention of the document heads, on samples other than those ranked.
-    assert "[document ablate] accuracy by head set" in printed and "[document hybrid]" in printed
-    assert (out / "ablate-document" / "ablation.csv").is_file()
+    # Causal ablation of every task's heads and hybrid attention of the document heads, on other samples.
+    for task in ("image", "video", "document"):
+        assert f"[{task} ablate] accuracy by head set" in printed
+        assert (out / f"ablate-{task}" / "ablation.csv").is_file()
+        assert (out / f"ablate-{task}" / "figures" / "dose_response.png").is_file()
+        assert (out / f"rank-{task}" / "manifest.json").read_text().count('"answer"') >= 1  # answer rows
+    assert "[document hybrid]" in printed and "[image hybrid]" not in printed
     assert (out / "hybrid-document" / "hybrid.csv").is_file()
-    assert (out / "ablate-document" / "figures" / "dose_response.png").is_file()
     assert f"report: {out / 'report.html'}" in printed
     assert (out / "report.html").stat().st_size > 20000

@@ -1,5 +1,5 @@
-"""The demo: held-out samples of three tasks, `rank` on each, their stability, causal ablation and hybrid
-attention on the document task, and one HTML report.
+"""The demo: held-out samples of three tasks, `rank` on each, their stability, causal ablation on each task,
+hybrid attention on the document task, and one HTML report.
 
 The default model is the bundled model organism (`corelens.organism.organism_path()`): a small
 Qwen2.5-VL trained from scratch on these tasks (see its CARD.md), so its head ranking reflects heads that
@@ -25,7 +25,10 @@ ORGANISM_LABEL = "corelens model organism (Qwen2.5-VL, 4 layers x 8 heads, train
 RANDOM_LABEL = "tiny randomly initialised Qwen2.5-VL (organism checkpoint missing: rankings are meaningless)"
 DEMO_SEED = 1  # held out: the organism was trained on seed 0
 EVAL_SEED = 3  # the ablation / hybrid samples: other than those the heads were ranked on
-HEAD_COUNTS = ("1", "3", "5")  # heads ablated / kept full in the demo's document sweeps
+HEAD_COUNTS = ("1", "3", "5")  # heads ablated / kept full in the demo's sweeps
+# RAM query rows: the answer tokens. The organism retrieves the asked word at the restated key, its first
+# answer token ("red" in "red circle"); ranking the question rows finds weaker, less causal heads there.
+DEMO_QUERY = "answer"
 
 
 def default_model(folder: Path) -> tuple[Path, str]:
@@ -39,24 +42,37 @@ def default_model(folder: Path) -> tuple[Path, str]:
     return folder, RANDOM_LABEL
 
 
-def document_sweeps(m: Loaded, out: Path, ranked: Path, n: int) -> dict[str, Path]:
-    """Ablate and keep full the top / bottom / random document heads (counts HEAD_COUNTS) on other samples."""
-    data = generate("document", out / "data" / "document-eval", n, seed=EVAL_SEED)
-    heads = ranked / "heads.csv"
-    runs = {"ablate": out / "ablate-document", "hybrid": out / "hybrid-document"}
-    sets = ("top", "bottom", "random")
-    ablation = sweep(m, data, heads, ks=HEAD_COUNTS, sets=sets, seeds=2, out=runs["ablate"]).table
-    hybrid = curve(
-        m, data, heads, keeps=HEAD_COUNTS, sets=sets, seeds=2, sink=4, window=16, out=runs["hybrid"]
+def _print_means(task: str, name: str, table, column: str, how: str) -> None:
+    means = table.groupby(["set", column], sort=False)["accuracy"].mean()
+    cells = ", ".join(
+        f"{kind}: {acc:.0%}" if kind in ("none", "dense") else f"{kind} {k}: {acc:.0%}"
+        for (kind, k), acc in means.items()
     )
-    for name, table, column in (("ablate", ablation, "k"), ("hybrid", hybrid.table, "keep")):
-        means = table.groupby(["set", column], sort=False)["accuracy"].mean()
-        cells = ", ".join(
-            f"{kind}: {acc:.0%}" if kind in ("none", "dense") else f"{kind} {k}: {acc:.0%}"
-            for (kind, k), acc in means.items()
+    print(f"[{task} {name}] accuracy by head set ({how}): {cells}")
+
+
+def sweeps(m: Loaded, out: Path, task: str, ranked: Path, n: int, hybrid: bool) -> dict[str, Path]:
+    """Ablate (and, with `hybrid`, keep full) the top / bottom / random heads of `task` on other samples."""
+    data = generate(task, out / "data" / f"{task}-eval", n, seed=EVAL_SEED)
+    heads = ranked / "heads.csv"
+    sets = ("top", "bottom", "random")
+    runs = {f"ablate-{task}": out / f"ablate-{task}"}
+    table = sweep(m, data, heads, ks=HEAD_COUNTS, sets=sets, seeds=2, out=runs[f"ablate-{task}"]).table
+    _print_means(task, "ablate", table, "k", "zeroed")
+    if hybrid:
+        runs[f"hybrid-{task}"] = out / f"hybrid-{task}"
+        result = curve(
+            m,
+            data,
+            heads,
+            keeps=HEAD_COUNTS,
+            sets=sets,
+            seeds=2,
+            sink=4,
+            window=16,
+            out=runs[f"hybrid-{task}"],
         )
-        how = "zeroed" if name == "ablate" else "kept full, S=4 W=16"
-        print(f"[document {name}] accuracy by head set ({how}): {cells}")
+        _print_means(task, "hybrid", result.table, "keep", "kept full, S=4 W=16")
     return runs
 
 
@@ -75,14 +91,17 @@ def run_demo(
     for task in TASKS:
         data = generate(task, out / "data" / task, n, seed=DEMO_SEED)
         run_dir = out / f"rank-{task}"
-        ranking = rank(m, data, out=run_dir, progress=True, overlays=1)
+        ranking = rank(m, data, query=DEMO_QUERY, out=run_dir, progress=True, overlays=1)
         best = ranking.heads.head(top)
         heads = ", ".join(
             f"L{int(r.layer)}H{int(r.head)} ({r.mass:.2f}, lift {r.lift:.1f})" for r in best.itertuples()
         )
-        print(f"[{task}] top {top} heads by mean RAM (mass, lift over the area prior): {heads}")
+        print(
+            f"[{task}] top {top} heads by mean RAM of the answer rows (mass, lift over the area prior): {heads}"
+        )
         runs[task] = run_dir
-    runs.update(document_sweeps(m, out, runs["document"], n))
+    for task in TASKS:
+        runs.update(sweeps(m, out, task, runs[task], n, hybrid=task == "document"))
     runs["stability"] = out / "stability"
     result = stability([runs[t] for t in TASKS], runs["stability"], k="10%", n_boot=500)
     for row in result.spearman.itertuples():

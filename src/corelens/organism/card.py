@@ -43,6 +43,23 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+def _phases(training: dict) -> str:
+    """Return when each task joined training, from the last history entry (older runs: all at step 0)."""
+    cfg = training["config"]
+    joined = (training["history"][-1].get("joined") if training.get("history") else None) or dict.fromkeys(
+        cfg["tasks"], 0
+    )
+    rule = ""
+    if cfg.get("join_by"):
+        rule = (
+            f" (a task joins once the previous one reaches curriculum level {cfg['join_level']}, or at "
+            + ", ".join(f"{int(100 * f)} %" for f in cfg["join_by"][1:])
+            + " of the planned steps at the latest)"
+        )
+    order = sorted(joined.items(), key=lambda kv: kv[1])
+    return ", ".join(f"{t} from step {s}" for t, s in order) + rule
+
+
 def card_text(training: dict, evaluation: dict, reference: dict, ram: dict | None = None) -> str:
     """Return the markdown of the data card."""
     cfg = training["config"]
@@ -58,6 +75,7 @@ def card_text(training: dict, evaluation: dict, reference: dict, ram: dict | Non
     if ram:
         ram_rows = "\n## What RAM finds in it\n\n" + ram["text"] + "\n"
     minutes = training["wall_seconds"] / 60
+    phases = _phases(training)
     return f"""# corelens model organism
 
 A tiny vision-language model of a real transformers architecture (`Qwen2_5_VLForConditionalGeneration`),
@@ -77,7 +95,9 @@ retrieves visual evidence when no pretrained weights can be downloaded. It is th
   video frames share a token (temporal patch 2).
 - Tokenizer: word level, built with `tokenizers` (Qwen-VL special tokens, digits, punctuation, the task
   words); the chat template is Qwen-VL's. Processor: Qwen2.5-VL's, min {4 * 28 * 28} / max {224 * 224} pixels per image.
-- Answers: one word (a colour among 6 or a shape among 5) followed by `<|im_end|>`; greedy decoding.
+- Answers: the question's key word restated, then the asked value ("red circle": colour named, shape
+  asked; "up red": motion named, colour asked), or one word (document: a colour among 6 or a shape
+  among 5), followed by `<|im_end|>`; greedy decoding, exact match of the whole answer.
 
 ## Training data
 
@@ -96,28 +116,31 @@ seeds (1 for `corelens organism eval` and `corelens demo`, 2 for the reference s
   figure block in the document has a thick black frame; the question asks the colour or shape of its
   figure; the targets are the page and the block.
 
-Answers are uniform over their closed set and independent of the question text; in every scene no other
-object shares the answer's value (image, video), so the answer needs the visual evidence.
+The asked value is uniform over its closed set and independent of the question text (which gives away
+only the restated key word); in every scene no other object shares the answer's value (image, video), so
+the answer needs the visual evidence.
 
 ## Training
 
 - Command: `{training["command"]}`
-- {training["steps_done"]} steps of {cfg["batch"]} scenes (one task per step, interleaved with weights {cfg.get("task_weights") or "equal"}), up to {cfg["turns"]} questions per
+- {training["steps_done"]} steps of {cfg["batch"]} scenes (one task per step), up to {cfg["turns"]} questions per
   scene as chat turns (the sample's own question first, as in evaluation; extra turns ask other
-  unambiguous questions about the same scene), loss on the answer word and its `<|im_end|>` only.
+  unambiguous questions about the same scene), loss on the answer tokens and their `<|im_end|>` only.
+- Phases: {phases}; the tasks in play are interleaved with weights {cfg.get("task_weights") or "equal"}.
 - AdamW (betas 0.9 / 0.98, weight decay {cfg["weight_decay"]}), learning rate {cfg["lr"]} with {cfg["warmup"]} warm-up steps
   and cosine decay to {cfg["min_lr"]}, gradient clipping {cfg["grad_clip"]}, initialisation seed {cfg["seed"]}, normal
   initialisation with std {sizes.get("init_std", 0.02)} (the transformers default of 0.02 is tuned for wide models; at
   hidden {sizes["hidden"]} it slows down the learning of attention).
 - Curriculum: each task starts with its easiest scenes (1-2 objects or pages, plus the confusers a
   two-word description needs) and moves {cfg.get("curriculum_step", 0)} of the way to its full range whenever its running
-  accuracy passes {cfg.get("curriculum_bar", 0)}; a floor reaches the full range at {int(100 * cfg.get("curriculum_until", 0))} % of the steps, so
-  the last {100 - int(100 * cfg.get("curriculum_until", 0))} % train on the task distribution itself. Per-step
-  levels are in `training.json`.
+  accuracy passes {cfg.get("curriculum_bar", 0)}; a floor rises from the step a task joins to the full range at
+  {int(100 * cfg.get("curriculum_until", 0))} % of the planned steps. Per-step levels are in `training.json`.
 - Auxiliary loss (training only, heads discarded): linear read-outs of each merged visual token predict
   the colour / shape / size / motion of the object under it and whether it belongs to the marked block,
-  weight {cfg["aux_weight"]} fading linearly to 0 at {int(100 * cfg["aux_until"])} % of the steps. It speeds up the vision tower;
-  the decoder (whose attention RAM measures) learns from the answer loss alone.
+  weight {cfg["aux_weight"]} fading linearly to 0 at {int(100 * cfg["aux_until"])} % of the steps; a task whose answers have not joined yet
+  already trains it (vision tower only, {cfg.get("aux_only_weight", 0)} of its weight), so that motion features exist when the
+  video questions arrive. It speeds up the vision tower; the decoder (whose attention RAM measures)
+  learns from the answer loss alone.
 - Time: {training["wall_seconds"]:.0f} s wall ({minutes:.1f} min), {training["cpu_seconds"]:.0f} s CPU, {training["threads"]} threads on
   `{training["machine"]["platform"]}`; torch {training["versions"]["torch"]}, transformers {training["versions"]["transformers"]}.
   Full log: `training.json`.
@@ -139,16 +162,16 @@ generated by `corelens.organism.tasks.generate`: {ref}.
 {ram_rows}
 ## Limits
 
-- This checkpoint learned the document task (find the marked block, read its figure) but not yet the
-  image and video tasks (table above): its decoder did not learn to select one object among several by
-  a named attribute within the 60-minute CPU budget. Diagnosis (image task alone, 475 steps): with one
-  object it reads the shape 91 % of the time, with two objects 33 %: the two-hop lookup (question word
-  -> end of prompt -> matching visual token) is the bottleneck. A recipe that restates the key in the
-  answer ("red circle", so the shape is looked up from a token that carries the key) reached 62 %
-  running accuracy on 1-2-object scenes after 675 single-thread steps, still rising; it is the next
-  candidate (`benchmarks/organism/restated-answer.patch` in the source tree; not used by this checkpoint).
-- A toy: a few hundred thousand parameters, a 100-word vocabulary, three synthetic task families. It
-  answers only the question forms above with one word; anything else is out of distribution.
+- The answers restate the key the question names ("red circle", "up red"): the asked word is looked up
+  from a token that carries the key. The one-word design (checkpoint v1) learned the document task but
+  not the image and video tasks within the 60-minute CPU budget: its decoder did not learn to select one
+  object among several by a named attribute (two hops: question word -> end of prompt -> matching visual
+  token). Training notes: `benchmarks/organism/README.md` in the source tree.
+- The asked word is retrieved at the restated key, the first answer token, so rank its heads with
+  `--query answer` (the demo does): ranked on the question rows (METHODS' default), the top heads of the
+  image and video tasks are weaker and less causal (the README compares the two).
+- A toy: about a million parameters, a 100-word vocabulary, three synthetic task families. It answers
+  only the question forms above, in the answer forms above; anything else is out of distribution.
 - Its pictures are flat synthetic shapes in exact colours; natural images, text rendering or real
   documents mean nothing to it. Images larger than 224 x 224 pixels are scaled down by the processor.
 - Findings on it (which heads retrieve, how sparse they are) show that corelens' measurements work on a

@@ -10,12 +10,14 @@ Three domains mirror seed 000's benchmarks, each deterministic from (seed, task,
   block in the whole document is marked with a thick black frame; the question asks the colour or
   shape of its figure; the targets are the page and the block.
 
-Every answer is one word from a closed set (6 colours or 5 shapes), drawn uniformly and independently of
-the question's wording, so the question alone does not reveal it. (Image questions name the object by
-colour and ask its shape: a first design that also named objects by shape trained too slowly on two CPU
-cores; see the organism's CARD.md.) Objects are drawn without
-anti-aliasing in exact palette colours that no background pixel can take, so tests can find every
-object's pixels in the saved image.
+Every answer restates the question's key word, then gives the asked value: "red circle" (image: colour
+named, shape asked), "up red" (video: motion named, colour asked); document answers are one word. The
+asked value is drawn uniformly from its closed set (6 colours or 5 shapes) independently of the question's
+wording, so the question alone gives away only the restated word. Restating the key makes the asked word
+follow a token that carries the retrieval key, so the model looks it up in one hop rather than two: the
+one-word design did not learn image and video within the CPU budget (benchmarks/organism/README.md).
+Objects are drawn without anti-aliasing in exact palette colours that no background pixel can take, so
+tests can find every object's pixels in the saved image.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ FRAME_SIZE = (112, 112)  # 4 x 4 tokens per group of 2 frames
 PAGE_SIZE = (84, 112)  # 3 x 4 tokens per page
 SMALL_SIDE, LARGE_SIDE = (14, 17), (23, 26)
 VIDEO_SIDE = (16, 20)
-VIDEO_SPEED = (4, 6)  # pixels per frame
+VIDEO_SPEED = (5, 7)  # pixels per frame
 FIGURE_SIDE = (12, 16)
 FPS = 2.0
 MARK = (0, 0, 0)
@@ -217,6 +219,28 @@ def _image_objects(
     return objects
 
 
+def image_answer(obj: dict) -> str:
+    """Return the answer to an image question: the object's colour (restated) then its shape, "red circle".
+
+    Restating the colour the question named makes the answer's second token follow a token that carries
+    the retrieval key, so the model looks up the shape from there (one hop) rather than from the end of
+    the prompt (two hops): a design that trains in the CPU budget. Only the colour is restated, also when
+    the question adds the size, so telling the small from the large red object still reads the question.
+    The colour alone is given away by the question; the shape, and so the answer, needs the image.
+    """
+    return f"{obj['colour']} {obj['shape']}"
+
+
+def video_answer(obj: dict) -> str:
+    """Return the answer to a video question: the object's motion (restated) then its colour, "up red".
+
+    Restating the motion the question named makes the colour follow a token that carries the retrieval
+    key, so it is looked up from there in one hop; the motion alone is given away by the question, the
+    colour needs the frames.
+    """
+    return f"{obj['motion']} {obj['colour']}"
+
+
 def image_sample(rng: np.random.Generator, index: int, level: float = 1.0) -> Rendered:
     """Return one `image` sample: find the object named by its colour (and size), answer its shape."""
     ask = "shape"  # found by colour (and size), so that the retrieval key is a colour
@@ -243,8 +267,8 @@ def image_sample(rng: np.random.Generator, index: int, level: float = 1.0) -> Re
         "task": "image",
         "images": [name],
         "question": f"what {word} is the {description} ?",
-        "answer": referent[ask],
-        "choices": choices,
+        "answer": image_answer(referent),
+        "choices": [image_answer({**referent, "shape": s}) for s in choices],
         "targets": [{"image": 0, "box": list(referent["box"])}],
         "scene": {"objects": objects, "referent": 0, "named": list(named), "ask": ask},
     }
@@ -325,8 +349,8 @@ def video_sample(rng: np.random.Generator, index: int, level: float = 1.0) -> Re
         "task": "video",
         "video": {"frames": names, "fps": FPS},
         "question": f"what {word} is the object {MOTION_WORDS[objects[0]['motion']]} ?",
-        "answer": referent[ask],
-        "choices": choices,
+        "answer": video_answer(objects[0]),
+        "choices": [video_answer({"motion": objects[0]["motion"], "colour": c}) for c in choices],
         "targets": [{"frames": list(range(frames)), "boxes": [list(b) for b in paths[0]]}],
         "scene": {"objects": objects, "referent": 0, "ask": ask},
     }
@@ -427,7 +451,7 @@ def _image_questions(scene: dict) -> list[tuple[str, str]]:
                 if sum(all(o[k] == obj[k] for k in named) for o in objects) != 1:
                     continue
                 description = " ".join(obj[k] for k in named) + ("" if ask == "colour" else " object")
-                out.append((f"what {ask} is the {description} ?", obj[ask]))
+                out.append((f"what {ask} is the {description} ?", image_answer(obj)))
     return out
 
 
@@ -442,7 +466,7 @@ def questions(record: dict) -> list[tuple[str, str]]:
         return _image_questions(scene)
     if task == "video":
         return [
-            (f"what colour is the object {MOTION_WORDS[obj['motion']]} ?", obj["colour"])
+            (f"what colour is the object {MOTION_WORDS[obj['motion']]} ?", video_answer(obj))
             for obj in scene["objects"]
         ]
     if task == "document":

@@ -1,9 +1,10 @@
 """Training the organism from scratch on the CPU: fresh synthetic samples every step, loss on the answer.
 
-Every step renders new samples of one task (round robin over the tasks), so the model never sees a sample
-twice and its running training accuracy is already a held-out estimate. The loss is the cross-entropy of
-the answer word and the `<|im_end|>` that follows it (labels -100 everywhere else); AdamW with linear
-warm-up and cosine decay.
+Every step renders new samples of one task, so the model never sees a sample twice and its running
+training accuracy is already a held-out estimate. Tasks join in phases (`TaskSchedule`): the image task
+trains alone until its conditional lookup forms, then video joins, then document, each interleaved by
+weight with those already in. The loss is the cross-entropy of the answer tokens and the `<|im_end|>`
+that follows them (labels -100 everywhere else); AdamW with linear warm-up and cosine decay.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ TRAIN_DATA_SEED = 0  # training samples come from seed 0; evaluation and the dem
 class TrainConfig:
     """Optimisation settings of one training run."""
 
-    steps: int = 6000
+    steps: int = 9000
     batch: int = 16
     turns: int = 8  # questions per rendered scene: its own + up to turns - 1 extra chat turns
     aux_weight: float = 1.0  # weight of the vision tower's per-token auxiliary loss (organism/aux.py)
@@ -40,6 +41,15 @@ class TrainConfig:
     curriculum_until: float = 0.8  # share of the steps by which every task has reached full difficulty
     curriculum_step: float = 0.1  # level gained when a task's running accuracy passes `curriculum_bar`
     curriculum_bar: float = 0.8
+    curriculum_window: int = 40  # steps of a task whose running accuracy decides its next level
+    # Phases: task k + 1 joins the mix once task k reaches `join_level`, or at `join_by[k + 1]` of the steps
+    # at the latest (the first task trains alone until then); empty `join_by` = every task from step 0.
+    join_level: float = 0.6
+    join_by: tuple[float, ...] = (0.0, 0.3, 0.45)
+    # Before its answers join, a task's pictures still train the vision tower (auxiliary loss only), in
+    # steps weighted by this share of the task's weight, so that every task's visual features (motion
+    # above all) form from the start; 0 = a task is absent until it joins.
+    aux_only_weight: float = 0.5
     lr: float = 3e-3
     min_lr: float = 1e-4
     warmup: int = 100
@@ -48,7 +58,7 @@ class TrainConfig:
     seed: int = 0
     data_seed: int = TRAIN_DATA_SEED
     tasks: tuple[str, ...] = TASKS
-    task_weights: tuple[float, ...] = (2.0, 1.2, 0.6)  # relative share of steps per task; empty = equal
+    task_weights: tuple[float, ...] = (1.0, 1.5, 1.0)  # relative share of steps per task; empty = equal
     threads: int = 2
     log_every: int = 25
     save_every: int = 500  # steps between checkpoints written to `out` (training.json says finished: false)
@@ -60,6 +70,7 @@ class TrainConfig:
         out = asdict(self)
         out["tasks"] = list(self.tasks)
         out["task_weights"] = list(self.task_weights)
+        out["join_by"] = list(self.join_by)
         return out
 
 
@@ -71,18 +82,46 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def task_schedule(cfg: TrainConfig) -> list[str]:
-    """Return the task of every step: a deterministic interleaving following `task_weights`."""
-    weights = list(cfg.task_weights) or [1.0] * len(cfg.tasks)
-    total = sum(weights)
-    credit = [0.0] * len(cfg.tasks)
-    order = []
-    for _ in range(cfg.steps):
-        credit = [c + w / total for c, w in zip(credit, weights)]
-        k = max(range(len(credit)), key=lambda i: credit[i])
-        credit[k] -= 1.0
-        order.append(cfg.tasks[k])
-    return order
+class TaskSchedule:
+    """Which task each step trains: every task interleaved deterministically by `task_weights`, in phases.
+
+    A task's answers join in order (`TrainConfig.join_by`): a task whose lookup forms late first trains
+    alone; the next one joins when it reaches `join_level` or at its deadline. Until then its steps train
+    only the vision tower's auxiliary loss, at `aux_only_weight` of its weight (none once that loss has
+    faded out).
+    """
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        weights = list(cfg.task_weights) or [1.0] * len(cfg.tasks)
+        if len(weights) != len(cfg.tasks):
+            raise ValueError(f"{len(weights)} task weights for {len(cfg.tasks)} tasks")
+        if cfg.join_by and len(cfg.join_by) != len(cfg.tasks):
+            raise ValueError(f"{len(cfg.join_by)} join_by entries for {len(cfg.tasks)} tasks")
+        self.weights = dict(zip(cfg.tasks, weights))
+        self.joined = {t: 0 for t in (cfg.tasks if not cfg.join_by else cfg.tasks[:1])}
+        self.credit = dict.fromkeys(cfg.tasks, 0.0)
+
+    def _join_due(self, step: int, level: dict[str, float]) -> bool:
+        k = len(self.joined)
+        if k >= len(self.cfg.tasks):
+            return False
+        previous = self.cfg.tasks[k - 1]
+        return level[previous] >= self.cfg.join_level or step >= self.cfg.join_by[k] * self.cfg.steps
+
+    def next(self, step: int, level: dict[str, float]) -> tuple[str, bool]:
+        """Return the task of `step` and whether its answers train (False: vision auxiliary loss only)."""
+        while self._join_due(step, level):
+            self.joined[self.cfg.tasks[len(self.joined)]] = step
+        aux_only = self.cfg.aux_only_weight if aux_scale(step, self.cfg) > 0 else 0.0
+        share = {t: w * (1.0 if t in self.joined else aux_only) for t, w in self.weights.items()}
+        total = sum(share.values())
+        for t, w in share.items():
+            if w > 0:
+                self.credit[t] += w / total
+        task = max((t for t, w in share.items() if w > 0), key=lambda t: self.credit[t])
+        self.credit[task] -= 1.0
+        return task, task in self.joined
 
 
 def aux_scale(step: int, cfg: TrainConfig) -> float:
@@ -91,10 +130,15 @@ def aux_scale(step: int, cfg: TrainConfig) -> float:
     return cfg.aux_weight * max(0.0, 1.0 - step / end) if end > 0 else 0.0
 
 
-def curriculum_floor(step: int, cfg: TrainConfig) -> float:
-    """Return the least scene difficulty at `step`: 0 (fewest objects / pages) rising linearly to 1."""
+def curriculum_floor(step: int, joined: int, cfg: TrainConfig) -> float:
+    """Return the least scene difficulty of a task that joined at step `joined`: 0 rising linearly to 1.
+
+    The floor reaches 1 (every task at full difficulty) at `curriculum_until` of the steps.
+    """
     end = cfg.curriculum_until * cfg.steps
-    return min(1.0, step / end) if end > 0 else 1.0
+    if end <= joined:
+        return 1.0
+    return min(1.0, max(0.0, (step - joined) / (end - joined)))
 
 
 def answer_loss(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,6 +155,13 @@ def answer_loss(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     hit = logits[rows, positions - 1].argmax(-1) == labels[rows, positions]
     correct = (hit | (offsets[None, :] >= length[:, None])).all(-1)  # every token of the own answer
     return loss, correct
+
+
+def vision_tower(model, batch: dict) -> torch.Tensor:
+    """Run only the vision tower on a one-task batch's images or video; return its merged visual tokens."""
+    if "pixel_values" in batch:
+        return model.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"]).pooler_output
+    return model.model.visual(batch["pixel_values_videos"], grid_thw=batch["video_grid_thw"]).pooler_output
 
 
 def extra_turns(record: dict, count: int, seed: int, index: int) -> list[tuple[str, str]]:
@@ -150,9 +201,9 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
         lr=cfg.lr,
         betas=(0.9, 0.98),
     )
-    schedule = task_schedule(cfg)
+    schedule = TaskSchedule(cfg)
     counters = dict.fromkeys(cfg.tasks, 0)
-    recent = {t: deque(maxlen=max(1, 8 * cfg.log_every // len(cfg.tasks))) for t in cfg.tasks}
+    recent = {t: deque(maxlen=max(1, cfg.curriculum_window)) for t in cfg.tasks}
     level = dict.fromkeys(cfg.tasks, 0.0)
     losses: deque = deque(maxlen=cfg.log_every)
     aux_losses: deque = deque(maxlen=cfg.log_every)
@@ -185,51 +236,62 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
         }
 
     step = 0
-    for step, task in enumerate(schedule):
+    for step in range(cfg.steps):
+        task, answers = schedule.next(step, level)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
         t0 = time.time()
         first = counters[task]
-        level[task] = max(level[task], curriculum_floor(step, cfg))
+        if answers:
+            level[task] = max(level[task], curriculum_floor(step, schedule.joined[task], cfg))
         samples = [render(task, first + i, cfg.data_seed, level[task]) for i in range(cfg.batch)]
         counters[task] += cfg.batch
-        extra = [
-            extra_turns(s.record, cfg.turns - 1, cfg.data_seed, first + i) for i, s in enumerate(samples)
-        ]
-        batch = encode(processor, samples, extra=extra)
+        extra = (
+            [extra_turns(s.record, cfg.turns - 1, cfg.data_seed, first + i) for i, s in enumerate(samples)]
+            if answers
+            else ()
+        )
+        batch = encode(processor, samples, answers=answers, extra=extra)
         scale = aux_scale(step, cfg)
         aux_targets = batch_labels(samples) if scale > 0 else {}
         data_time += time.time() - t0
-        loss, correct = answer_loss(model, batch)
-        aux = heads.loss(captured.pop("features"), aux_targets) if scale > 0 else loss.new_zeros(())
+        if answers:
+            loss, correct = answer_loss(model, batch)
+        else:
+            vision_tower(model, batch)  # the hook captures the merged visual tokens
+            loss = correct = None
+        zero = next(model.parameters()).new_zeros(())
+        aux = heads.loss(captured.pop("features"), aux_targets) if scale > 0 else zero
         captured.clear()
-        total = loss + scale * aux
+        total = (zero if loss is None else loss) + scale * aux
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
         optimizer.step()
-        losses.append(loss.item())
         aux_losses.append(aux.item())
-        recent[task].append(correct.float().mean().item())
         steps_done = step + 1
-        window = recent[task]
-        if (
-            level[task] < 1.0
-            and len(window) == window.maxlen
-            and sum(window) / len(window) >= cfg.curriculum_bar
-        ):
-            level[task] = min(1.0, level[task] + cfg.curriculum_step)  # mastered: harder scenes
-            window.clear()
+        if loss is not None:
+            losses.append(loss.item())
+            recent[task].append(correct.float().mean().item())
+            window = recent[task]
+            if (
+                level[task] < 1.0
+                and len(window) == window.maxlen
+                and sum(window) / len(window) >= cfg.curriculum_bar
+            ):
+                level[task] = min(1.0, level[task] + cfg.curriculum_step)  # mastered: harder scenes
+                window.clear()
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             entry = {
                 "step": step + 1,
                 "seconds": round(time.time() - start, 1),
                 "cpu_seconds": round(time.process_time() - cpu_start, 1),
                 "lr": learning_rate(step, cfg),
-                "loss": round(sum(losses) / len(losses), 4),
+                "loss": round(sum(losses) / max(1, len(losses)), 4),
                 "aux_loss": round(sum(aux_losses) / len(aux_losses), 4),
                 "accuracy": {t: round(sum(v) / len(v), 4) for t, v in recent.items() if v},
                 "level": {t: round(v, 2) for t, v in level.items()},
+                "joined": dict(schedule.joined),
             }
             history.append(entry)
             accs = " ".join(f"{t}={a:.2f}@{level[t]:.1f}" for t, a in entry["accuracy"].items())
