@@ -69,8 +69,8 @@ def test_generation_is_deterministic_and_readable(task, tmp_path):
 
 
 def asked(record: dict) -> str:
-    """Return the asked attribute's value: the answer's last word (the whole answer for the shipped tasks;
-    the restated-answer recipes in benchmarks/organism/*.patch put the key word first)."""
+    """Return the asked attribute's value: the answer's last word (image and video answers restate the key
+    word first, "red circle" / "up red"; document answers are the one word)."""
     return record["answer"].split()[-1]
 
 
@@ -159,6 +159,17 @@ def test_answers_are_balanced_and_not_given_by_the_question(task):
         assert asked(r) not in r["question"].split()
         assert all(word in r["question"].split() for word in r["answer"].split()[:-1])
         assert (r["question"], r["answer"]) in questions(r)
+
+
+def test_answers_restate_the_key_the_question_names():
+    for i in range(20):
+        image, video, document = (render(task, i, seed=5).record for task in TASKS)
+        referent = image["scene"]["objects"][0]
+        assert image["answer"] == f"{referent['colour']} {referent['shape']}"
+        assert all(c.split()[0] == referent["colour"] for c in image["choices"])
+        mover = video["scene"]["objects"][0]
+        assert video["answer"] == f"{mover['motion']} {mover['colour']}"
+        assert len(document["answer"].split()) == 1 and document["answer"] in document["choices"]
 
 
 @pytest.mark.parametrize("task", TASKS)

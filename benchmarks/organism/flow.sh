@@ -8,4 +8,8 @@ for task in image video document; do
     --limit 20 --out runs/flow-$task
   .venv/bin/corelens sap --model src/corelens/organism/checkpoint --data runs/flow-data/$task.jsonl \
     --layers late --layers all --out runs/sap-$task
+  cp runs/flow-$task/table1.csv benchmarks/organism/results/flow-$task-table1.csv
+  for part in accuracy key_region; do
+    cp runs/sap-$task/$part.csv benchmarks/organism/results/sap-$task-$part.csv
+  done
 done

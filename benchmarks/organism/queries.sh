@@ -3,7 +3,7 @@
 # samples with each query set (question, last, answer), then zero the top-k / random-k heads (k = 1, 3, 5;
 # 2 random draws) on 40 seed-3 samples. Writes results/queries.csv (one row per task, query, set, k).
 set -euo pipefail
-OUT=${1:-runs/queries}
+OUT=runs/queries
 mkdir -p "$OUT"
 for task in image video document; do
   .venv/bin/python -c "from corelens.organism.tasks import generate; generate('$task', '$OUT/rank-data', 24, seed=1); generate('$task', '$OUT/eval-data', 40, seed=3)"
