@@ -266,8 +266,10 @@ def _support_outside(spec: Spectrum, z_new: torch.Tensor, r: int) -> tuple[float
         v_kept = spec.right_vectors(0, r)
         kept_m = v_kept.T @ m_cross
         cross = float(torch.trace(m_cross)) - float((kept_m * v_kept.T).sum())
-        inside = z_new @ v_kept
-        small = max(float((z_new * z_new).sum()) - float((inside * inside).sum()), 0.0)
+        # Z'(I − P_R) formed explicitly (m·n·r, as cheap as the projection): ‖Z'‖² − ‖Z'V‖² would lose
+        # sqrt(ε)·‖Z'‖ to cancellation when Z' lies (almost) inside the kept row space.
+        outside = z_new - (z_new @ v_kept) @ v_kept.T
+        small = float((outside * outside).sum())
         projected = kept_m / sigma[:r, None]  # U_rᵀ ΔZ
         projected2 = float((projected * projected).sum())
     rest = float((sigma[r:] ** 2).sum()) + 2.0 * cross
