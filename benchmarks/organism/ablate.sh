@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Organism ablation sweep (issue 4): heads ranked by `make demo` (answer rows of seed-1 samples), evaluated on seed 3.
+# Organism ablation sweep (issue 4): heads ranked by `make demo` (8 seed-1 samples per task), evaluated on seed 3.
 set -euo pipefail
 for task in image video document; do
   .venv/bin/python -c "from corelens.organism.tasks import generate; generate('$task', 'runs/ablate-data', 40, seed=3)"

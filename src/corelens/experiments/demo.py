@@ -25,10 +25,13 @@ ORGANISM_LABEL = "corelens model organism (Qwen2.5-VL, 4 layers x 8 heads, train
 RANDOM_LABEL = "tiny randomly initialised Qwen2.5-VL (organism checkpoint missing: rankings are meaningless)"
 DEMO_SEED = 1  # held out: the organism was trained on seed 0
 EVAL_SEED = 3  # the ablation / hybrid samples: other than those the heads were ranked on
-HEAD_COUNTS = ("1", "3", "5")  # heads ablated / kept full in the demo's sweeps
-# RAM query rows: the answer tokens. The organism retrieves the asked word at the restated key, its first
-# answer token ("red" in "red circle"); ranking the question rows finds weaker, less causal heads there.
-DEMO_QUERY = "answer"
+HEAD_COUNTS = ("1", "3", "5")  # heads ablated in the demo's sweeps
+HYBRID_KEEPS = ("3", "8", "16")  # heads kept full (the document needs about 8 of 32 with W = 16)
+# RAM query rows per task. Image and video: the answer tokens, since the organism retrieves the asked word
+# at the restated key, its first answer token ("red" in "red circle"); the question rows find weaker, less
+# causal heads there. Document: the question rows (METHODS' default), whose top heads are as causal and
+# are the ones a hybrid policy must keep (benchmarks/organism/queries.sh and hybrid.sh).
+DEMO_QUERY = {"image": "answer", "video": "answer", "document": "question"}
 
 
 def default_model(folder: Path) -> tuple[Path, str]:
@@ -65,7 +68,7 @@ def sweeps(m: Loaded, out: Path, task: str, ranked: Path, n: int, hybrid: bool) 
             m,
             data,
             heads,
-            keeps=HEAD_COUNTS,
+            keeps=HYBRID_KEEPS,
             sets=sets,
             seeds=2,
             sink=4,
@@ -91,13 +94,13 @@ def run_demo(
     for task in TASKS:
         data = generate(task, out / "data" / task, n, seed=DEMO_SEED)
         run_dir = out / f"rank-{task}"
-        ranking = rank(m, data, query=DEMO_QUERY, out=run_dir, progress=True, overlays=1)
+        ranking = rank(m, data, query=DEMO_QUERY[task], out=run_dir, progress=True, overlays=1)
         best = ranking.heads.head(top)
         heads = ", ".join(
             f"L{int(r.layer)}H{int(r.head)} ({r.mass:.2f}, lift {r.lift:.1f})" for r in best.itertuples()
         )
         print(
-            f"[{task}] top {top} heads by mean RAM of the answer rows (mass, lift over the area prior): {heads}"
+            f"[{task}] top {top} heads by mean RAM of the {DEMO_QUERY[task]} rows (mass, lift over the area prior): {heads}"
         )
         runs[task] = run_dir
     for task in TASKS:
