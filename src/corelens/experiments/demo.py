@@ -45,12 +45,6 @@ def default_model(folder: Path) -> tuple[Path, str]:
     return folder, RANDOM_LABEL
 
 
-def heads_of(m: Loaded) -> int:
-    """Return the number of query heads of the decoder (layers x heads)."""
-    text = m.model.config.get_text_config()
-    return text.num_hidden_layers * text.num_attention_heads
-
-
 def _print_means(task: str, name: str, table, column: str, how: str) -> None:
     means = table.groupby(["set", column], sort=False)["accuracy"].mean()
     cells = ", ".join(
@@ -74,7 +68,9 @@ def sweeps(m: Loaded, out: Path, task: str, ranked: Path, n: int, hybrid: bool) 
             m,
             data,
             heads,
-            keeps=[k for k in HYBRID_KEEPS if int(k) < heads_of(m)],  # a small model keeps fewer
+            keeps=[
+                k for k in HYBRID_KEEPS if int(k) < m.num_layers * m.num_heads
+            ],  # a small model keeps fewer
             sets=sets,
             seeds=2,
             sink=4,

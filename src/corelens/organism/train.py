@@ -235,7 +235,6 @@ def train(out: str | Path, cfg: TrainConfig, *, argv: list[str] | None = None, l
             "history": history,
         }
 
-    step = 0
     for step in range(cfg.steps):
         task, answers = schedule.next(step, level)
         for group in optimizer.param_groups:
