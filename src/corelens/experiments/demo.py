@@ -64,18 +64,9 @@ def sweeps(m: Loaded, out: Path, task: str, ranked: Path, n: int, hybrid: bool) 
     _print_means(task, "ablate", table, "k", "zeroed")
     if hybrid:
         runs[f"hybrid-{task}"] = out / f"hybrid-{task}"
+        keeps = [k for k in HYBRID_KEEPS if int(k) < m.num_layers * m.num_heads]  # a small model keeps fewer
         result = curve(
-            m,
-            data,
-            heads,
-            keeps=[
-                k for k in HYBRID_KEEPS if int(k) < m.num_layers * m.num_heads
-            ],  # a small model keeps fewer
-            sets=sets,
-            seeds=2,
-            sink=4,
-            window=16,
-            out=runs[f"hybrid-{task}"],
+            m, data, heads, keeps=keeps, sets=sets, seeds=2, sink=4, window=16, out=runs[f"hybrid-{task}"]
         )
         _print_means(task, "hybrid", result.table, "keep", "kept full, S=4 W=16")
     return runs
