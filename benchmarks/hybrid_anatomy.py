@@ -1,65 +1,131 @@
-"""Where the hybrid CPU kernel's time goes (backs the README's gap analysis); run from the repository root:
+"""Where the hybrid CPU kernel's time goes (backs the README's gap analysis and the kernel's constants).
 
-    .venv/bin/python benchmarks/hybrid_anatomy.py
+Run from the repository root: `.venv/bin/python benchmarks/hybrid_anatomy.py` (about 2 minutes on 2 cores).
 
-1. Cost per (query, key) pair: stock causal sdpa over 16 heads / 2 KV heads at 16k tokens, against one chunk
-   of streaming tiles as `streaming_group` builds them (7 stacked heads, S = 128, W = 1024), with and without
-   the additive band mask (the unmasked call is not a correct result, only the mask's share of the time).
-2. One causal call against `causal_balanced` for 1 and 3 heads at 4k and 16k tokens.
-Each time is the best of 3 after a warm-up, all cores.
+1. Cost per (query, key) pair: stock causal sdpa over 16 heads / 2 KV heads at 16k tokens, against the
+   streaming heads of one KV head (`streaming_group`, S = 128, W = 1024; 8 and 5 stacked query heads) on the
+   split tiles and on the masked tiles, and the split path's block size B.
+2. The price of fresh pages (a 1 GB tensor filled fresh and refilled), and the split path with every sdpa
+   output under `OUT_BYTES` (16 MB) against one call per KV head: the time and the minor page faults (fresh
+   pages of blocks above glibc's 32 MB mmap threshold).
+3. One causal call against `causal_balanced` for 1, 2, 3 and 5 heads at 4k and 16k tokens.
+Variants of one measurement run interleaved, each time the best of 3 after a warm-up, all cores.
 """
 
 from __future__ import annotations
 
+import resource
 import time
 
 import torch
 import torch.nn.functional as F
 
-from corelens.attention.kernels.tiles import _additive, block_size, causal_balanced, tile_rule
+from corelens.attention.kernels import pairs, tiles
+
+SINK, WINDOW, DIM = 128, 1024, 128
 
 
-def best(fn, repeats: int = 3) -> float:
-    """Return the shortest of `repeats` timed calls of `fn` after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def interleaved(fns: dict, repeats: int = 3) -> dict[str, float]:
+    """Return the best of `repeats` timed calls of each function, the variants taking turns after a warm-up."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(t) for name, t in times.items()}
+
+
+def faults() -> int:
+    """Return this process's minor page faults so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def streaming(n: int, groups: int, block: int | None, split: bool):
+    """Return a call of `streaming_group` on random fp32 inputs of one KV head with `groups` query heads."""
+    g = torch.Generator().manual_seed(groups)
+    q = torch.randn(groups, n, DIM, generator=g)
+    k, v = torch.randn(n, DIM, generator=g), torch.randn(n, DIM, generator=g)
+    out = torch.empty(n, groups, DIM)
+    heads = torch.arange(groups)
+    return lambda: tiles.streaming_group(
+        q, heads, k, v, out, 0, SINK, WINDOW, DIM**-0.5, block, tiles.Scratch(q.device), split=split
+    )
+
+
+def stock_per_pair(n: int) -> float:
+    """Print and return stock causal sdpa's ns per (query, key) pair over 16 heads / 2 KV heads at `n` tokens."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 16, n, DIM)
+    k, v = torch.randn(1, 2, n, DIM), torch.randn(1, 2, n, DIM)
+    seconds = interleaved(
+        {"stock": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)}, 1
+    )
+    per_pair = seconds["stock"] / (16 * n * (n + 1) / 2) * 1e9
+    print(f"stock causal sdpa, 16 heads at {n}: {seconds['stock']:.2f} s = {per_pair:.2f} ns/pair")
+    return per_pair
+
+
+def fresh_pages() -> None:
+    """Print the time to fill a fresh 1 GB tensor (its pages faulted in) against refilling it."""
+    fresh, again = [], []
+    for _ in range(3):
+        start = time.perf_counter()
+        x = torch.empty(256 << 20)
+        x.fill_(1.0)
+        fresh.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        x.fill_(2.0)
+        again.append(time.perf_counter() - start)
+        del x
+    print(f"1 GB tensor: fresh fill {min(fresh):.3f} s, refill {min(again):.3f} s")
 
 
 def main() -> None:
-    """Print the per-pair costs and the balanced-split timings."""
-    torch.manual_seed(0)
-    n, d, sink, window, groups = 16384, 128, 128, 1024, 7
-    q = torch.randn(1, 16, n, d)
-    k, v = torch.randn(1, 2, n, d), torch.randn(1, 2, n, d)
-    stock = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), 1)
-    print(
-        f"stock causal sdpa, 16 heads at {n}: {stock:.2f} s = {stock / (16 * n * (n + 1) / 2) * 1e9:.2f} ns/pair"
-    )
-    b = block_size(groups)
-    keys, tiles = sink + window + b - 1, 77
-    qt = torch.randn(tiles, 1, groups * b, d)
-    kt, vt = torch.randn(tiles, 1, keys, d), torch.randn(tiles, 1, keys, d)
-    bias = _additive(tile_rule(b, sink, window)[None], groups)
-    masked = best(lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias))
-    unmasked = best(lambda: F.scaled_dot_product_attention(qt, kt, vt))
-    kept = tiles * groups * b * (sink + window)
-    print(
-        f"streaming tiles (B = {b}, {keys} keys per tile): {masked / kept * 1e9:.2f} ns per kept pair, "
-        f"{masked / (kept * keys / (sink + window)) * 1e9:.2f} ns per computed pair; "
-        f"the band mask costs {masked / unmasked - 1:.0%}, the masked band columns {(b - 1) / (sink + window):.1%}"
-    )
+    """Print the per-pair costs, the block sweep, the page-fault comparison and the balanced-split timings."""
+    fresh_pages()
+    n = 16384
+    per_pair = stock_per_pair(n)
+    for groups in (8, 5):
+        kept = groups * pairs(n, SINK, WINDOW)[1]
+        t = interleaved(
+            {"split": streaming(n, groups, None, True), "masked": streaming(n, groups, None, False)}
+        )
+        print(
+            f"streaming, {groups} heads on one KV head: split tiles {t['split'] / kept * 1e9:.2f} ns per kept pair "
+            f"({t['split'] / kept * 1e9 / per_pair:.2f}x stock), masked tiles {t['masked'] / kept * 1e9:.2f} "
+            f"({t['masked'] / kept * 1e9 / per_pair:.2f}x)"
+        )
+    sweep = interleaved({str(b): streaming(n, 8, b, True) for b in (48, 64, 96, 128)})
+    print("split block B, 8 heads: " + ", ".join(f"B = {b}: {s:.3f} s" for b, s in sweep.items()))
+
+    run = streaming(n, 8, None, True)
+    for label, limit in (("outputs <= 16 MB", 16 << 20), ("one call (outputs 48 MB)", 1 << 40)):
+        tiles.OUT_BYTES = limit
+        run()
+        best, pages = float("inf"), 0
+        for _ in range(3):
+            before, start = faults(), time.perf_counter()
+            run()
+            best, pages = min(best, time.perf_counter() - start), faults() - before
+        print(f"split tiles, 8 heads, {label}: {best:.3f} s, {pages} minor page faults per call")
+    tiles.OUT_BYTES = 16 << 20
+
     for length in (4096, 16384):
-        for heads in (1, 3):
-            x = [torch.randn(1, heads, length, d) for _ in range(3)]
-            plain = best(lambda x=x: F.scaled_dot_product_attention(*x, is_causal=True, scale=0.1))
-            split = best(lambda x=x: causal_balanced(*x, 0.1))
+        for heads in (1, 2, 3, 5):
+            x = [torch.randn(1, heads, length, DIM) for _ in range(3)]
+            t = interleaved(
+                {
+                    "one": lambda x=x: F.scaled_dot_product_attention(*x, is_causal=True, scale=0.1),
+                    "split": lambda x=x: tiles.causal_balanced(*x, 0.1),
+                }
+            )
+            pays = tiles.balance_pays(heads, length, torch.get_num_threads())
             print(
-                f"N = {length}, {heads} head(s): one causal call {plain:.3f} s, causal_balanced {split:.3f} s"
+                f"N = {length}, {heads} head(s): one causal call {t['one']:.3f} s, causal_balanced {t['split']:.3f} s "
+                f"({t['one'] / t['split']:.2f}x; balance_pays: {pays})"
             )
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from corelens.bench import hybrid as bench
-from corelens.bench.hybrid import fractions, prefill_flops, run_hybrid_benchmark, table
+from corelens.bench.hybrid import fractions, paired, prefill_flops, run_hybrid_benchmark, table
 
 TINY = {"heads": 4, "kv_heads": 2, "hidden": 64, "intermediate": 96, "layers": 2}
 
@@ -28,9 +28,11 @@ def test_result_has_the_issue_keys_and_consistent_ratios(result: dict) -> None:
     assert result["device"] == "cpu" and result["dtype"] == "float32"
     assert result["hybrid_kernel"] == {"0.25": "blocked", "0.5": "blocked"}  # `auto` on the CPU
     assert set(result["per_keep"]) == {"0.25", "0.5"} and set(result["prefill_per_keep"]) == {"0.5"}
-    for row in result["per_keep"].values():
+    times = result["times_s"]
+    for keep, row in result["per_keep"].items():
         assert row["hybrid_s"] > 0
-        assert row["speedup"] == pytest.approx(result["sdpa_s"] / row["hybrid_s"])
+        assert row["speedup"] == pytest.approx(paired(times["sdpa"], times[f"hybrid:{keep}"]))
+        assert row["speedup"] == pytest.approx(result["sdpa_s"] / row["hybrid_s"])  # one repeat
         assert row["of_ideal"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
     pre = result["prefill_per_keep"]["0.5"]
     assert pre["full_heads"] == 4 and pre["full_fraction"] == 0.5  # round(0.5 * 2 layers * 4 heads)
@@ -41,6 +43,15 @@ def test_result_has_the_issue_keys_and_consistent_ratios(result: dict) -> None:
     json.dumps(result)
     lines = table([result]).splitlines()
     assert len(lines) == 2 + 2 and lines[2].count("—") >= 5  # no prefill at 25 %: dashes, no made-up numbers
+
+
+def test_ratios_are_medians_of_ratios_within_a_repeat() -> None:
+    """A slow spell in one repeat slows both of its sides: the paired median ignores it, medians do not."""
+    sdpa, hybrid = [8.0, 12.0, 8.4], [2.0, 3.0, 2.8]  # repeat 2 ran slow on both sides
+    assert paired(sdpa, hybrid) == pytest.approx(4.0)  # ratios 4, 4, 3
+    assert paired([1.0, 2.0, 9.0], [1.0, 1.0, 3.0]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        paired([1.0, 2.0], [1.0])
 
 
 def test_prefill_flops_count_projections_mlp_and_attention_pairs() -> None:

@@ -41,47 +41,73 @@ def test_rule_is_methods_4_and_pairs_count_it():
 
 
 # Lengths that are multiples of no block size (blocks are 32..128 positions; flex tiles 128).
+# split: the CPU's split tiles (middle in place + masked edges, B <= W) where they apply, else masked tiles.
+@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("groups", [1, 2, 3, 4])
 @pytest.mark.parametrize("n,sink,window", [(37, 4, 8), (157, 5, 40), (301, 16, 64), (130, 0, 7)])
-def test_blocked_equals_reference(groups, n, sink, window):
+def test_blocked_equals_reference(groups, n, sink, window, split):
     q, k, v, full = _inputs(1, 4 * groups if groups < 4 else 8, groups, n, seed=n + groups)
     scale = 16**-0.5
     ref = reference(q, k, v, None, full, sink, window, scale)
-    out = blocked(q, k, v, None, full, sink, window, scale)
+    for block in (None, 8, 2):  # the default; many tiles per row; the smallest split block
+        out = blocked(q, k, v, None, full, sink, window, scale, block=block, split=split)
+        assert (out - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_blocked_one_tile_per_call_equals_reference(monkeypatch, split):
+    """Chunks of one tile: whole tiles merge straight into the output, the last (partial) one through a copy."""
+    monkeypatch.setattr(tiles, "OUT_BYTES", 1)
+    q, k, v, _ = _inputs(1, 8, 4, 157, seed=11)
+    full = torch.tensor([False, False, False, False, True, False, False, False])  # heads 5-7 contiguous
+    ref = reference(q, k, v, None, full, 5, 40, 0.25)
+    out = blocked(q, k, v, None, full, 5, 40, 0.25, block=16, split=split)
     assert (out - ref).abs().max().item() <= 1e-5
-    out_small = blocked(q, k, v, None, full, sink, window, scale, block=8)  # many tiles per row
-    assert (out_small - ref).abs().max().item() <= 1e-5
 
 
+def test_split_tiles_apply_only_where_every_query_keeps_a_middle_key():
+    assert tiles.split_block(1024) == tiles.SPLIT_BLOCK and tiles.split_block(40) == 40
+    assert tiles.split_block(7, 8) is None and tiles.split_block(7, 1) is None  # B > W; B < 2
+    assert tiles.split_block(1) is None
+    edge = tiles.edge_rule(4, 2)  # 2 sinks, 3 left columns (c >= r), 3 right columns (c < r)
+    assert edge.sum(dim=1).tolist() == [2 + 3] * 4  # every row: its sinks and B - 1 edge keys
+
+
+@pytest.mark.parametrize("batch", [1, 2])  # one prompt of even length: the halves are views
 @pytest.mark.parametrize("n", [256, 301, 512])
 @pytest.mark.parametrize("heads", [1, 3])
-def test_balanced_causal_equals_sdpa(n, heads):
+def test_balanced_causal_equals_sdpa(n, heads, batch):
     """The thread-balanced split (diagonal halves + rectangle, merged by log-sum-exp) is causal sdpa."""
-    q, k, v, _ = _inputs(2, heads, 1, n, seed=n + heads)
+    q, k, v, _ = _inputs(batch, heads, 1, n, seed=n + heads)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
     assert (causal_balanced(q, k, v, 0.3) - want).abs().max().item() <= 1e-5
 
 
 def test_balance_pays_only_where_one_call_leaves_a_thread_idle(monkeypatch):
-    """One head on 2 threads: the late query blocks land on one thread, the split pays; 2 or 3 heads do not."""
+    """An odd head count on 2 threads leaves one thread the late query blocks: the split pays at long prompts."""
     assert tiles.balance_pays(1, 16384, 2) and not tiles.balance_pays(1, 16384, 1)
-    assert not tiles.balance_pays(2, 16384, 2) and not tiles.balance_pays(3, 16384, 2)
+    assert tiles.balance_pays(1, 4096, 2) and tiles.balance_pays(3, 16384, 2)
+    assert tiles.balance_pays(5, 32768, 2)
+    assert not tiles.balance_pays(2, 16384, 2) and not tiles.balance_pays(4, 32768, 2)
+    assert not tiles.balance_pays(3, 4096, 2)  # 17 % predicted, less than the split's cost at 4k
     # Forced on, the full heads of the blocked kernel still equal the dense reference.
     monkeypatch.setattr(tiles, "balance_pays", lambda *args: True)
     q, k, v, _ = _inputs(1, 4, 2, 301, seed=5)
-    full = torch.tensor([True, False, False, True])
-    ref = reference(q, k, v, None, full, 8, 32, 0.25)
-    assert (blocked(q, k, v, None, full, 8, 32, 0.25) - ref).abs().max().item() <= 1e-5
+    for full in ([True, False, False, True], [True, True, False, False]):  # two KV heads; one, read in place
+        full = torch.tensor(full)
+        ref = reference(q, k, v, None, full, 8, 32, 0.25)
+        assert (blocked(q, k, v, None, full, 8, 32, 0.25) - ref).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("groups", [1, 3])
-def test_blocked_left_padding_and_other_masks(groups):
+def test_blocked_left_padding_and_other_masks(groups, split):
     n, sink, window = 211, 6, 50
     q, k, v, full = _inputs(3, 3 * groups, groups, n, seed=7)
     scale = 0.3
     mask = _left_padded([0, 9, 120], n)
     ref = reference(q, k, v, mask, full, sink, window, scale)
-    out = blocked(q, k, v, mask, full, sink, window, scale, block=16)
+    out = blocked(q, k, v, mask, full, sink, window, scale, block=16, split=split)
     assert (out - ref).abs().max().item() <= 1e-5
     assert out[2, :120].abs().max() == 0  # pad rows attend nothing, as in sdpa
     assert torch.equal(row_starts(mask, 3, q.device), torch.tensor([0, 9, 120]))

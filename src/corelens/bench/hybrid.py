@@ -15,7 +15,9 @@ default, `--device cuda --dtype bfloat16` for a GPU table, every time taken afte
   (projections, MLP and attention pairs; METHODS §4 pair counts for the attention).
 
 Every time is the median of `repeats` runs after one warm-up run of the same shape (the flex warm-up is its
-compilation, timed apart as ``flex_compile_s``); variants are interleaved so load drift affects all alike.
+compilation, timed apart as ``flex_compile_s``); variants are interleaved so load drift affects all alike,
+and every ratio (speed-ups, hybrid vs flex) is the median of the ratios within each repeat (paired), so a
+slow spell of the machine during one repeat moves both sides of its ratio.
 If FlexAttention cannot compile here, ``flex_error`` says why and no flex number is given.
 
 Run as ``corelens bench hybrid --tokens N --keep 0.05,0.1,0.2,0.5 --sink S --window W --json FILE``;
@@ -129,6 +131,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def paired(numerator: list[float], denominator: list[float]) -> float:
+    """Return the median over repeats of numerator[i] / denominator[i] (times taken in the same repeat)."""
+    return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
+
+
 def _timed(fn, device: torch.device = CPU) -> tuple[float, Any]:
     """Return (seconds, result) of `fn()`, waiting for the device's queued work on both sides."""
     _sync(device)
@@ -227,12 +234,12 @@ def kernel_times(
             "hybrid_s": statistics.median(times[f"hybrid:{keep}"]),
             "ideal_speedup": ideal_speedup(tokens, f, sink, window),
         }
-        row["speedup"] = out["sdpa_s"] / row["hybrid_s"]
+        row["speedup"] = paired(times["sdpa"], times[f"hybrid:{keep}"])
         row["of_ideal"] = row["speedup"] / row["ideal_speedup"]
         if flex_ok:
             row["flex_s"] = statistics.median(times[f"flex:{keep}"])
-            row["flex_speedup"] = out["sdpa_s"] / row["flex_s"]
-            row["hybrid_over_flex"] = row["flex_s"] / row["hybrid_s"]
+            row["flex_speedup"] = paired(times["sdpa"], times[f"flex:{keep}"])
+            row["hybrid_over_flex"] = paired(times[f"flex:{keep}"], times[f"hybrid:{keep}"])
         out["per_keep"][str(keep)] = row
     return out
 
@@ -329,7 +336,7 @@ def prefill_times(
         kept = min(tokens, sink + window)
         saved = stream_kv * ((tokens - kept) * per_position - kept * 8) if tokens > sink + window else 0
         row.update(streaming_kv_heads=stream_kv, cache_dense_bytes=dense_bytes, cache_saved_bytes=saved)
-        row["prefill_speedup"] = out["prefill_sdpa_s"] / row["prefill_hybrid_s"]
+        row["prefill_speedup"] = paired(times["sdpa"], times[f"hybrid:{keep}"])
         row["prefill_vs_flops"] = row["prefill_speedup"] / row["prefill_flop_speedup"]
         out["prefill_per_keep"][str(keep)] = row
     return out

@@ -2,18 +2,25 @@
 
 For a streaming head, the first `S + W` positions of a row see every earlier key (the window still reaches
 the sinks), so they are one plain causal sdpa call. Past them, queries are cut into blocks of `B` positions:
-a block starting at `i0` needs only the `S` sink keys and the `W + B - 1` keys at `i0 - W + 1 .. i0 + B - 1`,
-copied into one contiguous tile (about 1 % of the tile's arithmetic). A chunk of tiles is one fused sdpa
-call (the CPU flash kernel: fp32 accumulation, no score matrix in memory) whose additive mask is the same
-for every tile: all sinks, and window columns r .. r + W - 1 for block row r. The query heads that share a
-KV head are stacked along the query axis, so each key tile serves all of them (GQA). Streaming heads thus
-cost O(N (S + W)) instead of O(N^2), exact per query position.
+a block starting at `i0` needs only the `S` sink keys and the `W + B - 1` keys at `i0 - W + 1 .. i0 + B - 1`.
+The query heads that share a KV head are stacked along the query axis, so each key tile serves all of them
+(GQA), and a chunk of tiles is one fused sdpa call (the CPU flash kernel: fp32 accumulation, no score matrix
+in memory). Two ways to run a chunk, both exact per query position:
+
+- split (the CPU path, `_SplitTiles`): the W - B + 1 keys that every query of the block sees are read
+  through a fixed-stride view of the keys, without a mask; the sinks and the B - 1 keys on either side of them
+  form a small masked tile; the two flash calls merge by their log-sum-exps. No copy per tile of the window.
+- masked (other devices, or B > W; `_MaskedTiles`): the sinks and the whole window copied into one tile under
+  an additive mask that is the same for every tile (all sinks; window columns r .. r + W - 1 for block row r).
+
+Streaming heads thus cost O(N (S + W)) instead of O(N^2).
 
 Masks: None (causal) and causal-with-left-padding (rows start at their first real token; pad rows output
 zeros, as sdpa) take the path above; any other model mask (right padding, custom masks) takes an exact but
 dense path (chunks of queries over all earlier keys, the rule and the mask applied per position).
 Arithmetic is fp32 whatever the input dtype; the output comes back in the input dtype. No large temporary is
-allocated: on this hardware fresh multi-megabyte tensors cost more in page faults than their arithmetic.
+allocated: on this hardware fresh multi-megabyte tensors cost more in page faults than their arithmetic
+(every sdpa call's output stays under `OUT_BYTES`; full heads and split tiles merge in place).
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from corelens.attention.kernels.semantics import allowed_mask, is_dense, row_sta
 
 NEG_INF = float("-inf")
 CHUNK_BYTES = 96 << 20  # key + value tiles per sdpa call: few calls (each a parallel region)
+# Outputs of one sdpa call at most: glibc serves blocks above 32 MB with fresh mmap'ed pages, and their page
+# faults cost more than the call's arithmetic saves; smaller blocks are reused from the heap.
+OUT_BYTES = 16 << 20
 
 
 def block_size(groups: int) -> int:
@@ -37,6 +47,9 @@ def block_size(groups: int) -> int:
 
 BALANCED_MIN = 256  # prompt length from which plain causal heads may take `causal_balanced` on the CPU
 Q_SPLIT = 256  # query rows per work unit of the CPU flash kernel (for prompts of 768 rows or more)
+# Block of the split tile path: of 32 .. 256, the fastest for 1, 2, 4, 5 and 8 stacked heads at 16k tokens,
+# S = 128, W = 1024 (or within 5 % of it; benchmarks/hybrid_anatomy.py).
+SPLIT_BLOCK = 96
 
 
 def _busiest(costs: list[float], threads: int) -> float:
@@ -49,10 +62,11 @@ def balance_pays(units: int, n: int, threads: int) -> bool:
     """Return whether `causal_balanced` beats one causal call for `units` = batch x heads on `threads`.
 
     The flash kernel hands each thread a contiguous run of (unit, query block) items; a causal block's work
-    is the keys it sees. Predicts the busiest thread's work both ways; the split must win by 30 %: its copies,
-    merge and second call cost 18-24 % (measured on 2 cores at 4k and 16k tokens: one head 0.84 -> 0.66 s,
-    predicted 1.5x; three heads 2.12 -> 2.25 s in one run, 2.43 -> 2.01 s in another, predicted 1.17x,
-    so three heads stay one call; benchmarks/hybrid_anatomy.py).
+    is the keys it sees. Predicts the busiest thread's work both ways; the split must win by its own cost,
+    O(n) copies and a merge against the O(n^2) call: a margin of 5 % at 16k tokens, scaled by 16k / n.
+    Measured on 2 cores, one call -> split (best of 4, interleaved; benchmarks/hybrid_anatomy.py): at 16k,
+    one head 0.74 -> 0.59 s (predicted 1.5x), three 1.78 -> 1.54 s (1.17x), five 2.82 -> 2.64 s (1.1x), two
+    1.13 -> 1.11 s (1.0x, stays one call); at 4k three heads 0.116 -> 0.122 s (stays one call).
     """
     if threads < 2:
         return False
@@ -61,38 +75,44 @@ def balance_pays(units: int, n: int, threads: int) -> bool:
     plain = [i + 0.5 for _ in range(units) for i in range(blocks)]
     diag = [i + 0.5 for _ in range(2 * units) for i in range(half)]
     rect = [float(half)] * (units * half)
-    return 1.3 * (_busiest(diag, threads) + _busiest(rect, threads)) < _busiest(plain, threads)
+    margin = 1 + 0.05 * 16384 / n
+    return margin * (_busiest(diag, threads) + _busiest(rect, threads)) < _busiest(plain, threads)
+
+
+def _halves(x: torch.Tensor, h: int) -> torch.Tensor:
+    """Return (2 batch, heads, h, dim): rows :h of `x`, then rows h: (one zero row appended if n is odd)."""
+    batch, heads, n, dim = x.shape
+    if batch == 1 and n == 2 * h:  # a view: the second half is the first shifted by h rows
+        return x.as_strided((2, heads, h, dim), (h * x.stride(2), x.stride(1), x.stride(2), x.stride(3)))
+    return torch.cat([x[:, :, :h], F.pad(x[:, :, h:], (0, 0, 0, 2 * h - n))])
+
+
+def balanced_parts(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return causal sdpa of q over k, v (batch, heads, n, dim) as its rows :ceil(n/2) and the rest, balanced.
+
+    The CPU flash kernel hands each thread a contiguous run of (batch, head, query block) units; under a
+    causal mask the late query blocks cost the most, so with an odd number of heads one thread gets most of
+    the work (`balance_pays`). Split at h = ceil(n / 2): the two causal diagonal halves run as one batch of
+    two equal problems (the upper half padded by one zero row if n is odd: a key after every real query is
+    masked, an extra query row is dropped) and the upper queries' rectangle over the lower keys runs as a
+    plain (uniform) call; the two parts of the upper rows merge exactly through their log-sum-exps (the
+    weight of the rectangle is sigmoid(lse_rect - lse_diag), merged in place). For one prompt of even
+    length the halves are views of the inputs, not copies.
+    """
+    batch, n = q.shape[0], q.shape[2]
+    h = (n + 1) // 2
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    diag, diag_lse = flash(_halves(q, h), _halves(k, h), _halves(v, h), 0.0, True, scale=scale)
+    rect, rect_lse = flash(q[:, :, h:], k[:, :, :h], v[:, :, :h], 0.0, False, scale=scale)
+    top, top_lse = diag[batch:, :, : n - h], diag_lse[batch:, :, : n - h]
+    return diag[:batch], top.lerp_(rect, torch.sigmoid(rect_lse - top_lse)[..., None])
 
 
 def causal_balanced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Return causal sdpa of q over k, v (batch, heads, n, dim) with equal work per CPU thread.
-
-    The CPU flash kernel hands each thread a contiguous run of (batch, head, query block) units; under a
-    causal mask the late query blocks cost the most, so with an odd number of heads (one full head, three)
-    one thread gets most of the work (measured at 16k tokens on 2 cores: one head alone 0.84-1.2 s, against
-    0.66 s per head in a 16-head call, and 0.66-0.78 s through this function). Split at h = ceil(n / 2): the
-    two causal diagonal halves run as one batch of two equal problems (the upper half padded by one zero row
-    if n is odd: a key after every real query is masked, an extra query row is dropped) and the upper
-    queries' rectangle over the lower keys runs as a plain (uniform) call; the two parts of the upper rows
-    merge exactly through their log-sum-exps.
-    """
-    batch, heads, n, dim = q.shape
-    h = (n + 1) // 2
-    odd = 2 * h - n
-
-    def upper(x: torch.Tensor) -> torch.Tensor:
-        x = x[:, :, h:]
-        return F.pad(x, (0, 0, 0, odd)) if odd else x
-
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    qs, ks, vs = (torch.cat([x[:, :, :h], upper(x)]) for x in (q, k, v))
-    diag, diag_lse = flash(qs, ks, vs, 0.0, True, scale=scale)
-    low_k, low_v = k[:, :, :h].contiguous(), v[:, :, :h].contiguous()
-    rect, rect_lse = flash(q[:, :, h:].contiguous(), low_k, low_v, 0.0, False, scale=scale)
-    top, top_lse = diag[batch:, :, : n - h], diag_lse[batch:, :, : n - h]
-    lse = torch.logaddexp(top_lse, rect_lse)
-    merged = top * torch.exp(top_lse - lse)[..., None] + rect * torch.exp(rect_lse - lse)[..., None]
-    return torch.cat([diag[:batch], merged], dim=2)
+    """Return causal sdpa of q over k, v (batch, heads, n, dim) with equal work per CPU thread (`balanced_parts`)."""
+    return torch.cat(balanced_parts(q, k, v, scale), dim=2)
 
 
 def full_heads(
@@ -102,22 +122,37 @@ def full_heads(
     mask: torch.Tensor | None,
     heads: torch.Tensor,
     scale: float,
-) -> torch.Tensor:
-    """Return causal sdpa (batch, len(heads), n, dim_v) of the query heads `heads` (their KV heads gathered)."""
+    out: torch.Tensor,
+) -> None:
+    """Write causal sdpa of the query heads `heads` into their heads of `out` (batch, n, all heads, dim_v).
+
+    On the CPU (fp32, plain causal) where one head alone would leave a thread idle (`balance_pays`), each
+    head runs on its own through `balanced_parts`: balanced whatever the number of full heads, its query,
+    key and value read in place, and its sdpa outputs small enough to reuse heap memory rather than fault
+    in fresh pages. Otherwise one sdpa call over the gathered heads.
+    """
     groups = query.shape[1] // key.shape[1]
-    kv = torch.div(heads, groups, rounding_mode="floor")
-    q = query.index_select(1, heads)
-    k, v = key.index_select(1, kv), value.index_select(1, kv)
-    n = q.shape[2]
-    cpu = q.device.type == "cpu" and q.dtype == torch.float32
+    n = query.shape[2]
+    cpu = query.device.type == "cpu" and query.dtype == torch.float32
     if (
         mask is None
         and cpu
         and n >= BALANCED_MIN
-        and balance_pays(q.shape[0] * q.shape[1], n, torch.get_num_threads())
+        and balance_pays(query.shape[0], n, torch.get_num_threads())
     ):
-        return causal_balanced(q, k, v, scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale)
+        for head in heads.tolist():
+            j = head // groups
+            lower, upper = balanced_parts(
+                query[:, head : head + 1], key[:, j : j + 1], value[:, j : j + 1], scale
+            )
+            h = lower.shape[2]
+            out[:, :h, head] = lower[:, 0]
+            out[:, h:, head] = upper[:, 0]
+        return
+    kv = torch.div(heads, groups, rounding_mode="floor")
+    q, k, v = query.index_select(1, heads), key.index_select(1, kv), value.index_select(1, kv)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale)
+    out.index_copy_(2, heads, o.transpose(1, 2))
 
 
 # The last mask checked (a weak reference, so a new tensor at a recycled address is never mistaken for it)
@@ -189,6 +224,129 @@ def _additive(ok: torch.Tensor, groups: int) -> torch.Tensor:
     return bias.view(m, 1, groups * block, keys)
 
 
+def split_block(window: int, block: int | None = None) -> int | None:
+    """Return the block size of the split tile path for `window`, or None where it does not apply (B < 2 or B > W)."""
+    b = block or min(SPLIT_BLOCK, window)
+    return b if 2 <= b <= window else None
+
+
+def edge_rule(block: int, sink: int, device: torch.device | None = None) -> torch.Tensor:
+    """Return the (B, S + 2 (B - 1)) booleans of a split tile's edge keys: every sink; left c >= r; right c < r."""
+    r = torch.arange(block, device=device)[:, None]
+    c = torch.arange(block - 1, device=device)[None, :]
+    return torch.cat([torch.ones(block, sink, dtype=torch.bool, device=device), c >= r, c < r], dim=1)
+
+
+class _Tiles:
+    """The tiles of one streaming group past its prefix: tile t holds queries end + t B .. end + t B + B - 1."""
+
+    def __init__(self, k, v, end, sink, window, block, groups, start, scratch):
+        self.k, self.v, self.end, self.sink, self.window, self.block = k, v, end, sink, window, block
+        self.count = math.ceil((k.shape[0] - end) / block)
+        self.rows = groups * block
+        self.start, self.groups, self.scratch = start, groups, scratch
+
+    def chunk(self, keys: int) -> int:
+        """Return how many tiles one sdpa call takes when each tile holds `keys` key and value rows."""
+        per_tile = keys * (self.k.shape[1] + self.v.shape[1]) * 4
+        out_tile = self.rows * max(self.k.shape[1], self.v.shape[1]) * 4
+        return max(1, min(self.count, CHUNK_BYTES // per_tile, OUT_BYTES // out_tile))
+
+    def padded(self, name: str, src: torch.Tensor, first: int, length: int) -> torch.Tensor:
+        """Return scratch rows src[first:first + length], zeros past the end of `src`."""
+        out = self.scratch.get(name, length, src.shape[1])
+        real = max(0, min(length, src.shape[0] - first))
+        out[:real] = src[first : first + real]
+        out[real:].zero_()
+        return out
+
+
+class _MaskedTiles(_Tiles):
+    """Each tile as one sdpa call over its sinks and W + B - 1 window keys, the band applied by an additive mask."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        b, s, w = self.block, self.sink, self.window
+        span = w + b - 1
+        base = self.end - w + 1  # the window of tile t: keys base + t B .. base + t B + span - 1
+        length = w - 1 + self.count * b
+        dim, dim_v = self.k.shape[1], self.v.shape[1]
+        kp, vp = self.padded("kp", self.k, base, length), self.padded("vp", self.v, base, length)
+        self.win_k = kp.as_strided((self.count, span, dim), (b * dim, dim, 1))
+        self.win_v = vp.as_strided((self.count, span, dim_v), (b * dim_v, dim_v, 1))
+        self.per_call = self.chunk(s + span)
+        self.kt = self.scratch.get("k", self.per_call, 1, s + span, dim)
+        self.vt = self.scratch.get("v", self.per_call, 1, s + span, dim_v)
+        self.kt[:, 0, :s] = self.k[self.start : self.start + s]
+        self.vt[:, 0, :s] = self.v[self.start : self.start + s]
+        self.bias = _additive(tile_rule(b, s, w, self.k.device)[None], self.groups)
+
+    def attend(self, qv: torch.Tensor, t0: int, t1: int, scale: float) -> torch.Tensor:
+        """Return the (m, 1, g B, dim_v) outputs of tiles t0 .. t1 - 1 for their stacked queries `qv`."""
+        m, s = t1 - t0, self.sink
+        self.kt[:m, 0, s:] = self.win_k[t0:t1]
+        self.vt[:m, 0, s:] = self.win_v[t0:t1]
+        return F.scaled_dot_product_attention(qv, self.kt[:m], self.vt[:m], attn_mask=self.bias, scale=scale)
+
+
+class _SplitTiles(_Tiles):
+    """Each tile as two CPU flash calls merged by their log-sum-exps (no mask on most of the keys).
+
+    Middle: the W - B + 1 keys i0 + B - W .. i0 that every query of the block sees, read through a
+    fixed-stride view of one padded copy of the keys (no copy per tile, no mask). Edges: the S sinks, the
+    B - 1 keys before the middle (query r sees left column c iff c >= r) and the B - 1 after it (right
+    column c iff c < r), copied into one small tile under an additive mask. Every query sees at least one
+    middle key and B - 1 edge keys, so both log-sum-exps are finite and the merge weight of the middle is
+    sigmoid(lse_mid - lse_edge).
+    """
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        b, s, w, end = self.block, self.sink, self.window, self.end
+        # One copy of the keys (values), B zero rows past n for the last tile's right keys. Tile t reads its
+        # middle at end + B - W + t B, its left keys at end - W + 1 + t B and its right keys at end + 1 + t B.
+        self.mids, self.edges = [], []
+        for name, x in (("kp", self.k), ("vp", self.v)):
+            dim = x.shape[1]
+            xp = self.padded(name, x, 0, x.shape[0] + b)
+            self.mids.append(
+                xp[end + b - w :].as_strided((self.count, 1, w - b + 1, dim), (b * dim, 0, dim, 1))
+            )
+            left, right = (
+                xp[i:].as_strided((self.count, b - 1, dim), (b * dim, dim, 1)) for i in (end - w + 1, end + 1)
+            )
+            self.edges.append((left, right))
+        self.per_call = self.chunk(s + 2 * (b - 1))
+        self.et = []
+        for name, x in (("ke", self.k), ("ve", self.v)):
+            t = self.scratch.get(name, self.per_call, 1, s + 2 * (b - 1), x.shape[1])
+            t[:, 0, :s] = x[self.start : self.start + s]
+            self.et.append(t)
+        self.bias = _additive(edge_rule(b, s, self.k.device)[None], self.groups)
+
+    def attend(
+        self, qv: torch.Tensor, t0: int, t1: int, scale: float, into: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Return the (m, 1, g B, dim_v) outputs of tiles t0 .. t1 - 1 for their stacked queries `qv`.
+
+        With `into`, an fp32 (m, g, B, dim_v) view of the output, the merge writes there (no copy).
+        """
+        m, s, b = t1 - t0, self.sink, self.block
+        for t, (left, right) in zip(self.et, self.edges):
+            t[:m, 0, s : s + b - 1] = left[t0:t1]
+            t[:m, 0, s + b - 1 :] = right[t0:t1]
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        mid, mid_lse = flash(qv, self.mids[0][t0:t1], self.mids[1][t0:t1], 0.0, False, scale=scale)
+        edge, edge_lse = flash(
+            qv, self.et[0][:m], self.et[1][:m], 0.0, False, attn_mask=self.bias, scale=scale
+        )
+        weight = torch.sigmoid(mid_lse - edge_lse)[..., None]
+        if into is None:
+            return torch.lerp(edge, mid, weight)
+        shape = into.shape
+        return torch.lerp(edge.view(shape), mid.view(shape), weight.view(*shape[:3], 1), out=into)
+
+
 def streaming_group(
     query: torch.Tensor,
     heads: torch.Tensor,
@@ -199,13 +357,17 @@ def streaming_group(
     sink: int,
     window: int,
     scale: float,
-    block: int,
+    block: int | None = None,
     scratch: Scratch | None = None,
+    *,
+    split: bool = True,
 ) -> None:
     """Write streaming attention of query heads `heads` of `query` (heads, n, dim) into `out` (n, heads, dim_v).
 
     The heads share one KV head, `k` (n, dim) and `v` (n, dim_v), fp32. The model's mask is causal, with the
-    padding (if any) before `start`, the row's first real token; those rows get zeros.
+    padding (if any) before `start`, the row's first real token; those rows get zeros. Past the prefix, the
+    tiles take the split path on the CPU where it applies (`split_block`) unless `split` is False, else the
+    masked path; `block` overrides the block size of either.
     """
     g = len(heads)
     n, dim = k.shape
@@ -229,48 +391,38 @@ def streaming_group(
     write(start, o.transpose(0, 1))
     if start:
         write(0, torch.zeros(start, g, dim_v, device=device))
-    tiles = math.ceil((n - end) / block)
-    if tiles <= 0:
+    if end >= n:
         return
 
-    # 2. Tiles: the window of tile t is keys base + t*B .. base + t*B + span - 1, a fixed-stride view of a
-    # copy of k[base:] with zeros past n; no window reaches back to the sinks.
-    span = window + block - 1
-    rows = g * block
-    base = end - window + 1
+    # 2. Tiles of B queries past the prefix; no window reaches back to the sinks.
     scratch = scratch or Scratch(device)
-    kp = scratch.get("kp", window - 1 + tiles * block, dim)
-    vp = scratch.get("vp", window - 1 + tiles * block, dim_v)
-    for padded, src in ((kp, k), (vp, v)):
-        padded[: n - base] = src[base:]
-        padded[n - base :].zero_()
-    win_k = kp.as_strided((tiles, span, dim), (block * dim, dim, 1))
-    win_v = vp.as_strided((tiles, span, dim_v), (block * dim_v, dim_v, 1))
-    keys = sink + span
-    chunk = max(1, min(tiles, CHUNK_BYTES // (keys * (dim + dim_v) * 4)))
-    kt = scratch.get("k", chunk, 1, keys, dim)
-    vt = scratch.get("v", chunk, 1, keys, dim_v)
-    kt[:, 0, :sink] = k[start : start + sink]
-    vt[:, 0, :sink] = v[start : start + sink]
-    bias = _additive(tile_rule(block, sink, window, device)[None], g)
-    qt = scratch.get("q", chunk, g, block, dim)
-
-    for t0 in range(0, tiles, chunk):
-        t1 = min(tiles, t0 + chunk)
+    fast = split_block(window, block) if split and device.type == "cpu" else None
+    if fast is not None:
+        tiles: _Tiles = _SplitTiles(k, v, end, sink, window, fast, g, start, scratch)
+    else:
+        b = block or block_size(g)
+        tiles = _MaskedTiles(k, v, end, sink, window, b, g, start, scratch)
+    b = tiles.block
+    direct = fast is not None and contiguous and out.dtype == torch.float32
+    qt = scratch.get("q", tiles.per_call, g, b, dim)
+    for t0 in range(0, tiles.count, tiles.per_call):
+        t1 = min(tiles.count, t0 + tiles.per_call)
         m = t1 - t0
-        r0 = end + t0 * block
-        r1 = min(n, end + t1 * block)
+        r0 = end + t0 * b
+        r1 = min(n, end + t1 * b)
         q = query[h0 : h0 + g, r0:r1] if contiguous else query[heads, r0:r1]
-        whole = (r1 - r0) // block
-        qt[:whole] = q[:, : whole * block].view(g, whole, block, dim).transpose(0, 1)
+        whole = (r1 - r0) // b
+        qt[:whole] = q[:, : whole * b].view(g, whole, b, dim).transpose(0, 1)
         if whole < m:  # the last tile runs past n: zero queries, discarded
             qt[whole].zero_()
-            qt[whole, :, : r1 - r0 - whole * block] = q[:, whole * block :]
-        qv = qt[:m].view(m, 1, rows, dim)
-        kt[:m, 0, sink:] = win_k[t0:t1]
-        vt[:m, 0, sink:] = win_v[t0:t1]
-        ob = F.scaled_dot_product_attention(qv, kt[:m], vt[:m], attn_mask=bias, scale=scale)
-        write(r0, ob.view(m, g, block, dim_v).transpose(1, 2).reshape(m * block, g, dim_v)[: r1 - r0])
+            qt[whole, :, : r1 - r0 - whole * b] = q[:, whole * b :]
+        qv = qt[:m].view(m, 1, g * b, dim)
+        if direct and whole == m:  # the merge writes straight into `out`
+            into = out[r0 : r0 + m * b, h0 : h0 + g].view(m, b, g, dim_v).permute(0, 2, 1, 3)
+            tiles.attend(qv, t0, t1, scale, into=into)
+            continue
+        ob = tiles.attend(qv, t0, t1, scale)
+        write(r0, ob.view(m, g, b, dim_v).transpose(1, 2).reshape(m * b, g, dim_v)[: r1 - r0])
 
 
 def general_group(
@@ -312,8 +464,12 @@ def blocked(
     scale: float,
     *,
     block: int | None = None,
+    split: bool = True,
 ) -> torch.Tensor:
-    """Return hybrid prefill attention (batch, n, heads, dim_v) for n queries over the same n keys."""
+    """Return hybrid prefill attention (batch, n, heads, dim_v) for n queries over the same n keys.
+
+    `block` and `split` reach `streaming_group` (the tests use them to take both tile paths).
+    """
     batch, heads, n, _ = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
@@ -325,7 +481,7 @@ def blocked(
     out = torch.empty(batch, n, heads, value.shape[-1], dtype=query.dtype, device=device)
     full_idx = full.nonzero().flatten()
     if len(full_idx):
-        out.index_copy_(2, full_idx, full_heads(query, key, value, mask, full_idx, scale).transpose(1, 2))
+        full_heads(query, key, value, mask, full_idx, scale, out)
     if len(full_idx) == heads:
         return out
 
@@ -345,6 +501,7 @@ def blocked(
                 if general:
                     general_group(query[b], idx, k, v, out[b], model, starts[b], sink, window, scale)
                     continue
-                bs = block or block_size(len(idx))
-                streaming_group(query[b], idx, k, v, out[b], starts[b], sink, window, scale, bs, scratch)
+                streaming_group(
+                    query[b], idx, k, v, out[b], starts[b], sink, window, scale, block, scratch, split=split
+                )
     return out
