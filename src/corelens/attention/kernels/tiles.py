@@ -47,8 +47,8 @@ def block_size(groups: int) -> int:
 
 BALANCED_MIN = 256  # prompt length from which plain causal heads may take `causal_balanced` on the CPU
 Q_SPLIT = 256  # query rows per work unit of the CPU flash kernel (for prompts of 768 rows or more)
-# Block of the split tile path: of 32 .. 256, the fastest for 1, 2, 4, 5 and 8 stacked heads at 16k tokens,
-# S = 128, W = 1024 (or within 5 % of it; benchmarks/hybrid_anatomy.py).
+# Block of the split tile path: B = 48 .. 128 time within 4 % of each other for 8 stacked heads at 16k tokens,
+# S = 128, W = 1024 (benchmarks/hybrid_anatomy.py); 96 keeps g * B >= 768 rows for 8 heads.
 SPLIT_BLOCK = 96
 
 
@@ -64,9 +64,9 @@ def balance_pays(units: int, n: int, threads: int) -> bool:
     The flash kernel hands each thread a contiguous run of (unit, query block) items; a causal block's work
     is the keys it sees. Predicts the busiest thread's work both ways; the split must win by its own cost,
     O(n) copies and a merge against the O(n^2) call: a margin of 5 % at 16k tokens, scaled by 16k / n.
-    Measured on 2 cores, one call -> split (best of 4, interleaved; benchmarks/hybrid_anatomy.py): at 16k,
-    one head 0.74 -> 0.59 s (predicted 1.5x), three 1.78 -> 1.54 s (1.17x), five 2.82 -> 2.64 s (1.1x), two
-    1.13 -> 1.11 s (1.0x, stays one call); at 4k three heads 0.116 -> 0.122 s (stays one call).
+    Measured on 2 cores, split against one call (benchmarks/hybrid_anatomy.py, two runs): one head 1.33-1.43x
+    at 16k and 1.23-1.37x at 4k (predicted 1.5x), two heads 0.97-0.98x (predicted 1.0x: one call), three and
+    five heads 1.00-1.16x (predicted 1.17x / 1.1x).
     """
     if threads < 2:
         return False
