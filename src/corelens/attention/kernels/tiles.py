@@ -45,7 +45,7 @@ def block_size(groups: int) -> int:
     return int(min(128, max(32, math.ceil(768 / max(groups, 1)))))
 
 
-BALANCED_MIN = 256  # prompt length from which plain causal heads may take `causal_balanced` on the CPU
+BALANCED_MIN = 256  # prompt length from which plain causal heads may take `balanced_parts` on the CPU
 Q_SPLIT = 256  # query rows per work unit of the CPU flash kernel (for prompts of 768 rows or more)
 # Block of the split tile path: B = 48 .. 128 time within 4 % of each other for 8 stacked heads at 16k tokens,
 # S = 128, W = 1024 (benchmarks/hybrid_anatomy.py); 96 keeps g * B >= 768 rows for 8 heads.
@@ -59,7 +59,7 @@ def _busiest(costs: list[float], threads: int) -> float:
 
 
 def balance_pays(units: int, n: int, threads: int) -> bool:
-    """Return whether `causal_balanced` beats one causal call for `units` = batch x heads on `threads`.
+    """Return whether `balanced_parts` beats one causal call for `units` = batch x heads on `threads`.
 
     The flash kernel hands each thread a contiguous run of (unit, query block) items; a causal block's work
     is the keys it sees. Predicts the busiest thread's work both ways; the split must win by its own cost,
@@ -260,6 +260,12 @@ class _Tiles:
         out[real:].zero_()
         return out
 
+    def keyed(self, name: str, src: torch.Tensor, keys: int) -> torch.Tensor:
+        """Return a scratch (tiles per call, 1, keys, dim) tile of `src` rows whose first S rows hold the sinks."""
+        out = self.scratch.get(name, self.per_call, 1, keys, src.shape[1])
+        out[:, 0, : self.sink] = src[self.start : self.start + self.sink]
+        return out
+
 
 class _MaskedTiles(_Tiles):
     """Each tile as one sdpa call over its sinks and W + B - 1 window keys, the band applied by an additive mask."""
@@ -275,10 +281,7 @@ class _MaskedTiles(_Tiles):
         self.win_k = kp.as_strided((self.count, span, dim), (b * dim, dim, 1))
         self.win_v = vp.as_strided((self.count, span, dim_v), (b * dim_v, dim_v, 1))
         self.per_call = self.chunk(s + span)
-        self.kt = self.scratch.get("k", self.per_call, 1, s + span, dim)
-        self.vt = self.scratch.get("v", self.per_call, 1, s + span, dim_v)
-        self.kt[:, 0, :s] = self.k[self.start : self.start + s]
-        self.vt[:, 0, :s] = self.v[self.start : self.start + s]
+        self.kt, self.vt = self.keyed("k", self.k, s + span), self.keyed("v", self.v, s + span)
         self.bias = _additive(tile_rule(b, s, w, self.k.device)[None], self.groups)
 
     def attend(self, qv: torch.Tensor, t0: int, t1: int, scale: float) -> torch.Tensor:
@@ -317,11 +320,7 @@ class _SplitTiles(_Tiles):
             )
             self.edges.append((left, right))
         self.per_call = self.chunk(s + 2 * (b - 1))
-        self.et = []
-        for name, x in (("ke", self.k), ("ve", self.v)):
-            t = self.scratch.get(name, self.per_call, 1, s + 2 * (b - 1), x.shape[1])
-            t[:, 0, :s] = x[self.start : self.start + s]
-            self.et.append(t)
+        self.et = [self.keyed(name, x, s + 2 * (b - 1)) for name, x in (("ke", self.k), ("ve", self.v))]
         self.bias = _additive(edge_rule(b, s, self.k.device)[None], self.groups)
 
     def attend(
