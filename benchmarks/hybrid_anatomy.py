@@ -4,7 +4,8 @@ Run from the repository root: `.venv/bin/python benchmarks/hybrid_anatomy.py` (a
 
 1. Cost per (query, key) pair: stock causal sdpa over 16 heads / 2 KV heads at 16k tokens, against the
    streaming heads of one KV head (`streaming_group`, S = 128, W = 1024; 8 and 5 stacked query heads) on the
-   split tiles and on the masked tiles, and the split path's block size B.
+   split tiles and on the masked tiles, 5 scattered heads against 5 consecutive ones, and the split path's
+   block size B.
 2. The price of fresh pages (a 1 GB tensor filled fresh and refilled), and the split path with every sdpa
    output under `OUT_BYTES` (16 MB) against one call per KV head: the time and the minor page faults (fresh
    pages of blocks above glibc's 32 MB mmap threshold).
@@ -43,13 +44,13 @@ def faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def streaming(n: int, groups: int, block: int | None, split: bool):
-    """Return a call of `streaming_group` on random fp32 inputs of one KV head with `groups` query heads."""
+def streaming(n: int, groups: int, block: int | None, split: bool, heads: list[int] | None = None):
+    """Return a `streaming_group` call on random fp32 inputs of one KV head, query heads `heads` (or 0..groups-1)."""
     g = torch.Generator().manual_seed(groups)
-    q = torch.randn(groups, n, DIM, generator=g)
+    q = torch.randn(8, n, DIM, generator=g)
     k, v = torch.randn(n, DIM, generator=g), torch.randn(n, DIM, generator=g)
-    out = torch.empty(n, groups, DIM)
-    heads = torch.arange(groups)
+    out = torch.empty(n, 8, DIM)
+    heads = torch.tensor(heads or list(range(groups)))
     return lambda: tiles.streaming_group(
         q, heads, k, v, out, 0, SINK, WINDOW, DIM**-0.5, block, tiles.Scratch(q.device), split=split
     )
@@ -98,6 +99,11 @@ def main() -> None:
             f"({t['split'] / kept * 1e9 / per_pair:.2f}x stock), masked tiles {t['masked'] / kept * 1e9:.2f} "
             f"({t['masked'] / kept * 1e9 / per_pair:.2f}x)"
         )
+    scattered = [0, 3, 5, 6, 7]  # three runs of consecutive heads, read and written through views
+    t = interleaved(
+        {"runs": streaming(n, 5, None, True, scattered), "consecutive": streaming(n, 5, None, True)}
+    )
+    print(f"split tiles, 5 heads {scattered} against heads 0-4: {t['runs'] / t['consecutive']:.2f}x the time")
     sweep = interleaved({str(b): streaming(n, 8, b, True) for b in (48, 64, 96, 128)})
     print("split block B, 8 heads: " + ", ".join(f"B = {b}: {s:.3f} s" for b, s in sweep.items()))
 

@@ -54,15 +54,23 @@ def test_blocked_equals_reference(groups, n, sink, window, split):
         assert (out - ref).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("out_bytes", [1, tiles.OUT_BYTES])  # one tile per call; all tiles in one call
+@pytest.mark.parametrize("full_heads", [[4], [1, 5, 6]])  # streaming heads 5-7; runs 0 | 2-3 and 4 | 7
 @pytest.mark.parametrize("split", [True, False])
-def test_blocked_one_tile_per_call_equals_reference(monkeypatch, split):
-    """Chunks of one tile: whole tiles merge straight into the output, the last (partial) one through a copy."""
-    monkeypatch.setattr(tiles, "OUT_BYTES", 1)
+def test_blocked_tile_chunks_and_head_runs_equal_reference(monkeypatch, split, full_heads, out_bytes):
+    """Whole tiles merge straight into the output, run by run of consecutive heads; a partial one through a copy."""
+    monkeypatch.setattr(tiles, "OUT_BYTES", out_bytes)
     q, k, v, _ = _inputs(1, 8, 4, 157, seed=11)
-    full = torch.tensor([False, False, False, False, True, False, False, False])  # heads 5-7 contiguous
+    full = torch.zeros(8, dtype=torch.bool)
+    full[full_heads] = True
     ref = reference(q, k, v, None, full, 5, 40, 0.25)
     out = blocked(q, k, v, None, full, 5, 40, 0.25, block=16, split=split)
     assert (out - ref).abs().max().item() <= 1e-5
+
+
+def test_head_runs_cut_at_gaps():
+    assert tiles.head_runs(torch.tensor([8, 11, 13, 14, 15])) == [(0, 1, 8), (1, 2, 11), (2, 5, 13)]
+    assert tiles.head_runs(torch.tensor([3])) == [(0, 1, 3)]
 
 
 def test_split_tiles_apply_only_where_every_query_keeps_a_middle_key():

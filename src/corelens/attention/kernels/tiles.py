@@ -324,11 +324,17 @@ class _SplitTiles(_Tiles):
         self.bias = _additive(edge_rule(b, s, self.k.device)[None], self.groups)
 
     def attend(
-        self, qv: torch.Tensor, t0: int, t1: int, scale: float, into: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        qv: torch.Tensor,
+        t0: int,
+        t1: int,
+        scale: float,
+        into: list[tuple[int, torch.Tensor]] | None = None,
+    ) -> torch.Tensor | None:
         """Return the (m, 1, g B, dim_v) outputs of tiles t0 .. t1 - 1 for their stacked queries `qv`.
 
-        With `into`, an fp32 (m, g, B, dim_v) view of the output, the merge writes there (no copy).
+        With `into`, pairs of (first stacked head i, an fp32 (m, heads, B, dim_v) view of the output for the
+        stacked heads i ..), the merge writes there (no copy) and returns None.
         """
         m, s, b = t1 - t0, self.sink, self.block
         for t, (left, right) in zip(self.et, self.edges):
@@ -342,8 +348,19 @@ class _SplitTiles(_Tiles):
         weight = torch.sigmoid(mid_lse - edge_lse)[..., None]
         if into is None:
             return torch.lerp(edge, mid, weight)
-        shape = into.shape
-        return torch.lerp(edge.view(shape), mid.view(shape), weight.view(*shape[:3], 1), out=into)
+        shape = (m, self.groups, b, edge.shape[-1])
+        edge, mid, weight = edge.view(shape), mid.view(shape), weight.view(*shape[:3], 1)
+        for i, view in into:
+            j = i + view.shape[1]
+            torch.lerp(edge[:, i:j], mid[:, i:j], weight[:, i:j], out=view)
+        return None
+
+
+def head_runs(heads: torch.Tensor) -> list[tuple[int, int, int]]:
+    """Return the runs of consecutive heads in sorted `heads` as (first stacked index, end, first head)."""
+    h = heads.tolist()
+    cuts = [0] + [i for i in range(1, len(h)) if h[i] != h[i - 1] + 1] + [len(h)]
+    return [(i, j, h[i]) for i, j in zip(cuts[:-1], cuts[1:])]
 
 
 def streaming_group(
@@ -372,18 +389,16 @@ def streaming_group(
     n, dim = k.shape
     dim_v = v.shape[-1]
     device = k.device
-    contiguous = g == 1 or bool((heads[1:] - heads[:-1] == 1).all())
-    h0 = int(heads[0])
+    runs = head_runs(heads)  # runs of consecutive heads are read and written through views
 
     def write(r0: int, rows: torch.Tensor) -> None:
-        if contiguous:
-            out[r0 : r0 + len(rows), h0 : h0 + g] = rows
-        else:
-            out[r0 : r0 + len(rows)].index_copy_(1, heads, rows.to(out.dtype))
+        for i, j, h in runs:
+            out[r0 : r0 + len(rows), h : h + j - i] = rows[:, i:j]
 
     # 1. Prefix: queries start .. start + S + W - 1 keep every earlier key, a plain causal attention.
     end = min(n, start + sink + window)
-    q = query[h0 : h0 + g, start:end] if contiguous else query[heads, start:end]
+    h0 = runs[0][2]
+    q = query[h0 : h0 + g, start:end] if len(runs) == 1 else query[heads, start:end]
     kk = k[start:end].expand(g, end - start, dim)
     vv = v[start:end].expand(g, end - start, dim_v)
     o = F.scaled_dot_product_attention(q.float(), kk, vv, is_causal=True, scale=scale)
@@ -402,22 +417,27 @@ def streaming_group(
         b = block or block_size(g)
         tiles = _MaskedTiles(k, v, end, sink, window, b, g, start, scratch)
     b = tiles.block
-    direct = fast is not None and contiguous and out.dtype == torch.float32
+    direct = fast is not None and out.dtype == torch.float32
     qt = scratch.get("q", tiles.per_call, g, b, dim)
     for t0 in range(0, tiles.count, tiles.per_call):
         t1 = min(tiles.count, t0 + tiles.per_call)
         m = t1 - t0
         r0 = end + t0 * b
         r1 = min(n, end + t1 * b)
-        q = query[h0 : h0 + g, r0:r1] if contiguous else query[heads, r0:r1]
         whole = (r1 - r0) // b
-        qt[:whole] = q[:, : whole * b].view(g, whole, b, dim).transpose(0, 1)
         if whole < m:  # the last tile runs past n: zero queries, discarded
             qt[whole].zero_()
-            qt[whole, :, : r1 - r0 - whole * b] = q[:, whole * b :]
+        for i, j, h in runs:
+            q = query[h : h + j - i, r0:r1]
+            qt[:whole, i:j] = q[:, : whole * b].view(j - i, whole, b, dim).transpose(0, 1)
+            if whole < m:
+                qt[whole, i:j, : r1 - r0 - whole * b] = q[:, whole * b :]
         qv = qt[:m].view(m, 1, g * b, dim)
         if direct and whole == m:  # the merge writes straight into `out`
-            into = out[r0 : r0 + m * b, h0 : h0 + g].view(m, b, g, dim_v).permute(0, 2, 1, 3)
+            into = [
+                (i, out[r0 : r0 + m * b, h : h + j - i].view(m, b, j - i, dim_v).permute(0, 2, 1, 3))
+                for i, j, h in runs
+            ]
             tiles.attend(qv, t0, t1, scale, into=into)
             continue
         ob = tiles.attend(qv, t0, t1, scale)
