@@ -44,7 +44,7 @@ def faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def streaming(n: int, groups: int, block: int | None, split: bool, heads: list[int] | None = None):
+def streaming(n: int, groups: int, block: int | None, path: str, heads: list[int] | None = None):
     """Return a `streaming_group` call on random fp32 inputs of one KV head, query heads `heads` (or 0..groups-1)."""
     g = torch.Generator().manual_seed(groups)
     q = torch.randn(8, n, DIM, generator=g)
@@ -52,7 +52,7 @@ def streaming(n: int, groups: int, block: int | None, split: bool, heads: list[i
     out = torch.empty(n, 8, DIM)
     heads = torch.tensor(heads or list(range(groups)))
     return lambda: tiles.streaming_group(
-        q, heads, k, v, out, 0, SINK, WINDOW, DIM**-0.5, block, tiles.Scratch(q.device), split=split
+        q, heads, k, v, out, 0, SINK, WINDOW, DIM**-0.5, block, tiles.Scratch(q.device), path=path
     )
 
 

@@ -41,36 +41,68 @@ def test_rule_is_methods_4_and_pairs_count_it():
 
 
 # Lengths that are multiples of no block size (blocks are 32..128 positions; flex tiles 128).
-# split: the CPU's split tiles (middle in place + masked edges, B <= W) where they apply, else masked tiles.
-@pytest.mark.parametrize("split", [True, False])
+# path: the C++ band kernel; the split tiles (middle in place + masked edges) where B <= W, else masked tiles;
+# the masked tiles.
+@pytest.mark.parametrize("path", tiles.PATHS)
 @pytest.mark.parametrize("groups", [1, 2, 3, 4])
 @pytest.mark.parametrize("n,sink,window", [(37, 4, 8), (157, 5, 40), (301, 16, 64), (130, 0, 7)])
-def test_blocked_equals_reference(groups, n, sink, window, split):
+def test_blocked_equals_reference(groups, n, sink, window, path):
     q, k, v, full = _inputs(1, 4 * groups if groups < 4 else 8, groups, n, seed=n + groups)
     scale = 16**-0.5
     ref = reference(q, k, v, None, full, sink, window, scale)
     for block in (None, 8, 2):  # the default; many tiles per row; the smallest split block
-        out = blocked(q, k, v, None, full, sink, window, scale, block=block, split=split)
+        out = blocked(q, k, v, None, full, sink, window, scale, block=block, path=path)
         assert (out - ref).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("out_bytes", [1, tiles.OUT_BYTES])  # one tile per call; all tiles in one call
 @pytest.mark.parametrize("full_heads", [[4], [1, 5, 6]])  # streaming heads 5-7; runs 0 | 2-3 and 4 | 7
-@pytest.mark.parametrize("split", [True, False])
-def test_blocked_tile_chunks_and_head_runs_equal_reference(monkeypatch, split, full_heads, out_bytes):
+@pytest.mark.parametrize("path", tiles.PATHS)
+def test_blocked_tile_chunks_and_head_runs_equal_reference(monkeypatch, path, full_heads, out_bytes):
     """Whole tiles merge straight into the output, run by run of consecutive heads; a partial one through a copy."""
     monkeypatch.setattr(tiles, "OUT_BYTES", out_bytes)
     q, k, v, _ = _inputs(1, 8, 4, 157, seed=11)
     full = torch.zeros(8, dtype=torch.bool)
     full[full_heads] = True
     ref = reference(q, k, v, None, full, 5, 40, 0.25)
-    out = blocked(q, k, v, None, full, 5, 40, 0.25, block=16, split=split)
+    out = blocked(q, k, v, None, full, 5, 40, 0.25, block=16, path=path)
     assert (out - ref).abs().max().item() <= 1e-5
 
 
 def test_head_runs_cut_at_gaps():
     assert tiles.head_runs(torch.tensor([8, 11, 13, 14, 15])) == [(0, 1, 8), (1, 2, 11), (2, 5, 13)]
     assert tiles.head_runs(torch.tensor([3])) == [(0, 1, 3)]
+
+
+def test_band_reads_strided_queries_and_keys_in_place():
+    """The model's q, k, v are often transposed views (batch, n, heads, dim): rows strided, last dim contiguous."""
+    g = torch.Generator().manual_seed(4)
+    n, heads, kv, dim = 301, 6, 2, 16
+    q = torch.randn(1, n, heads, dim, generator=g).transpose(1, 2)
+    k, v = (torch.randn(1, n, kv, dim, generator=g).transpose(1, 2) for _ in range(2))
+    full = torch.tensor([False, True, False, False, False, True])
+    ref = reference(q, k, v, None, full, 6, 40, 0.25)
+    assert (blocked(q, k, v, None, full, 6, 40, 0.25, path="band") - ref).abs().max().item() <= 1e-5
+
+
+def test_without_the_band_kernel_the_split_tiles_run(monkeypatch):
+    """Where the C++ extension cannot be built, the default path is the split tiles; asking for it says why."""
+    from corelens.attention.kernels import band
+
+    assert tiles.streaming_path(torch.device("cpu"), 1024) == "band"  # this machine builds it
+    assert tiles.streaming_path(torch.device("meta"), 1024) == "masked"
+    monkeypatch.setattr(band, "_STATE", {})
+    monkeypatch.setenv("CORELENS_NATIVE", "0")
+    assert band.module() is None and band.error() == "disabled by CORELENS_NATIVE=0"
+    assert tiles.streaming_path(torch.device("cpu"), 1024) == "split"
+    assert tiles.streaming_path(torch.device("cpu"), 1) == "masked"
+    q, k, v, full = _inputs(1, 4, 2, 157, seed=2)
+    with pytest.raises(RuntimeError, match="band kernel is unavailable: disabled by CORELENS_NATIVE=0"):
+        blocked(q, k, v, None, full, 5, 40, 0.25, path="band")
+    ref = reference(q, k, v, None, full, 5, 40, 0.25)
+    assert (blocked(q, k, v, None, full, 5, 40, 0.25) - ref).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match="unknown streaming path 'fast'"):
+        blocked(q, k, v, None, full, 5, 40, 0.25, path="fast")
 
 
 def test_split_tiles_apply_only_where_every_query_keeps_a_middle_key():
@@ -107,15 +139,15 @@ def test_balance_pays_only_where_one_call_leaves_a_thread_idle(monkeypatch):
         assert (blocked(q, k, v, None, full, 8, 32, 0.25) - ref).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("path", tiles.PATHS)
 @pytest.mark.parametrize("groups", [1, 3])
-def test_blocked_left_padding_and_other_masks(groups, split):
+def test_blocked_left_padding_and_other_masks(groups, path):
     n, sink, window = 211, 6, 50
     q, k, v, full = _inputs(3, 3 * groups, groups, n, seed=7)
     scale = 0.3
     mask = _left_padded([0, 9, 120], n)
     ref = reference(q, k, v, mask, full, sink, window, scale)
-    out = blocked(q, k, v, mask, full, sink, window, scale, block=16, split=split)
+    out = blocked(q, k, v, mask, full, sink, window, scale, block=16, path=path)
     assert (out - ref).abs().max().item() <= 1e-5
     assert out[2, :120].abs().max() == 0  # pad rows attend nothing, as in sdpa
     assert torch.equal(row_starts(mask, 3, q.device), torch.tensor([0, 9, 120]))

@@ -31,6 +31,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from corelens.attention.kernels import band
 from corelens.attention.kernels.semantics import allowed_mask, is_dense, row_starts, streaming_keep
 
 NEG_INF = float("-inf")
@@ -363,6 +364,18 @@ def head_runs(heads: torch.Tensor) -> list[tuple[int, int, int]]:
     return [(i, j, h[i]) for i, j in zip(cuts[:-1], cuts[1:])]
 
 
+PATHS = ("band", "split", "masked")
+
+
+def streaming_path(device: torch.device, window: int, block: int | None = None) -> str:
+    """Return the streaming heads' default path past the prefix on `device` (see `streaming_group`)."""
+    if device.type != "cpu":
+        return "masked"
+    if band.module() is not None:
+        return "band"
+    return "split" if split_block(window, block) is not None else "masked"
+
+
 def streaming_group(
     query: torch.Tensor,
     heads: torch.Tensor,
@@ -376,15 +389,17 @@ def streaming_group(
     block: int | None = None,
     scratch: Scratch | None = None,
     *,
-    split: bool = True,
+    path: str | None = None,
 ) -> None:
     """Write streaming attention of query heads `heads` of `query` (heads, n, dim) into `out` (n, heads, dim_v).
 
     The heads share one KV head, `k` (n, dim) and `v` (n, dim_v), fp32. The model's mask is causal, with the
-    padding (if any) before `start`, the row's first real token; those rows get zeros. Past the prefix, the
-    tiles take the split path on the CPU where it applies (`split_block`) unless `split` is False, else the
-    masked path; `block` overrides the block size of either.
+    padding (if any) before `start`, the row's first real token; those rows get zeros. Past the prefix, one of
+    `PATHS` runs (default `streaming_path`): the C++ band kernel (CPU, where it builds), the split tiles (CPU,
+    where `split_block` applies) or the masked tiles (any device); `block` overrides the tile height of each.
     """
+    if path not in (None, *PATHS):
+        raise ValueError(f"unknown streaming path {path!r}; expected one of {PATHS}")
     g = len(heads)
     n, dim = k.shape
     dim_v = v.shape[-1]
@@ -408,9 +423,13 @@ def streaming_group(
     if end >= n:
         return
 
-    # 2. Tiles of B queries past the prefix; no window reaches back to the sinks.
+    # 2. Past the prefix no window reaches back to the sinks.
+    path = path or streaming_path(device, window, block)
+    if path == "band":
+        _band(query, heads, k, v, out, start, end, sink, window, scale, block, write)
+        return
     scratch = scratch or Scratch(device)
-    fast = split_block(window, block) if split and device.type == "cpu" else None
+    fast = split_block(window, block) if path == "split" and device.type == "cpu" else None
     if fast is not None:
         tiles: _Tiles = _SplitTiles(k, v, end, sink, window, fast, g, start, scratch)
     else:
@@ -442,6 +461,22 @@ def streaming_group(
             continue
         ob = tiles.attend(qv, t0, t1, scale)
         write(r0, ob.view(m, g, b, dim_v).transpose(1, 2).reshape(m * b, g, dim_v)[: r1 - r0])
+
+
+def _band(query, heads, k, v, out, start, end, sink, window, scale, rows, write) -> None:
+    """Run the C++ band kernel for rows end .. n - 1 (fp32 copies of the query and output where they are not)."""
+    if band.module() is None:
+        raise RuntimeError(f"the C++ band kernel is unavailable: {band.error()}")
+    g = len(heads)
+    q, q_heads = query, heads
+    if query.dtype != torch.float32 or query.stride(-1) != 1:
+        q, q_heads = query[heads].float().contiguous(), torch.arange(g)
+    if out.dtype == torch.float32 and out.stride(-1) == 1:
+        band.band(q, q_heads, k, v, out, heads, start, end, sink, window, scale, rows)
+        return
+    rows_out = torch.empty(k.shape[0], g, v.shape[-1], device=k.device)
+    band.band(q, q_heads, k, v, rows_out, torch.arange(g), start, end, sink, window, scale, rows)
+    write(end, rows_out[end:])
 
 
 def general_group(
@@ -483,11 +518,11 @@ def blocked(
     scale: float,
     *,
     block: int | None = None,
-    split: bool = True,
+    path: str | None = None,
 ) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v) for n queries over the same n keys.
 
-    `block` and `split` reach `streaming_group` (the tests use them to take both tile paths).
+    `block` and `path` reach `streaming_group` (the tests use them to take every path).
     """
     batch, heads, n, _ = query.shape
     kv_heads = key.shape[1]
@@ -521,6 +556,6 @@ def blocked(
                     general_group(query[b], idx, k, v, out[b], model, starts[b], sink, window, scale)
                     continue
                 streaming_group(
-                    query[b], idx, k, v, out[b], starts[b], sink, window, scale, block, scratch, split=split
+                    query[b], idx, k, v, out[b], starts[b], sink, window, scale, block, scratch, path=path
                 )
     return out

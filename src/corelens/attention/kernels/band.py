@@ -1,0 +1,97 @@
+"""The streaming heads' band kernel (band.cpp), compiled on first use with torch's C++ extension loader.
+
+One pass per tile of R query positions: GEMMs for the sink and window scores read the keys in place, each row's
+softmax runs over exactly its own keys, and GEMMs for the values write the normalised rows into the output; only
+R - 1 columns per row are computed and discarded (R = `band_rows`), and there is no merge. Where the
+extension cannot be built (no compiler, no ninja, another platform) or `CORELENS_NATIVE=0` is set, `module()`
+returns None and the split tiles (pure PyTorch) run instead; `error()` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("band.cpp")
+_STATE: dict[str, object] = {}
+
+
+def _flags() -> tuple[str, list[str]]:
+    """Return the build's name suffix and compiler flags for this CPU (AVX2 + FMA where torch reports them).
+
+    -fopenmp: torch's CPU build runs `at::parallel_for` on OpenMP, and the header-inline loop is serial without it.
+    """
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability in ("AVX2", "AVX512"):
+        return "avx2", ["-O3", "-fopenmp", "-mavx2", "-mfma"]
+    return "default", ["-O3", "-fopenmp"]
+
+
+def module():
+    """Return the compiled extension (built once per machine and source, then cached), or None."""
+    if "module" in _STATE:
+        return _STATE["module"]
+    mod = None
+    if os.environ.get("CORELENS_NATIVE", "1") == "0":
+        _STATE["error"] = "disabled by CORELENS_NATIVE=0"
+    else:
+        try:
+            from torch.utils.cpp_extension import load
+
+            venv_bin = Path(sys.executable).parent  # ninja from PyPI (requirements.lock) when none is on PATH
+            if shutil.which("ninja") is None and (venv_bin / "ninja").exists():
+                os.environ["PATH"] = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+            suffix, flags = _flags()
+            mod = load(
+                name=f"corelens_band_{suffix}",
+                sources=[str(SOURCE)],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP, as in torch itself
+                verbose=False,
+            )
+        except Exception as err:  # no compiler / ninja / headers: the pure-PyTorch tiles run instead
+            _STATE["error"] = (
+                f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300] if str(err) else ''}"
+            )
+            log.warning(
+                "corelens: the C++ band kernel is unavailable (%s); using the split tiles", _STATE["error"]
+            )
+    _STATE["module"] = mod
+    return mod
+
+
+def error() -> str | None:
+    """Return why the extension is unavailable (after `module()` returned None), else None."""
+    return _STATE.get("error")  # type: ignore[return-value]
+
+
+def band_rows(groups: int) -> int:
+    """Return the tile height R for `groups` stacked query heads: about 128 stacked rows, R in 16 .. 32."""
+    return int(min(32, max(16, -(-128 // max(groups, 1)))))
+
+
+def band(
+    q: torch.Tensor,
+    q_heads: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    o_heads: torch.Tensor,
+    start: int,
+    end: int,
+    sink: int,
+    window: int,
+    scale: float,
+    rows: int | None = None,
+) -> None:
+    """Write streaming attention of query heads `q_heads` of `q` (heads, n, dim) for rows end .. n - 1 into
+    heads `o_heads` of `out` (n, heads, dim_v); fp32; sinks at start .. start + S - 1, end >= start + S + W."""
+    module().band(  # type: ignore[union-attr]
+        q, q_heads, k, v, out, o_heads, start, end, sink, window, scale, rows or band_rows(len(q_heads))
+    )
