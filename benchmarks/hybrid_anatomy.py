@@ -1,11 +1,11 @@
 """Where the hybrid CPU kernel's time goes (backs the README's gap analysis and the kernel's constants).
 
-Run from the repository root: `.venv/bin/python benchmarks/hybrid_anatomy.py` (about 2 minutes on 2 cores).
+Run from the repository root: `.venv/bin/python benchmarks/hybrid_anatomy.py` (about 3 minutes on 2 cores).
 
 1. Cost per (query, key) pair: stock causal sdpa over 16 heads / 2 KV heads at 16k tokens, against the
-   streaming heads of one KV head (`streaming_group`, S = 128, W = 1024; 8 and 5 stacked query heads) on the
-   split tiles and on the masked tiles, 5 scattered heads against 5 consecutive ones, and the split path's
-   block size B.
+   streaming heads of one KV head (`streaming_group`, S = 128, W = 1024; 8 and 5 stacked query heads) on
+   each path (the C++ band kernel, the split tiles, the masked tiles); 5 scattered heads against 5
+   consecutive ones; the band kernel's tile height R and the split path's block size B.
 2. The price of fresh pages (a 1 GB tensor filled fresh and refilled), and the split path with every sdpa
    output under `OUT_BYTES` (16 MB) against one call per KV head: the time and the minor page faults (fresh
    pages of blocks above glibc's 32 MB mmap threshold).
@@ -85,29 +85,31 @@ def fresh_pages() -> None:
 
 
 def main() -> None:
-    """Print the per-pair costs, the block sweep, the page-fault comparison and the balanced-split timings."""
+    """Print the per-pair costs, the tile sweeps, the page-fault comparison and the balanced-split timings."""
     fresh_pages()
     n = 16384
     per_pair = stock_per_pair(n)
     for groups in (8, 5):
         kept = groups * pairs(n, SINK, WINDOW)[1]
-        t = interleaved(
-            {"split": streaming(n, groups, None, True), "masked": streaming(n, groups, None, False)}
-        )
+        t = interleaved({path: streaming(n, groups, None, path) for path in tiles.PATHS})
         print(
-            f"streaming, {groups} heads on one KV head: split tiles {t['split'] / kept * 1e9:.2f} ns per kept pair "
-            f"({t['split'] / kept * 1e9 / per_pair:.2f}x stock), masked tiles {t['masked'] / kept * 1e9:.2f} "
-            f"({t['masked'] / kept * 1e9 / per_pair:.2f}x)"
+            f"streaming, {groups} heads on one KV head, ns per kept pair (x stock): "
+            + ", ".join(
+                f"{path} {s / kept * 1e9:.2f} ({s / kept * 1e9 / per_pair:.2f}x)" for path, s in t.items()
+            )
         )
     scattered = [0, 3, 5, 6, 7]  # three runs of consecutive heads, read and written through views
-    t = interleaved(
-        {"runs": streaming(n, 5, None, True, scattered), "consecutive": streaming(n, 5, None, True)}
-    )
-    print(f"split tiles, 5 heads {scattered} against heads 0-4: {t['runs'] / t['consecutive']:.2f}x the time")
-    sweep = interleaved({str(b): streaming(n, 8, b, True) for b in (48, 64, 96, 128)})
+    for path in ("band", "split"):
+        t = interleaved(
+            {"runs": streaming(n, 5, None, path, scattered), "consecutive": streaming(n, 5, None, path)}
+        )
+        print(f"{path}, 5 heads {scattered} against heads 0-4: {t['runs'] / t['consecutive']:.2f}x the time")
+    sweep = interleaved({str(r): streaming(n, 8, r, "band") for r in (8, 16, 24, 32, 64)})
+    print("band tile height R, 8 heads: " + ", ".join(f"R = {r}: {s:.3f} s" for r, s in sweep.items()))
+    sweep = interleaved({str(b): streaming(n, 8, b, "split") for b in (48, 64, 96, 128)})
     print("split block B, 8 heads: " + ", ".join(f"B = {b}: {s:.3f} s" for b, s in sweep.items()))
 
-    run = streaming(n, 8, None, True)
+    run = streaming(n, 8, None, "split")
     for label, limit in (("outputs <= 16 MB", 16 << 20), ("one call (outputs 48 MB)", 1 << 40)):
         tiles.OUT_BYTES = limit
         run()

@@ -90,6 +90,7 @@ def test_without_the_band_kernel_the_split_tiles_run(monkeypatch):
     from corelens.attention.kernels import band
 
     assert tiles.streaming_path(torch.device("cpu"), 1024) == "band"  # this machine builds it
+    assert tiles.streaming_path(torch.device("cpu"), 1024, rows=tiles.BAND_MIN - 1) == "split"  # short prompt
     assert tiles.streaming_path(torch.device("meta"), 1024) == "masked"
     monkeypatch.setattr(band, "_STATE", {})
     monkeypatch.setenv("CORELENS_NATIVE", "0")

@@ -1,22 +1,24 @@
-"""The fast CPU path: thread-balanced causal sdpa for the full heads; block tiles through sdpa for the streaming heads.
+"""The fast CPU path: thread-balanced causal sdpa for the full heads; a banded pass for the streaming heads.
 
 For a streaming head, the first `S + W` positions of a row see every earlier key (the window still reaches
-the sinks), so they are one plain causal sdpa call. Past them, queries are cut into blocks of `B` positions:
-a block starting at `i0` needs only the `S` sink keys and the `W + B - 1` keys at `i0 - W + 1 .. i0 + B - 1`.
-The query heads that share a KV head are stacked along the query axis, so each key tile serves all of them
-(GQA), and a chunk of tiles is one fused sdpa call (the CPU flash kernel: fp32 accumulation, no score matrix
-in memory). Two ways to run a chunk, both exact per query position:
+the sinks), so they are one plain causal sdpa call. Past them, a query at position i needs only the `S` sink
+keys and the `W` keys i - W + 1 .. i, and the query heads that share a KV head are stacked so that each key
+serves all of them (GQA). Three ways to run them (`PATHS`), all exact per query position:
 
-- split (the CPU path, `_SplitTiles`): the W - B + 1 keys that every query of the block sees are read
-  through a fixed-stride view of the keys, without a mask; the sinks and the B - 1 keys on either side of them
-  form a small masked tile; the two flash calls merge by their log-sum-exps. No copy per tile of the window.
+- band (the CPU default, `band.py` / `band.cpp`, where the C++ extension builds and the prompt is long
+  enough to pay for building it once): tiles of R positions; BLAS GEMMs read the sink and window keys in
+  place; each row's softmax runs over exactly its own keys (R - 1 columns per row computed and dropped); no
+  merge, no copy of the keys.
+- split (the CPU fallback, `_SplitTiles`; blocks of B queries): the W - B + 1 keys that every query of the
+  block sees are read through a fixed-stride view of the keys, without a mask; the sinks and the B - 1 keys
+  on either side of them form a small masked tile; the two flash calls merge by their log-sum-exps.
 - masked (other devices, or B > W; `_MaskedTiles`): the sinks and the whole window copied into one tile under
   an additive mask that is the same for every tile (all sinks; window columns r .. r + W - 1 for block row r).
 
 Streaming heads thus cost O(N (S + W)) instead of O(N^2).
 
 Masks: None (causal) and causal-with-left-padding (rows start at their first real token; pad rows output
-zeros, as sdpa) take the path above; any other model mask (right padding, custom masks) takes an exact but
+zeros, as sdpa) take the paths above; any other model mask (right padding, custom masks) takes an exact but
 dense path (chunks of queries over all earlier keys, the rule and the mask applied per position).
 Arithmetic is fp32 whatever the input dtype; the output comes back in the input dtype. No large temporary is
 allocated: on this hardware fresh multi-megabyte tensors cost more in page faults than their arithmetic
@@ -365,13 +367,16 @@ def head_runs(heads: torch.Tensor) -> list[tuple[int, int, int]]:
 
 
 PATHS = ("band", "split", "masked")
+# Query positions past the prefix from which the default path builds the band kernel (once per machine, about
+# 45 s on 2 cores, then cached): shorter prompts take the split tiles, whose cost there is a fraction of a second.
+BAND_MIN = 2048
 
 
-def streaming_path(device: torch.device, window: int, block: int | None = None) -> str:
-    """Return the streaming heads' default path past the prefix on `device` (see `streaming_group`)."""
+def streaming_path(device: torch.device, window: int, block: int | None = None, rows: int = BAND_MIN) -> str:
+    """Return the streaming heads' default path on `device` for `rows` query positions past the prefix."""
     if device.type != "cpu":
         return "masked"
-    if band.module() is not None:
+    if rows >= BAND_MIN and band.module() is not None:
         return "band"
     return "split" if split_block(window, block) is not None else "masked"
 
@@ -424,7 +429,7 @@ def streaming_group(
         return
 
     # 2. Past the prefix no window reaches back to the sinks.
-    path = path or streaming_path(device, window, block)
+    path = path or streaming_path(device, window, block, n - end)
     if path == "band":
         _band(query, heads, k, v, out, start, end, sink, window, scale, block, write)
         return
