@@ -27,6 +27,7 @@ def test_result_has_the_issue_keys_and_consistent_ratios(result: dict) -> None:
     assert result["flex_s"] is None and "flex_error" not in result  # not asked for: no number, no error
     assert result["device"] == "cpu" and result["dtype"] == "float32"
     assert result["hybrid_kernel"] == {"0.25": "blocked", "0.5": "blocked"}  # `auto` on the CPU
+    assert result["streaming_path"] == "split"  # 260 positions past the prefix: too short to build the band
     assert set(result["per_keep"]) == {"0.25", "0.5"} and set(result["prefill_per_keep"]) == {"0.5"}
     times = result["times_s"]
     for keep, row in result["per_keep"].items():

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from corelens.attention.kernels import flex, ideal_speedup, pairs, prefill
+from corelens.attention.kernels.tiles import streaming_path
 
 CPU = torch.device("cpu")
 
@@ -191,6 +192,8 @@ def kernel_times(
     out: dict[str, Any] = {
         "kernel_full_heads": {str(keep): fulls[keep].nonzero().flatten().tolist() for keep in keeps},
         "hybrid_kernel": ran,
+        # The streaming heads' path inside `blocked` on this device (band: the C++ kernel was built).
+        "streaming_path": streaming_path(q.device, window, rows=tokens - sink - window),
     }
     # Warm-ups (the first flex call per mask compiles).
     sdpa()
