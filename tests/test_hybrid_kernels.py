@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from corelens.attention import kernels
-from corelens.attention.kernels import blocked, flex, reference, tiles
+from corelens.attention.kernels import band, blocked, flex, reference, tiles
 from corelens.attention.kernels.flexattn import _mask_mod, policy_block_mask
 from corelens.attention.kernels.semantics import pairs, row_starts, streaming_keep
 from corelens.attention.kernels.tiles import causal_balanced
@@ -83,12 +83,13 @@ def test_band_reads_strided_queries_and_keys_in_place():
     full = torch.tensor([False, True, False, False, False, True])
     ref = reference(q, k, v, None, full, 6, 40, 0.25)
     assert (blocked(q, k, v, None, full, 6, 40, 0.25, path="band") - ref).abs().max().item() <= 1e-5
+    out = torch.zeros(n, heads, dim)
+    with pytest.raises(RuntimeError, match="head index out of range"):  # checked, never read out of bounds
+        band.band(q[0], torch.tensor([6]), k[0, 0], v[0, 0], out, torch.tensor([0]), 0, 46, 6, 40, 0.25)
 
 
 def test_without_the_band_kernel_the_split_tiles_run(monkeypatch):
     """Where the C++ extension cannot be built, the default path is the split tiles; asking for it says why."""
-    from corelens.attention.kernels import band
-
     assert tiles.streaming_path(torch.device("cpu"), 1024) == "band"  # this machine builds it
     assert tiles.streaming_path(torch.device("cpu"), 1024, rows=tiles.BAND_MIN - 1) == "split"  # short prompt
     assert tiles.streaming_path(torch.device("meta"), 1024) == "masked"

@@ -89,7 +89,13 @@ void band(const at::Tensor& q, const at::Tensor& q_heads, const at::Tensor& k, c
               "band: the last dimension must be contiguous");
   TORCH_CHECK(end >= start + sink + window && window >= 1 && rows >= 1, "band: end must follow the prefix");
   const int64_t n = k.size(0), d = q.size(2), dv = v.size(1), g = q_heads.size(0);
-  const auto qh = q_heads.contiguous(), oh = o_heads.contiguous();
+  TORCH_CHECK(q.size(1) == n && v.size(0) == n && out.size(0) == n && k.size(1) == d && out.size(2) == dv &&
+                  o_heads.size(0) == g,
+              "band: q (Hq, n, d), k (n, d), v (n, dv), out (n, Ho, dv) and one output head per query head");
+  const auto qh = q_heads.to(at::kLong).contiguous(), oh = o_heads.to(at::kLong).contiguous();
+  TORCH_CHECK(g == 0 || (qh.min().item<int64_t>() >= 0 && qh.max().item<int64_t>() < q.size(0) &&
+                         oh.min().item<int64_t>() >= 0 && oh.max().item<int64_t>() < out.size(1)),
+              "band: head index out of range");
   const int64_t* qi = qh.data_ptr<int64_t>();
   const int64_t* oi = oh.data_ptr<int64_t>();
   const float* qp = q.data_ptr<float>();
@@ -119,17 +125,15 @@ void band(const at::Tensor& q, const at::Tensor& q_heads, const at::Tensor& k, c
       if (sink > 0) {
         gemm(m, sink, d, qb.data(), d, kp + start * k_sn, k_sn, true, 0.f, sb.data(), sink);
       }
-      for (int64_t h = 0; h < g; ++h) {
-        for (int64_t r = 0; r < rt; ++r) {
-          const int64_t row = h * rt + r;
-          float* s = sb.data() + row * sink;
-          float* w = wb.data() + row * nw;
-          float mx = max_of(w + r, window, max_of(s, sink, -std::numeric_limits<float>::infinity()));
-          const float total = exp_sum(s, sink, mx) + exp_sum(w + r, window, mx);
-          std::fill(w, w + r, 0.f);
-          std::fill(w + r + window, w + nw, 0.f);
-          inv[row] = 1.f / total;
-        }
+      for (int64_t row = 0; row < m; ++row) {  // row r of its head keeps window columns r .. r + W - 1
+        const int64_t r = row % rt;
+        float* s = sb.data() + row * sink;
+        float* w = wb.data() + row * nw;
+        const float mx = max_of(w + r, window, max_of(s, sink, -std::numeric_limits<float>::infinity()));
+        const float total = exp_sum(s, sink, mx) + exp_sum(w + r, window, mx);
+        std::fill(w, w + r, 0.f);
+        std::fill(w + r + window, w + nw, 0.f);
+        inv[row] = 1.f / total;
       }
       gemm(m, dv, nw, wb.data(), nw, vp + w0 * v_sn, v_sn, false, 0.f, ob.data(), dv);
       if (sink > 0) {
