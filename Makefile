@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.corelens-installed
+# Modules whose `Examples:` docstrings run as doctests in `make test`.
+DOCTESTS := src/corelens/runs src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/experiments/rank.py
 
 .PHONY: demo test lint format bench clean venv
 
@@ -21,7 +23,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest -q -p no:cacheprovider tests
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest -q -p no:cacheprovider tests \
+		--doctest-modules $(DOCTESTS)
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 
@@ -33,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     except CorelensError as err:
         if args.debug:
             traceback.print_exc()
-        print(f"corelens: error: {err}", file=sys.stderr)
+        from corelens.runs.dist import launched
+
+        # Under torchrun every rank prints its own error: say which rank met it.
+        where = (
+            f"[rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE')}] " if launched() else ""
+        )
+        print(f"corelens: error: {where}{err}", file=sys.stderr)
         return 2
     return 0
 

@@ -229,6 +229,8 @@ def knockout_attention(
     step = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * kv_len))
     keys = torch.arange(kv_len, device=query.device)
     free = ~blocked[:, None, None, :].to(query.device)
+    # fp32 scores and softmax whatever the model's dtype: sdpa's math fallback would run them in bf16.
+    key32, value32 = key.float(), value.float()
     for s in range(0, q_len, step):
         e = min(q_len, s + step)
         if attention_mask is None:
@@ -245,8 +247,8 @@ def knockout_attention(
         # A row with no key left would be NaN: let it see key 0, then zero its output.
         safe = allowed | (~alive & (keys == 0))
         part = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, s:e], key, value, attn_mask=safe, scale=scaling
-        )
+            query[:, :, s:e].float(), key32, value32, attn_mask=safe, scale=scaling
+        ).to(query.dtype)
         out[:, :, s:e] = torch.where(alive, part, torch.zeros((), dtype=part.dtype, device=part.device))
     return out
 

@@ -149,9 +149,22 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def run_flow_benchmark(tokens: int, hidden: int, *, repeats: int = 1, seed: int = 0) -> dict:
-    """Time both sides on the same states `repeats` times, alternately; return times, ratio and accuracy."""
+def run_flow_benchmark(
+    tokens: int, hidden: int, *, repeats: int = 1, seed: int = 0, device: str = "cpu"
+) -> dict:
+    """Time both sides on the same states `repeats` times, alternately; return times, ratio and accuracy.
+
+    With a CUDA `device`, corelens' side computes on the GPU from states already there (as `corelens flow
+    --device cuda` captures them); the direct side stays numpy on the CPU.
+    """
     x, x_new = make_states(tokens, hidden, seed=seed)
+    on_gpu = torch.device(device).type == "cuda"
+    states = {
+        "direct": (x, x_new),
+        "corelens": (torch.from_numpy(x).to(device), torch.from_numpy(x_new).to(device))
+        if on_gpu
+        else (x, x_new),
+    }
     times: dict[str, list[float]] = {"direct": [], "corelens": []}
     cpu: dict[str, list[float]] = {
         "direct": [],
@@ -162,7 +175,9 @@ def run_flow_benchmark(tokens: int, hidden: int, *, repeats: int = 1, seed: int 
     for _ in range(repeats):
         for side, fn in (("direct", direct_metrics), ("corelens", corelens_metrics)):
             t0, c0 = time.perf_counter(), time.process_time()
-            results[side] = fn(x, x_new)
+            results[side] = fn(*states[side])
+            if on_gpu:
+                torch.cuda.synchronize(device)
             times[side].append(time.perf_counter() - t0)
             cpu[side].append(time.process_time() - c0)
     direct_s = statistics.median(times["direct"])
@@ -177,6 +192,7 @@ def run_flow_benchmark(tokens: int, hidden: int, *, repeats: int = 1, seed: int 
         "hidden": hidden,
         "repeats": repeats,
         "seed": seed,
+        "device": device,
         "direct_s": round(direct_s, 3),
         "corelens_s": round(corelens_s, 3),
         "speedup": round(direct_s / corelens_s, 2),
@@ -210,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--threads", type=int, default=None, help="threads of every BLAS pool (default: as loaded)"
     )
+    p.add_argument("--device", default="cpu", help="device of corelens' side: cpu, cuda, cuda:1 ...")
     p.add_argument("--json", default=None, help="write the result here")
     args = p.parse_args(argv)
     if args.threads and os.environ.get(_THREADS_ENV[0]) != str(args.threads):
@@ -219,7 +236,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(subprocess.run(child, env=env).returncode)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = run_flow_benchmark(args.tokens, args.hidden, repeats=args.repeats, seed=args.seed)
+    result = run_flow_benchmark(
+        args.tokens, args.hidden, repeats=args.repeats, seed=args.seed, device=args.device
+    )
     print(
         f"S={args.tokens} H={args.hidden}: direct {result['direct_s']:.2f} s, corelens "
         f"{result['corelens_s']:.2f} s, speed-up {result['speedup']:.1f}x (CPU time {result['cpu_speedup']:.1f}x), "

@@ -74,8 +74,10 @@ def build_model(
     vocab_size: int = 1024,
     seed: int = 0,
     attn_implementation: str = "sdpa",
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> torch.nn.Module:
-    """Build a random-weight fp32 `Qwen2_5_VLTextModel` (deterministic in `seed`), in eval mode."""
+    """Build a random-weight `Qwen2_5_VLTextModel` (deterministic in `seed`) on `device` in `dtype`, eval mode."""
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
 
@@ -98,7 +100,7 @@ def build_model(
     )
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
-    model = Qwen2_5_VLTextModel(config).to(torch.float32).eval()
+    model = Qwen2_5_VLTextModel(config).to(device=torch.device(device), dtype=getattr(torch, dtype)).eval()
     model.requires_grad_(False)
     return model
 
@@ -197,8 +199,14 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so that a wall-clock reading covers it (no-op on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _model_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
-    keys = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab_size", "seed")
+    keys = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab_size", "seed", "device", "dtype")
     return {k: spec[k] for k in keys}
 
 
@@ -208,12 +216,24 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, float]:
 
     torch.set_num_threads(spec["threads"])
     variant = spec["variant"]
+    device = spec["device"]
     with torch.no_grad():
         model = build_model(**_model_kwargs(spec), attn_implementation=_IMPLEMENTATION[variant])
-        input_ids = make_input_ids(spec["tokens"], spec["vocab_size"], spec["seed"])
-        warm = make_input_ids(min(WARMUP_TOKENS, spec["tokens"]), spec["vocab_size"], spec["seed"])
+        input_ids = make_input_ids(spec["tokens"], spec["vocab_size"], spec["seed"]).to(device)
+        warm = make_input_ids(min(WARMUP_TOKENS, spec["tokens"]), spec["vocab_size"], spec["seed"]).to(device)
         del _forward(model, variant, warm, spec)["hidden"]
         _trim_heap()
+        if torch.device(device).type == "cuda":
+            # On a GPU the activations live in device memory: the allocator's peak above what is held.
+            _sync(device)
+            held = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            result = _forward(model, variant, input_ids, spec)
+            _sync(device)
+            peak_mb = (torch.cuda.max_memory_allocated(device) - held) / MB
+            del result
+            return {"peak_mb": peak_mb, "baseline_mb": held / MB, "peak_rss_mb": None, "maxrss_mb": None,
+                    "samples": 1}  # fmt: skip
         with PeakRSS() as peak:
             result = _forward(model, variant, input_ids, spec)
         del result
@@ -287,6 +307,8 @@ def run_ram_benchmark(
     seed: int = 0,
     repeats: int | None = None,
     vocab_size: int = 1024,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Time and measure peak memory of the sdpa, RAM-probe and eager forwards; return the results dict."""
     import transformers
@@ -323,6 +345,8 @@ def run_ram_benchmark(
         "target_tokens": target_tokens,
         "query_rows": query_rows,
         "threads": threads,
+        "device": device,
+        "dtype": dtype,
     }
 
     # Peak memory: one fresh process per variant, before this process holds a model of its own.
@@ -332,9 +356,9 @@ def run_ram_benchmark(
     times: dict[str, list[float]] = {v: [] for v in variants}
     check: dict[str, float | None] = {"probe_check": None, "probe_check_visual": None}
     with torch.no_grad():
-        model = build_model(**dims, vocab_size=vocab_size, seed=seed)
-        input_ids = make_input_ids(tokens, vocab_size, seed)
-        warm = make_input_ids(min(WARMUP_TOKENS, tokens), vocab_size, seed)
+        model = build_model(**dims, vocab_size=vocab_size, seed=seed, device=device, dtype=dtype)
+        input_ids = make_input_ids(tokens, vocab_size, seed).to(device)
+        warm = make_input_ids(min(WARMUP_TOKENS, tokens), vocab_size, seed).to(device)
         for v in variants:
             _use(model, v)
             _forward(model, v, warm, spec)
@@ -342,20 +366,22 @@ def run_ram_benchmark(
         for _ in range(repeats):
             for v in variants:
                 _use(model, v)
+                _sync(device)
                 start = time.perf_counter()
                 result = _forward(model, v, input_ids, spec)
+                _sync(device)
                 times[v].append(time.perf_counter() - start)
                 if v == "sdpa" and "sdpa" not in reference:
                     reference["sdpa"] = result["hidden"]
                 elif v == "probe" and "mass" not in reference:
                     reference["mass"], reference["visual_mass"] = result["mass"], result["visual_mass"]
                     check["probe_output_max_abs_diff"] = float(
-                        (result["hidden"] - reference["sdpa"]).abs().max()
+                        (result["hidden"].float() - reference["sdpa"].float()).abs().max()
                     )
                 elif v == "eager" and check["probe_check"] is None:
                     sets = probe_sets(tokens, target_tokens, query_rows)
                     for key, name in (("omega", "probe_check"), ("visual", "probe_check_visual")):
-                        ref = _eager_mass(result["attentions"], sets, key)
+                        ref = _eager_mass(result["attentions"], sets, key).cpu()
                         mass = reference["mass" if key == "omega" else "visual_mass"]
                         check[name] = float((ref - mass).abs().max())
                 del result
@@ -374,6 +400,8 @@ def run_ram_benchmark(
         "query_rows": query_rows,
         "repeats": repeats,
         "seed": seed,
+        "device": device,
+        "dtype": dtype,
     }
     for v in variants:
         out[f"{v}_s"] = statistics.median(times[v])
@@ -435,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query-rows", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=None, help="default: 3 up to 8192 tokens, else 1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (GPU peak: allocator peak)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args(argv)
     result = run_ram_benchmark(
         args.tokens,
@@ -448,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         eager=args.eager,
         seed=args.seed,
         repeats=args.repeats,
+        device=args.device,
+        dtype=args.dtype,
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

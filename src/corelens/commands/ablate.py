@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from corelens.attention.interventions import KEY_SETS, OPS
+from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
 from corelens.metrics.headsets import SETS
 
@@ -32,7 +33,10 @@ def run(args: argparse.Namespace) -> None:
         skip_bad=args.skip_bad,
         progress=True,
         argv=sys.argv,
+        load_options=load_options(args),
     )
+    if not main_process():
+        return
     summary = result.summary.copy()
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {args.out}/ablation.csv, ablation_summary.csv, records.parquet, figures/dose_response.png")
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `ablate` parser."""
     a = sub.add_parser("ablate", help="ablate top / bottom / random head sets and measure accuracy")
-    a.add_argument("--model", required=True, help="local checkpoint folder")
+    add_model_options(a)
     a.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
     a.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
     a.add_argument("--out", required=True, help="run directory (resumed if it exists)")

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHMARKS = {"ram": "corelens.bench.ram", "flow": "corelens.bench.flow", "hybrid": "corelens.bench.hybrid"}
+BENCHMARKS = {
+    "ram": "corelens.bench.ram",
+    "flow": "corelens.bench.flow",
+    "hybrid": "corelens.bench.hybrid",
+    "scale": "corelens.bench.scale",
+}
 
 
 def run(args: argparse.Namespace) -> None:

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 
+from corelens.commands.common import add_model_options, load_options
+
 
 def run(args: argparse.Namespace) -> None:
     """Run the demo."""
     from corelens.experiments.demo import run_demo
 
-    run_demo(args.out, model=args.model, n=args.n)
+    run_demo(args.out, model=args.model, n=args.n, load_options=load_options(args))
 
 
 def register(sub) -> None:
     """Add the `demo` parser."""
     d = sub.add_parser("demo", help="the main job on the bundled default model")
     d.add_argument("--out", default="runs/demo")
-    d.add_argument("--model", default=None, help="use this checkpoint instead of the default")
+    add_model_options(d, required=False)
+    d.set_defaults(model=None)
     d.add_argument("--n", type=int, default=8, help="samples per task")
     d.set_defaults(func=run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.flow import BASELINES, POSITION_SETS, REFERENCES
 
 
@@ -29,14 +30,16 @@ def run(args: argparse.Namespace) -> None:
         args.model,
         args.data,
         args.out,
-        device=args.device,
         baselines=tuple(args.baseline or BASELINES),
         options=options,
         limit=args.limit,
         skip_bad=args.skip_bad,
         progress=True,
         argv=sys.argv,
+        load_options=load_options(args),
     )
+    if not main_process():
+        return
     cols = ["row", "samples", "rid", "dS", "dD", "mixig", "paper_rid", "paper_mixig"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"wrote {args.out}/flow.parquet, table1.csv, layers.csv, manifest.json, figures/flow_layers.png")
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `flow` parser."""
     f = sub.add_parser("flow", help="RID / MixIG of every attention and FFN module (METHODS §5)")
-    f.add_argument("--model", required=True, help="local checkpoint folder")
+    add_model_options(f)
     f.add_argument("--data", required=True, help="samples (JSONL)")
     f.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     f.add_argument(
@@ -66,7 +69,6 @@ def register(sub) -> None:
     f.add_argument("--mixig-of", choices=("output", "delta"), default="output")
     f.add_argument("--no-rope", action="store_true", help="skip the ε_RoPE measurement")
     f.add_argument("--seed", type=int, default=0, help="seed of the noise baselines")
-    f.add_argument("--device", default="cpu")
     f.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     f.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     f.set_defaults(func=run)

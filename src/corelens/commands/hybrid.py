@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
 
 
@@ -26,9 +27,13 @@ def run(args: argparse.Namespace) -> None:
         scorer=args.scorer,
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
+        skip_bad=args.skip_bad,
         progress=True,
         argv=sys.argv,
+        load_options=load_options(args),
     )
+    if not main_process():
+        return
     cols = ["set", "keep", "full_heads", "seed", "accuracy", "n", "ci_low", "ci_high", "cache_saved_fraction"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"S = {result.sink}, W = {result.window} tokens; median prompt {result.median_tokens:.0f} tokens")
@@ -38,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `hybrid` parser."""
     h = sub.add_parser("hybrid", help="accuracy vs heads kept full under hybrid (full + streaming) attention")
-    h.add_argument("--model", required=True, help="local checkpoint folder")
+    add_model_options(h)
     h.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
     h.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
     h.add_argument("--out", required=True, help="run directory (resumed if it exists)")
@@ -55,4 +60,5 @@ def register(sub) -> None:
     h.add_argument("--scorer", choices=SCORERS, default="auto")
     h.add_argument("--max-new-tokens", type=int, default=8)
     h.add_argument("--limit", type=int, default=None, help="use the first N samples")
+    h.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     h.set_defaults(func=run)

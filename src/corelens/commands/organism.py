@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from corelens.commands.common import add_model_options, load_options
+
 
 def run_train(args: argparse.Namespace) -> None:
     """Train an organism from scratch into `--out`."""
@@ -31,7 +33,7 @@ def run_eval(args: argparse.Namespace) -> None:
     from corelens.organism import organism_path
     from corelens.organism.evaluate import evaluate_organism
 
-    model = Path(args.model) if args.model else organism_path()
+    model = args.model or organism_path()
     result = evaluate_organism(
         model,
         n=args.n,
@@ -39,6 +41,7 @@ def run_eval(args: argparse.Namespace) -> None:
         data=args.data,
         baseline_train=args.baseline_train,
         progress=args.progress,
+        load_options=load_options(args),
     )
     print(f"model: {result['model']}  (seed {result['seed']}, {result['n_per_task']} samples per task)")
     print(f"{'task':10s} {'accuracy':>9s} {'blank':>7s} {'chance':>7s} {'text-only':>10s} {'n':>5s}")
@@ -87,7 +90,7 @@ def register(sub) -> None:
     t.add_argument("--no-record-argv", dest="record_argv", action="store_false", help=argparse.SUPPRESS)
     t.set_defaults(func=run_train)
     e = actions.add_parser("eval", help="evaluate an organism on held-out samples")
-    e.add_argument("--model", default=None, help="checkpoint folder (default: the bundled organism)")
+    add_model_options(e, required=False)
     e.add_argument("--n", type=int, default=200, help="samples per task")
     e.add_argument("--seed", type=int, default=1, help="sample seed (training uses 0)")
     e.add_argument("--json", default=None, help="write the results here")

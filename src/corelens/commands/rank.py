@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.commands.common import add_model_options, load_options, main_process
+
 
 def run(args: argparse.Namespace) -> None:
     """Rank the heads of a checkpoint on a sample file into a run directory."""
@@ -21,7 +23,10 @@ def run(args: argparse.Namespace) -> None:
         progress=True,
         overlays=args.overlays,
         argv=sys.argv,
+        load_options=load_options(args),
     )
+    if not main_process():
+        return
     best = ", ".join(f"L{layer}H{head}" for layer, head in ranking.top(5))
     print(f"ranked {ranking.ram['sample_id'].nunique()} samples; top heads: {best}")
     print(f"wrote {args.out}/heads.csv, ram.parquet, manifest.json, figures/heads_mass.png")
@@ -30,7 +35,7 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `rank` parser."""
     r = sub.add_parser("rank", help="rank heads by Retrieval Attention Mass")
-    r.add_argument("--model", required=True, help="local checkpoint folder")
+    add_model_options(r)
     r.add_argument("--data", required=True, help="samples (JSONL)")
     r.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     r.add_argument("--query", choices=("question", "last", "answer"), default="question")

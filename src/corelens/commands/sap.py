@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from corelens.attention.priors import CONVENTIONS
+from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.sap import CONTROLS, PRIORS
 
 
@@ -23,7 +24,6 @@ def run(args: argparse.Namespace) -> None:
         args.model,
         args.data,
         args.out,
-        device=args.device,
         priors=_items(args.prior, PRIORS),
         layers=args.layers or ["late"],
         heads=args.heads,
@@ -35,7 +35,10 @@ def run(args: argparse.Namespace) -> None:
         skip_bad=args.skip_bad,
         progress=True,
         argv=sys.argv,
+        load_options=load_options(args),
     )
+    if not main_process():
+        return
     fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
     print(result.accuracy.to_string(**fmt))
     print(result.key_region.to_string(**fmt))
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `sap` parser."""
     s = sub.add_parser("sap", help="accuracy with attention priors in place of learned visual attention")
-    s.add_argument("--model", required=True, help="local checkpoint folder")
+    add_model_options(s)
     s.add_argument("--data", required=True, help="samples (JSONL) with answers")
     s.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     s.add_argument(
@@ -65,7 +68,6 @@ def register(sub) -> None:
     s.add_argument("--scorer", choices=("auto", "exact", "choice", "yesno"), default="auto")
     s.add_argument("--max-new-tokens", type=int, default=8)
     s.add_argument("--seed", type=int, default=0, help="seed of the noise prior")
-    s.add_argument("--device", default="cpu")
     s.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     s.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     s.set_defaults(func=run)

@@ -9,13 +9,14 @@ same file (by sha256). `mean` statistics come from a reference file only — by 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm import tqdm
+from tqdm import tqdm  # reference means
 
 from corelens.attention.interventions import Ablation, HeadMeans, MeanRecorder, ablate
 from corelens.data.sample import Sample, read_samples
@@ -24,8 +25,9 @@ from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.metrics.headsets import SETS, HeadSet, head_sets, parse_k
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import prepare
-from corelens.runs import Run, file_hash, model_data_settings, write_json
+from corelens.models.prepare import prepare, prompt_length
+from corelens.runs import Run, current, file_hash, model_data_settings, write_json
+from corelens.runs.driver import Loop, drive
 
 BASELINE = "none"
 COLUMNS = [
@@ -254,19 +256,18 @@ def sweep(
             "limit": limit,
             "skip_bad": skip_bad,
         }
-        run = Run(out, "ablate", settings, argv)
-        if warning:
+        run = Run(out, "ablate", settings, argv, dist=current())
+        if warning and run.dist.main:
             run.manifest.setdefault("warnings", [])
             if warning not in run.manifest["warnings"]:
                 run.manifest["warnings"].append(warning)
-        write_json(run.path / "headsets.json", [{"name": c.name, **c.ablation.to_dict()} for c in conds])
+        if run.dist.main:
+            write_json(run.path / "headsets.json", [{"name": c.name, **c.ablation.to_dict()} for c in conds])
 
     means = None
     if op == "mean":
         stored = run.path / "means.npz" if run else None
-        if stored is not None and stored.is_file():
-            means = HeadMeans.load(stored)
-        else:
+        if stored is None or (run.dist.main and not stored.is_file()):
             # Bad reference records are left out (listed in the metadata) rather than stopping the sweep.
             refs, bad = read_samples(ref_path, skip_bad=True)
             meta = {
@@ -277,36 +278,17 @@ def sweep(
             means = reference_means(m, refs, progress=progress, meta=meta)
             if stored is not None:
                 means.save(stored)
+        if stored is not None:
+            run.dist.barrier()  # under torchrun rank 0 records the means once; every rank reads them
+            means = HeadMeans.load(stored)
 
-    logged: list[dict] = list(run.records()) if run else []
-    done = {r["id"] for r in logged}
-    if run:
-        run.log_skipped(skipped, done)
-
-    def log(record: dict) -> None:
-        logged.append(record)
-        done.add(record["id"])
-        if run:
-            run.log(record)
-
-    todo = [s for s in samples if any(f"{c.name}|{s.id}" not in done for c in conds)]
-    todo = [s for s in todo if f"skipped|{s.id}" not in done]
-    for sample in tqdm(todo, desc="ablate", unit="sample", disable=not progress):
-        try:
-            prepared = prepare(m, sample)
-            if op == "knockout" and keys == "omega":
-                prepared.layout.omega(
-                    sample.targets, sample=sample.id
-                )  # bad targets fail here, not mid-sweep
-        except InputError as err:
-            if not skip_bad:
-                raise
-            log({"id": f"skipped|{sample.id}", "status": "skipped", "line": sample.line, "error": str(err)})
-            continue
+    def step(sample: Sample, done: set[str]) -> Iterator[dict]:
+        prepared = prepare(m, sample)
+        if op == "knockout" and keys == "omega":
+            prepared.layout.omega(sample.targets, sample=sample.id)  # bad targets fail here, not mid-sweep
         answers: dict[tuple, str] = {}  # equal head sets share one generation
         for c in conds:
-            rid = f"{c.name}|{sample.id}"
-            if rid in done:
+            if f"{c.name}|{sample.id}" in done:
                 continue
             if c.ablation.heads not in answers:
                 with ablate(m, c.ablation, means=means) as ab, ab.for_sample(sample, prepared):
@@ -314,27 +296,34 @@ def sweep(
                         m, sample, max_new_tokens=max_new_tokens, prepared=prepared
                     )
             prediction = answers[c.ablation.heads]
-            log(
-                {
-                    "id": rid,
-                    "status": "ok",
-                    "condition": c.name,
-                    "sample": sample.id,
-                    "task": sample.task,
-                    "prediction": prediction,
-                    "gold": sample.answer,
-                    "correct": score(prediction, sample.answer, sample.choices, scorer),
-                }
-            )
+            yield {
+                "id": f"{c.name}|{sample.id}",
+                "status": "ok",
+                "condition": c.name,
+                "sample": sample.id,
+                "task": sample.task,
+                "prediction": prediction,
+                "gold": sample.answer,
+                "correct": score(prediction, sample.answer, sample.choices, scorer),
+            }
 
-    names = {c.name for c in conds}
-    wanted = {s.id for s in samples}
-    ok = [r for r in logged if r["status"] == "ok" and r["condition"] in names and r["sample"] in wanted]
+    loop = Loop(
+        "ablate",
+        step,
+        keys=lambda s: [f"{c.name}|{s.id}" for c in conds],
+        skip_key=lambda s: f"skipped|{s.id}",
+        length=partial(prompt_length, m),
+    )
+    logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+
+    ok = [r for r in logged if r["status"] == "ok"]
     columns = ["condition", "sample", "task", "prediction", "gold", "correct"]
     records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
     result_table = _table(records, conds, op, keys)
     summary = _summary(result_table)
-    if run:
+    if run and not run.dist.main:
+        run.finish()
+    elif run:
         records.to_parquet(run.path / "records.parquet", index=False)
         result_table.to_csv(run.path / "ablation.csv", index=False)
         summary.to_csv(run.path / "ablation_summary.csv", index=False)
@@ -351,6 +340,14 @@ def sweep(
     return Sweep(result_table, summary, records)
 
 
-def sweep_path(model: str | Path, data: str | Path, heads: str | Path, out: str | Path, **kwargs) -> Sweep:
-    """Load `model` and run an ablation sweep into run directory `out`."""
-    return sweep(load(model), data, heads, out=out, **kwargs)
+def sweep_path(
+    model: str | Path,
+    data: str | Path,
+    heads: str | Path,
+    out: str | Path,
+    *,
+    load_options: dict | None = None,
+    **kwargs,
+) -> Sweep:
+    """Load `model` (with `load()`'s `load_options`) and run an ablation sweep into run directory `out`."""
+    return sweep(load(model, **(load_options or {})), data, heads, out=out, **kwargs)

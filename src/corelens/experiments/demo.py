@@ -73,16 +73,21 @@ def sweeps(m: Loaded, out: Path, task: str, ranked: Path, n: int, hybrid: bool) 
 
 
 def run_demo(
-    out: str | Path, *, model: str | Path | None = None, n: int = 8, top: int = 5
+    out: str | Path,
+    *,
+    model: str | Path | None = None,
+    n: int = 8,
+    top: int = 5,
+    load_options: dict | None = None,
 ) -> dict[str, Path]:
     """Run the demo into `out`; return the run directory of each task."""
     out = Path(out)
     if model is None:
         model_dir, label = default_model(out / "model")
     else:
-        model_dir, label = Path(model), str(model)
-    print(f"model: {label}\n  at {model_dir}")
-    m = load(model_dir)
+        model_dir, label = model, str(model)
+    m = load(model_dir, **(load_options or {}))
+    print(f"model: {label}\n  at {m.path} ({m.dtype}, {m.device})")
     runs = {}
     for task in TASKS:
         data = generate(task, out / "data" / task, n, seed=DEMO_SEED)

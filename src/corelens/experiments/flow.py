@@ -15,21 +15,22 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from corelens.capture import LayerStates, ResidualCapture
 from corelens.data.sample import Sample, read_samples
-from corelens.errors import InputError
+from corelens.errors import CorelensError, InputError
 from corelens.metrics.mixing import MIXIG_OF, TME_ROWS, tme
 from corelens.metrics.spectra import FP32_EPS, RANK_RULES, SPECTRUM_METHODS, Spectrum, rid_terms, spectrum
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import prepare
-from corelens.runs import Run, model_data_settings
+from corelens.models.prepare import prepare, prompt_length
+from corelens.runs import Run, current, model_data_settings
+from corelens.runs.driver import Loop, drive
 
 BASELINES = ("none", "noise-delta", "noise-qkv")
 REFERENCES = ("module", "layer")
@@ -176,6 +177,12 @@ def noised_qkv(m: Loaded, seed: int = 0) -> Iterator[None]:
             for layer, attn in enumerate(m.attention_layers):
                 for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
                     weight = getattr(attn, name).weight
+                    if weight.device.type == "meta":
+                        # accelerate keeps offloaded weights off the module until its forward: nothing to noise.
+                        raise CorelensError(
+                            f"baseline noise-qkv needs the decoder weights resident, but layer {layer}'s {name} "
+                            "is offloaded by the device map; map every decoder layer to a device"
+                        )
                     saved.append((weight, weight.detach().clone()))
                     w = weight.float()
                     generator = torch.Generator().manual_seed(seed * 1_000_003 + 3 * layer + j)
@@ -305,6 +312,14 @@ def layer_means(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.groupby(["baseline", "module", "layer"], as_index=False)[cols].mean()
 
 
+def _key(baseline: str, sample: Sample) -> str:
+    return f"{baseline}|{sample.id}"
+
+
+def _keys(key: Callable[[Sample], str], sample: Sample) -> list[str]:
+    return [key(sample)]
+
+
 def _record(sample: Sample, baseline: str, rows: list[dict], tokens: int) -> dict:
     return {
         "id": f"{baseline}|{sample.id}",
@@ -334,11 +349,9 @@ def flow(
     opts.check()
     for b in baselines:
         if b not in BASELINES:
-            raise ValueError(f"unknown baseline {b!r}; expected one of {BASELINES}")
+            raise CorelensError(f"unknown baseline {b!r}; expected one of {BASELINES}")
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
     run = None
-    done: set[str] = set()
-    records: list[dict] = []
     if out is not None:
         settings = {
             **model_data_settings(m, data),
@@ -347,45 +360,42 @@ def flow(
             "skip_bad": skip_bad,
             **asdict(opts),
         }
-        run = Run(out, "flow", settings, argv)
-        done = run.done()
-        run.log_skipped(skipped, done)
-    for baseline in baselines:
-        todo = [s for s in samples if f"{baseline}|{s.id}" not in done]
-        if not todo:
-            continue
-        noise = noised_qkv(m, opts.seed) if baseline == "noise-qkv" else _nothing()
-        with noise:
-            for sample in tqdm(todo, desc=f"flow {baseline}", unit="sample", disable=not progress):
-                try:
-                    rows, tokens = measure_flow(m, sample, baseline, opts)
-                except InputError as err:
-                    if not skip_bad:
-                        raise
-                    record = {"id": f"{baseline}|{sample.id}", "status": "skipped", "error": str(err)}
-                else:
-                    record = _record(sample, baseline, rows, tokens)
-                if run is not None:
-                    run.log(record)
-                else:
-                    records.append(record)
-    if run is not None:
-        records = list(run.records())
-    order = {s.id: i for i, s in enumerate(samples)}
+        run = Run(out, "flow", settings, argv, dist=current())
+    logged: dict[str, dict] = {}  # every record once (read-time skips come back with each baseline)
+    for i, baseline in enumerate(baselines):
+        # One loop per baseline: noise-qkv replaces the weights once around all of its samples.
+        def step(sample: Sample, done: set[str], baseline: str = baseline) -> list[dict]:
+            rows, tokens = measure_flow(m, sample, baseline, opts)
+            return [_record(sample, baseline, rows, tokens)]
+
+        key = partial(_key, baseline)
+        keys = partial(_keys, key)
+        loop = Loop(f"flow {baseline}", step, keys=keys, skip_key=key, length=partial(prompt_length, m))
+        with noised_qkv(m, opts.seed) if baseline == "noise-qkv" else _nothing():
+            records = drive(
+                loop,
+                samples,
+                run=run,
+                skipped=skipped if i == 0 else (),
+                skip_bad=skip_bad,
+                progress=progress,
+            )
+        logged.update((r["id"], r) for r in records)
     ok = sorted(
-        (r for r in records if r.get("status") == "ok"),
-        key=lambda r: (BASELINES.index(r["baseline"]), order.get(r["sample_id"], 1 << 30)),
+        (r for r in logged.values() if r.get("status") == "ok"), key=lambda r: BASELINES.index(r["baseline"])
     )
+    n_skipped = sum(1 for r in logged.values() if r.get("status") == "skipped")
     frame = flow_frame(ok)
     result = FlowResult(frame, table1(frame), layer_means(frame))
-    if run is not None:
+    if run is not None and not run.dist.main:
+        run.finish()
+    elif run is not None:
         frame.to_parquet(run.path / "flow.parquet", index=False)
         result.table.to_csv(run.path / "table1.csv", index=False)
         result.layers.to_csv(run.path / "layers.csv", index=False)
         from corelens.report.geometry import flow_curves
 
         flow_curves(result.layers, run.path / "figures" / "flow_layers.png")
-        n_skipped = sum(1 for r in records if r.get("status") == "skipped")
         run.finish(samples=len({r["sample_id"] for r in ok}), skipped=n_skipped)
     return result
 
@@ -396,7 +406,7 @@ def _nothing() -> Iterator[None]:
 
 
 def flow_path(
-    model: str | Path, data: str | Path, out: str | Path, *, device: str = "cpu", **kwargs
+    model: str | Path, data: str | Path, out: str | Path, *, load_options: dict | None = None, **kwargs
 ) -> FlowResult:
-    """Load `model` and run `flow` on `data` into run directory `out`."""
-    return flow(load(model, device=device), data, out=out, **kwargs)
+    """Load `model` (with `load()`'s `load_options`) and run `flow` on `data` into run directory `out`."""
+    return flow(load(model, **(load_options or {})), data, out=out, **kwargs)

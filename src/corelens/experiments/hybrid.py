@@ -12,25 +12,26 @@ is logged before the next starts.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from corelens.attention.hybrid import HybridPolicy, hybrid
 from corelens.attention.kernels import ideal_speedup
-from corelens.data.sample import read_samples
+from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, InputError
 from corelens.errors import warn as default_warn
 from corelens.experiments.ablate import rank_manifest, read_heads, same_file_warning
 from corelens.experiments.evaluate import interval, score
 from corelens.metrics.headsets import SEEDED, k_count, parse_k, select
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import Prepared, prepare
-from corelens.runs import Run, file_hash, model_data_settings, write_json
+from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.runs import Run, current, file_hash, model_data_settings, write_json
+from corelens.runs.driver import Loop, drive, prompt_lengths
 
 DENSE = "dense"
 SETS = ("top", "random", "bottom")
@@ -170,6 +171,7 @@ def curve(
     scorer: str = "auto",
     max_new_tokens: int = 8,
     limit: int | None = None,
+    skip_bad: bool = False,
     out: str | Path | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
@@ -185,22 +187,14 @@ def curve(
     warning = same_file_warning(data, identified)
     if warning:
         warn(warning)
-    samples, _ = read_samples(data, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
         raise InputError(
             f"{len(missing)} sample(s) have no answer to score against", file=str(data), sample=missing[0]
         )
 
-    prepared: dict[str, Prepared] = {}
-    for s in tqdm(samples, desc="prepare", unit="sample", disable=not progress):
-        prepared[s.id] = prepare(m, s)
-    lengths = [p.seq_len for p in prepared.values()]
-    median = float(statistics.median(lengths)) if lengths else float("nan")
-    sink_n, window_n = resolve_size(sink, lengths), resolve_size(window, lengths)
-    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n)
-    total = m.num_layers * m.num_heads
-
+    dist = current()
     run = None
     if out is not None:
         settings = {
@@ -217,8 +211,17 @@ def curve(
             "scorer": scorer,
             "max_new_tokens": max_new_tokens,
             "limit": limit,
+            "skip_bad": skip_bad,
         }
-        run = Run(out, "hybrid", settings, argv)
+        run = Run(out, "hybrid", settings, argv, dist=dist)
+    # S and W may be shares of the median prompt: measure every prompt once (over all ranks, cached in the run).
+    measured = prompt_lengths(samples, partial(prompt_length, m), run)
+    lengths = [n for n in measured.values() if n is not None]
+    median = float(statistics.median(lengths)) if lengths else float("nan")
+    sink_n, window_n = resolve_size(sink, lengths), resolve_size(window, lengths)
+    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n)
+    total = m.num_layers * m.num_heads
+    if run is not None and run.dist.main:
         run.manifest.update(sink_tokens=sink_n, window_tokens=window_n, median_prompt_tokens=median)
         if warning:
             run.manifest["warnings"] = sorted(set(run.manifest.get("warnings", [])) | {warning})
@@ -227,17 +230,14 @@ def curve(
             [{"name": c.name, **(c.policy.to_dict() if c.policy else {})} for c in conds],
         )
 
-    logged: list[dict] = list(run.records()) if run else []
-    done = {r["id"] for r in logged}
-    for sample in tqdm(samples, desc="hybrid", unit="sample", disable=not progress):
+    def step(sample: Sample, done: set[str]) -> Iterator[dict]:
+        p = prepare(m, sample)
         for c in conds:
-            rid = f"{c.name}|{sample.id}"
-            if rid in done:
+            if f"{c.name}|{sample.id}" in done:
                 continue
-            p = prepared[sample.id]
             prediction, saved = generate_answer(m, p, max_new_tokens, c.policy)
-            record = {
-                "id": rid,
+            yield {
+                "id": f"{c.name}|{sample.id}",
                 "status": "ok",
                 "condition": c.name,
                 "sample": sample.id,
@@ -248,18 +248,23 @@ def curve(
                 "correct": score(prediction, sample.answer, sample.choices, scorer),
                 "saved": saved,
             }
-            logged.append(record)
-            done.add(rid)
-            if run:
-                run.log(record)
 
-    names = {c.name for c in conds}
-    wanted = {s.id for s in samples}
+    loop = Loop(
+        "hybrid",
+        step,
+        keys=lambda s: [f"{c.name}|{s.id}" for c in conds],
+        skip_key=lambda s: f"skipped|{s.id}",
+        length=lambda s: measured[s.id] or 0,
+    )
+    logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+
     columns = ["condition", "sample", "task", "tokens", "prediction", "gold", "correct", "saved"]
-    ok = [r for r in logged if r.get("status") == "ok" and r["condition"] in names and r["sample"] in wanted]
+    ok = [r for r in logged if r.get("status") == "ok"]
     records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
     result = _table(records, conds, total, sink_n, window_n)
-    if run:
+    if run and not run.dist.main:
+        run.finish()
+    elif run:
         records.to_parquet(run.path / "records.parquet", index=False)
         result.to_csv(run.path / "hybrid.csv", index=False)
         from corelens.report.hybrid import accuracy_vs_kept
@@ -269,12 +274,19 @@ def curve(
             run.path / "figures" / "hybrid.png",
             title=f"hybrid attention on {Path(data).name} (S={sink_n}, W={window_n}, median prompt {median:.0f})",
         )
-        run.finish(samples=len(samples), conditions=len(conds))
+        skips = sum(1 for r in logged if r.get("status") == "skipped")
+        run.finish(samples=len(samples), conditions=len(conds), skipped=skips)
     return HybridCurve(result, records, sink_n, window_n, median)
 
 
 def curve_path(
-    model: str | Path, data: str | Path, heads: str | Path, out: str | Path, **kwargs
+    model: str | Path,
+    data: str | Path,
+    heads: str | Path,
+    out: str | Path,
+    *,
+    load_options: dict | None = None,
+    **kwargs,
 ) -> HybridCurve:
-    """Load `model` and run the hybrid accuracy curve into run directory `out`."""
-    return curve(load(model), data, heads, out=out, **kwargs)
+    """Load `model` (with `load()`'s `load_options`) and run the hybrid accuracy curve into run directory `out`."""
+    return curve(load(model, **(load_options or {})), data, heads, out=out, **kwargs)

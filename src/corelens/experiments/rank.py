@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from corelens.attention import RamProbe, activate
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import InputError
 from corelens.metrics.ram import head_table, sample_frame, top_heads
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import prepare
-from corelens.runs import Run, model_data_settings
+from corelens.models.prepare import prepare, prompt_length
+from corelens.runs import Run, current, model_data_settings
+from corelens.runs.driver import Loop, drive
 
 
 @dataclass
@@ -103,37 +104,41 @@ def rank(
     """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir.
 
     `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples.
+    Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> data = generate("image", getfixture("tmp_path"), 8, seed=1)
+        >>> ranking = cl.rank(cl.load(organism_path(), device="cpu"), data, query="answer")
+        >>> len(ranking.heads), ranking.top(2)
+        (32, [(0, 7), (0, 5)])
     """
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
-    if out is None:
-        records = [_record(s, measure_sample(m, s, query, rule)) for s in tqdm(samples, disable=not progress)]
-        return _ranking(records)
-    settings = {
-        **model_data_settings(m, data),
-        "query": query,
-        "rule": rule,
-        "limit": limit,
-        "skip_bad": skip_bad,
-        "seed": 0,
-    }
-    run = Run(out, "rank", settings, argv)
-    done = run.done()
-    run.log_skipped(skipped, done)
-    todo = [s for s in samples if s.id not in done]
-    for sample in tqdm(todo, desc="rank", unit="sample", disable=not progress):
-        try:
-            result = measure_sample(m, sample, query, rule)
-        except InputError as err:
-            if not skip_bad:
-                raise
-            run.log({"id": sample.id, "status": "skipped", "line": sample.line, "error": str(err)})
-            continue
-        run.log(_record(sample, result))
-    order = {s.id: i for i, s in enumerate(samples)}
-    records = sorted(
-        (r for r in run.records() if r["status"] == "ok"), key=lambda r: order.get(r["id"], 1 << 30)
-    )
+    run = None
+    if out is not None:
+        settings = {
+            **model_data_settings(m, data),
+            "query": query,
+            "rule": rule,
+            "limit": limit,
+            "skip_bad": skip_bad,
+            "seed": 0,
+        }
+        run = Run(out, "rank", settings, argv, dist=current())
+
+    def step(sample: Sample, done: set[str]) -> list[dict]:
+        return [_record(sample, measure_sample(m, sample, query, rule))]
+
+    loop = Loop("rank", step, length=partial(prompt_length, m))
+    logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+    records = [r for r in logged if r["status"] == "ok"]
     ranking = _ranking(records)
+    if run is None or not run.dist.main:
+        if run is not None:
+            run.finish()
+        return ranking
     ranking.ram.to_parquet(run.path / "ram.parquet", index=False)
     ranking.heads.to_csv(run.path / "heads.csv", index=False)
     from corelens.report.heatmap import head_heatmap
@@ -145,8 +150,7 @@ def rank(
         ranked = {r["id"] for r in records}
         chosen = [s for s in samples if s.id in ranked][:overlays]
         write_overlays(m, chosen, ranking.heads, run.path / "figures", query=query)
-    n_skipped = sum(1 for r in run.records() if r["status"] == "skipped")
-    run.finish(samples=len(records), skipped=n_skipped)
+    run.finish(samples=len(records), skipped=sum(1 for r in logged if r["status"] == "skipped"))
     return ranking
 
 
@@ -155,6 +159,8 @@ def _ranking(records: list[dict]) -> Ranking:
     return Ranking(ram, head_table(ram))
 
 
-def rank_path(model: str | Path, data: str | Path, out: str | Path, **kwargs) -> Ranking:
-    """Load `model` and rank its heads on `data` into run directory `out`."""
-    return rank(load(model), data, out=out, **kwargs)
+def rank_path(
+    model: str | Path, data: str | Path, out: str | Path, *, load_options: dict | None = None, **kwargs
+) -> Ranking:
+    """Load `model` (with `load()`'s `load_options`: device, dtype, device_map, ...) and rank into `out`."""
+    return rank(load(model, **(load_options or {})), data, out=out, **kwargs)

@@ -21,13 +21,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from PIL import Image
-from tqdm import tqdm
 
 from corelens.attention import RamProbe, activate
 from corelens.attention.priors import CONVENTIONS, SapHook, parse_heads, parse_layers
@@ -37,8 +37,9 @@ from corelens.experiments.evaluate import answer, interval, score
 from corelens.experiments.flow import sample_seed
 from corelens.layout import Layout, Segment
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import Prepared, prepare
-from corelens.runs import Run, model_data_settings
+from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.runs import Run, current, model_data_settings
+from corelens.runs.driver import Loop, drive
 
 PRIORS = ("vis_attn", "complexity", "noise", "key")
 CONTROLS = ("own",)
@@ -430,7 +431,7 @@ def sap(
     parse_heads(heads, m.num_heads)
     conditions = [Condition(p, spec, heads, convention) for p in priors for spec in layers]
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
-    run, done, records = None, set(), []
+    run = None
     if out is not None:
         settings = {
             **model_data_settings(m, data),
@@ -444,31 +445,21 @@ def sap(
             "skip_bad": skip_bad,
             "seed": seed,
         }
-        run = Run(out, "sap", settings, argv)
-        done = run.done()
-        run.log_skipped(skipped, done)
-    for sample in tqdm(
-        [s for s in samples if s.id not in done], desc="sap", unit="sample", disable=not progress
-    ):
-        try:
-            record = measure_sample(
-                m, sample, conditions, scorer=scorer, max_new_tokens=max_new_tokens, seed=seed
-            )
-        except InputError as err:
-            if not skip_bad:
-                raise
-            record = {"id": sample.id, "status": "skipped", "line": sample.line, "error": str(err)}
-        if run is not None:
-            run.log(record)
-        else:
-            records.append(record)
-    if run is not None:
-        records = list(run.records())
-    order = {s.id: i for i, s in enumerate(samples)}
-    ok = sorted((r for r in records if r.get("status") == "ok"), key=lambda r: order.get(r["id"], 1 << 30))
+        run = Run(out, "sap", settings, argv, dist=current())
+
+    def step(sample: Sample, done: set[str]) -> list[dict]:
+        return [
+            measure_sample(m, sample, conditions, scorer=scorer, max_new_tokens=max_new_tokens, seed=seed)
+        ]
+
+    loop = Loop("sap", step, length=partial(prompt_length, m))
+    records = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+    ok = [r for r in records if r.get("status") == "ok"]
     frame = sap_frame(ok, conditions)
     result = SapResult(frame, accuracy_table(frame), key_region_table(ok))
-    if run is not None:
+    if run is not None and not run.dist.main:
+        run.finish()
+    elif run is not None:
         frame.to_parquet(run.path / "sap.parquet", index=False)
         result.accuracy.to_csv(run.path / "accuracy.csv", index=False)
         result.key_region.to_csv(run.path / "key_region.csv", index=False)
@@ -480,7 +471,7 @@ def sap(
 
 
 def sap_path(
-    model: str | Path, data: str | Path, out: str | Path, *, device: str = "cpu", **kwargs
+    model: str | Path, data: str | Path, out: str | Path, *, load_options: dict | None = None, **kwargs
 ) -> SapResult:
-    """Load `model` and run the SAP sweep on `data` into run directory `out`."""
-    return sap(load(model, device=device), data, out=out, **kwargs)
+    """Load `model` (with `load()`'s `load_options`) and run the SAP sweep on `data` into run directory `out`."""
+    return sap(load(model, **(load_options or {})), data, out=out, **kwargs)

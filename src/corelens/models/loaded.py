@@ -1,10 +1,23 @@
-"""`load()`: a local checkpoint and its processor, with the text decoder on the corelens attention function."""
+"""`load()`: a checkpoint (folder or hub id) and its processor, with the text decoder on the corelens attention.
+
+Device, precision and placement follow what the user asks and what the machine has:
+
+- `device="auto"`: CUDA when available, else the CPU; under torchrun, `cuda` means `cuda:LOCAL_RANK`.
+- `dtype="auto"`: the checkpoint's own dtype on a GPU (bf16 for most released VLMs), float32 on the CPU. Every
+  probe, intervention, prior and kernel computes its scores and softmax rows in fp32 whatever the model's
+  dtype, and hands its output back in the model's dtype.
+- `device_map`: "auto", "balanced", "balanced_low_0", "sequential", a JSON file or a dict, passed to
+  transformers' `from_pretrained` (accelerate dispatch) for models larger than one GPU; under torchrun each
+  rank maps onto its own `device_count // LOCAL_WORLD_SIZE` GPUs.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import os
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -12,6 +25,17 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from corelens.attention import NAME, register
 from corelens.errors import CorelensError, UnsupportedModelError
+from corelens.models.hub import resolve
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 SUPPORTED = {
     "qwen2_vl": "qwen_vl",
@@ -33,6 +57,7 @@ class Loaded:
     path: Path
     model_type: str
     attention_layers: list[torch.nn.Module]  # decoder self-attention modules, in layer order
+    source: dict = field(default_factory=dict)  # id, revision and commit of a hub checkpoint
 
     @property
     def family(self) -> str:
@@ -61,8 +86,25 @@ class Loaded:
 
     @property
     def device(self) -> torch.device:
-        """Return the device of the model's parameters."""
+        """Return the device inputs go to: the parameters', or the first accelerator of a device map."""
+        placed = getattr(self.model, "hf_device_map", None)
+        if placed:
+            # Offloaded ("cpu" / "disk") modules execute on the main device; the inputs start on the CPU
+            # when everything is on the CPU, else on the first accelerator of the map.
+            accelerators = [d for d in placed.values() if str(d) not in ("cpu", "disk", "meta")]
+            return (
+                torch.device(
+                    f"cuda:{accelerators[0]}" if isinstance(accelerators[0], int) else accelerators[0]
+                )
+                if accelerators
+                else torch.device("cpu")
+            )
         return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Return the dtype of the model's weights."""
+        return self.model.dtype
 
     def layer_modules(self) -> list[tuple[int, torch.nn.Module]]:
         """Return (layer index, attention module) pairs, for hook activation."""
@@ -87,28 +129,173 @@ def decoder_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [found[i] for i in range(len(found))]
 
 
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    """Return the torch device for `--device auto|cpu|cuda|cuda:N` (under torchrun, cuda = cuda:LOCAL_RANK).
+
+    Examples:
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
+    text = str(spec).strip().lower()
+    local_rank = int(os.environ.get("LOCAL_RANK") or 0)
+    if text == "auto":
+        text = "cuda" if torch.cuda.is_available() else "cpu"
+    if text == "cuda":
+        text = f"cuda:{local_rank}"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise CorelensError(f"--device {spec!r}: expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CorelensError(f"--device {spec}: no CUDA device is available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CorelensError(
+                f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+                + (f" (LOCAL_RANK={local_rank})" if str(spec).strip().lower() in ("auto", "cuda") else "")
+            )
+    return device
+
+
+def resolve_dtype(spec: str | torch.dtype, config, device: torch.device) -> torch.dtype:
+    """Return the model dtype for `--dtype auto|float32|bfloat16|float16` (auto: the checkpoint's on a GPU).
+
+    Examples:
+        >>> resolve_dtype("bf16", None, torch.device("cpu"))
+        torch.bfloat16
+    """
+    if isinstance(spec, torch.dtype):
+        return spec
+    text = str(spec).strip().lower().removeprefix("torch.")
+    if text == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        stored = getattr(config, "dtype", None) or getattr(config.get_text_config(), "dtype", None)
+        if isinstance(stored, str):
+            stored = DTYPES.get(stored.removeprefix("torch."))
+        return stored if isinstance(stored, torch.dtype) else torch.float32
+    if text not in DTYPES:
+        raise CorelensError(f"--dtype {spec!r}: expected auto, float32, bfloat16 or float16")
+    return DTYPES[text]
+
+
+def parse_max_memory(spec: str | dict | None) -> dict | None:
+    """Return accelerate's `max_memory` from "0=70GiB,1=70GiB,cpu=200GiB" (or a dict as it is).
+
+    Examples:
+        >>> parse_max_memory("0=70GiB,cpu=200GiB")
+        {0: '70GiB', 'cpu': '200GiB'}
+    """
+    if spec is None or isinstance(spec, dict):
+        return spec
+    out: dict = {}
+    for part in filter(None, (p.strip() for p in str(spec).split(","))):
+        name, sep, amount = part.partition("=")
+        if not sep or not amount.strip():
+            raise CorelensError(
+                f"--max-memory {spec!r}: expected DEVICE=AMOUNT pairs, e.g. 0=70GiB,cpu=200GiB"
+            )
+        name = name.strip()
+        out[int(name) if name.isdigit() else name] = amount.strip()
+    return out
+
+
+def rank_gpus(local_rank: int, local_world: int, count: int) -> list[int]:
+    """Return the GPUs one rank's device map may use: its `count // local_world` consecutive devices.
+
+    Examples:
+        >>> rank_gpus(1, 2, 8)
+        [4, 5, 6, 7]
+    """
+    per = count // max(local_world, 1)
+    if per < 1:
+        raise CorelensError(
+            f"--device-map with {local_world} ranks on this node needs at least one GPU per rank ({count} found)"
+        )
+    return list(range(local_rank * per, (local_rank + 1) * per))
+
+
+def resolve_device_map(spec: str | dict | Path | None, max_memory: dict | None) -> tuple[object, dict | None]:
+    """Return (device_map, max_memory) for `from_pretrained`; under torchrun, limited to this rank's GPUs."""
+    if spec is None or isinstance(spec, dict):
+        device_map = spec
+    elif str(spec) in DEVICE_MAPS:
+        device_map = str(spec)
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise CorelensError(f"--device-map {spec}: expected {', '.join(DEVICE_MAPS)} or a JSON file")
+        try:
+            device_map = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise CorelensError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+        if not isinstance(device_map, dict):
+            raise CorelensError(f"{path}: a device map is a JSON object of module name -> device")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    if (
+        device_map is not None
+        and local_world > 1
+        and isinstance(device_map, str)
+        and torch.cuda.is_available()
+    ):
+        mine = rank_gpus(int(os.environ.get("LOCAL_RANK") or 0), local_world, torch.cuda.device_count())
+        budget = max_memory or {}
+        max_memory = {g: budget.get(g, torch.cuda.get_device_properties(g).total_memory) for g in mine}
+        max_memory.update({k: v for k, v in budget.items() if not isinstance(k, int)})
+    return device_map, max_memory
+
+
 def load(
     path: str | Path,
     *,
-    dtype: torch.dtype | str = torch.float32,
-    device: str | torch.device = "cpu",
+    revision: str | None = None,
+    dtype: torch.dtype | str = "auto",
+    device: str | torch.device = "auto",
+    device_map: str | dict | Path | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | Path | None = None,
 ) -> Loaded:
-    """Load a local VLM checkpoint + processor offline; its text decoder runs on the corelens attention."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise CorelensError(f"{path}: not a checkpoint folder (no config.json)")
+    """Load a VLM checkpoint (folder or hub id) + processor; its text decoder runs on the corelens attention.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> m = cl.load(organism_path(), device="cpu")
+        >>> m.model_type, m.num_layers, m.num_heads, m.dtype
+        ('qwen2_5_vl', 4, 8, torch.float32)
+    """
+    found = resolve(path, revision)
+    path = found.path
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     if config.model_type not in SUPPORTED:
         raise UnsupportedModelError(
             f"{path}: model_type {config.model_type!r} is not supported; supported: {sorted(SUPPORTED)}"
         )
+    target = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, config, target)
+    device_map, max_memory = resolve_device_map(device_map, parse_max_memory(max_memory))
+    placement = {}
+    if device_map is not None:
+        placement = {"device_map": device_map, "max_memory": max_memory}
+        if isinstance(device_map, dict) and "disk" in map(str, device_map.values()):
+            placement["offload_folder"] = str(offload_folder or tempfile.mkdtemp(prefix="corelens-offload-"))
     register()
     model = AutoModelForImageTextToText.from_pretrained(
         path,
         local_files_only=True,
-        dtype=dtype,
+        dtype=torch_dtype,
         attn_implementation={"": "sdpa", "text_config": NAME, "vision_config": "sdpa"},
+        **placement,
     )
-    model.to(device).eval()
+    if device_map is None:
+        model.to(target)
+    model.eval()
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    return Loaded(model, processor, path, config.model_type, decoder_attention_modules(model))
+    return Loaded(
+        model,
+        processor,
+        path,
+        config.model_type,
+        decoder_attention_modules(model),
+        source=found.to_dict(),
+    )

@@ -154,3 +154,8 @@ def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float],
         times,
         sample=sample.id,
     )
+
+
+def prompt_length(m: Loaded, sample: Sample) -> int:
+    """Return the number of prompt tokens of `sample` (what balances the ranks of a torchrun launch)."""
+    return prepare(m, sample).seq_len

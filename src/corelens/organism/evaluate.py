@@ -47,11 +47,12 @@ def evaluate_organism(
     data: str | Path | None = None,
     baseline_train: int = BASELINE_TRAIN,
     progress: bool = False,
+    load_options: dict | None = None,
 ) -> dict:
     """Return per-task accuracy, blank_accuracy, chance, n and text-only baselines on `n` held-out samples."""
     if seed == TRAIN_DATA_SEED:
         raise ValueError(f"seed {seed} is the training seed; evaluate on another seed")
-    m = model if isinstance(model, Loaded) else load(model)
+    m = model if isinstance(model, Loaded) else load(model, **(load_options or {}))
     start = time.time()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,205 @@
+"""Data-parallel scaling and per-sample overhead of `corelens rank` (both sides timed in one run).
+
+1. Scaling: the same ranking of N organism-task samples on a random-weight Qwen2.5-VL decoder of realistic
+   width, run as one process and as `torchrun --standalone --nproc-per-node 2`, one thread per process,
+   repeats interleaved; wall time of each whole command (start-up, model load and the merge included) and of
+   the sample loop alone (the slowest rank). The two runs' heads.csv must be byte-identical.
+2. Overhead: per sample, `corelens rank`'s step (prepare through the checkpoint's processor, layout, probed
+   forward, record, fsynced log line) against the stock path on the same samples: the processor's chat
+   template and call, then a plain sdpa forward of the stock transformers model, in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SCALE_TARGET = 0.6  # 2 ranks finish in at most this share of 1 rank's time
+OVERHEAD_TARGET = 1.15  # corelens rank per sample vs processor + sdpa forward
+
+
+def build(root: Path, *, samples: int, task: str, layers: int, hidden: int, heads: int, kv_heads: int,
+          head_dim: int, intermediate: int, seed: int) -> tuple[Path, Path]:  # fmt: skip
+    """Write the random-weight checkpoint and the sample file; return their paths."""
+    from corelens.models.tiny import build_tiny_checkpoint
+    from corelens.organism.tasks import WORDS, generate
+
+    model = build_tiny_checkpoint(
+        "qwen2_5_vl", root / "model", words=WORDS, seed=seed, layers=layers, hidden=hidden, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate,
+    )  # fmt: skip
+    return model, generate(task, root / "data", samples, seed=seed + 1)
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def time_rank(model: Path, data: Path, out: Path, nproc: int) -> dict:
+    """Run `corelens rank` with `nproc` processes (1: no torchrun); return wall and loop seconds."""
+    args = ["-m", "corelens", "rank", "--model", str(model), "--data", str(data), "--out", str(out),
+            "--overlays", "0", "--device", "cpu"]  # fmt: skip
+    if nproc > 1:
+        args = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, *args], env=_env(), capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"corelens rank with {nproc} process(es) failed:\n{done.stderr[-3000:]}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {
+        "wall_s": wall,
+        "loop_s": max(p["seconds"] for p in manifest["processes"]),
+        "samples_per_rank": [p["samples"] for p in manifest["processes"]],
+    }
+
+
+def _stock_forward(model, processor, sample) -> None:
+    from corelens.data.sample import load_images
+    from corelens.models.prepare import messages
+
+    text = processor.apply_chat_template(messages(sample), add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=load_images(sample) or None, return_tensors="pt")
+    with torch.no_grad():
+        model(**inputs, use_cache=False, logits_to_keep=1)
+
+
+def overhead(model_dir: Path, data: Path, root: Path, repeats: int) -> dict:
+    """Return per-sample seconds of the stock path and of `corelens rank`'s step, interleaved by repeat."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import corelens
+    from corelens.data import read_samples
+
+    torch.set_num_threads(1)
+    samples, _ = read_samples(data)
+    stock = AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    m = corelens.load(model_dir, device="cpu", dtype="float32")
+    _stock_forward(stock, processor, samples[0])  # warm-up of both paths
+    corelens.measure_sample(m, samples[0])
+    plain, ours = [], []
+    for r in range(repeats):
+        start = time.perf_counter()
+        for sample in samples:
+            _stock_forward(stock, processor, sample)
+        plain.append((time.perf_counter() - start) / len(samples))
+        out = root / f"overhead-{r}"
+        corelens.rank(m, data, out=out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        ours.append(manifest["processes"][0]["seconds"] / len(samples))
+    ratios = [o / p for o, p in zip(ours, plain)]
+    return {"stock_s": plain, "corelens_s": ours, "ratio": statistics.median(ratios), "ratios": ratios}
+
+
+def run_scale_benchmark(*, samples: int = 32, task: str = "document", repeats: int = 2, layers: int = 4,
+                        hidden: int = 2048, heads: int = 16, kv_heads: int = 2, head_dim: int = 128,
+                        intermediate: int = 5632, seed: int = 0, with_overhead: bool = True) -> dict:  # fmt: skip
+    """Return the scaling and overhead measurements (see the module docstring)."""
+    from corelens.bench.ram import machine_info
+
+    with tempfile.TemporaryDirectory(prefix="corelens-scale-") as tmp:
+        root = Path(tmp)
+        shape = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                     intermediate=intermediate)  # fmt: skip
+        model, data = build(root, samples=samples, task=task, seed=seed, **shape)
+        runs: dict[int, list[dict]] = {1: [], 2: []}
+        for r in range(repeats):
+            for nproc in (1, 2):
+                runs[nproc].append(time_rank(model, data, root / f"rank-{nproc}-{r}", nproc))
+            same = (root / f"rank-1-{r}" / "heads.csv").read_bytes() == (
+                root / f"rank-2-{r}" / "heads.csv"
+            ).read_bytes()
+            if not same:
+                raise RuntimeError("heads.csv of 1 and 2 ranks differ")
+        wall = [b["wall_s"] / a["wall_s"] for a, b in zip(runs[1], runs[2])]
+        loop = [b["loop_s"] / a["loop_s"] for a, b in zip(runs[1], runs[2])]
+        result = {
+            "samples": samples,
+            "task": task,
+            "model": {"family": "qwen2_5_vl", "random_weights": True, **shape},
+            "repeats": repeats,
+            "one_rank": runs[1],
+            "two_ranks": runs[2],
+            "wall_ratio": statistics.median(wall),
+            "loop_ratio": statistics.median(loop),
+            "wall_ratios": wall,
+            "heads_identical": True,
+            "scale_target": SCALE_TARGET,
+            "machine": machine_info(),
+            "torch_threads_per_process": 1,
+        }
+        if with_overhead:
+            result["overhead"] = {**overhead(model, data, root, repeats), "target": OVERHEAD_TARGET}
+    return result
+
+
+def summary(result: dict) -> str:
+    """Return the README lines of a result."""
+    med = {
+        n: statistics.median(r["wall_s"] for r in result[k]) for n, k in ((1, "one_rank"), (2, "two_ranks"))
+    }
+    lines = [
+        f"{result['samples']} {result['task']} samples, {result['model']['layers']} layers x hidden "
+        f"{result['model']['hidden']}: 1 rank {med[1]:.1f} s, 2 ranks {med[2]:.1f} s (wall, median of "
+        f"{result['repeats']}): {result['wall_ratio']:.2f}x (target <= {SCALE_TARGET}); sample loop alone "
+        f"{result['loop_ratio']:.2f}x; heads.csv identical",
+    ]
+    if "overhead" in result:
+        o = result["overhead"]
+        lines.append(
+            f"per sample: stock processor + sdpa forward {statistics.median(o['stock_s']):.3f} s, corelens rank "
+            f"{statistics.median(o['corelens_s']):.3f} s: {o['ratio']:.3f}x (target <= {OVERHEAD_TARGET})"
+        )
+    return "\n".join(lines)
+
+
+def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Add (or build) the options of `corelens bench scale`."""
+    p = p or argparse.ArgumentParser(prog="corelens bench scale", description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--task", choices=("image", "video", "document"), default="document")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--intermediate", type=int, default=5632)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-overhead", action="store_true", help="skip the per-sample overhead measurement")
+    p.add_argument("--json", type=Path, help="write the results to this JSON file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``corelens bench scale [--samples N] [--json FILE]``."""
+    args = parser().parse_args(argv)
+    for name in ("samples", "repeats", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate"):
+        if getattr(args, name) < 1:
+            from corelens.errors import CorelensError
+
+            raise CorelensError(f"--{name.replace('_', '-')} must be at least 1")
+    result = run_scale_benchmark(
+        samples=args.samples, task=args.task, repeats=args.repeats, layers=args.layers, hidden=args.hidden,
+        heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, intermediate=args.intermediate,
+        seed=args.seed, with_overhead=not args.no_overhead,
+    )  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

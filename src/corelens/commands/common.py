@@ -1,0 +1,60 @@
+"""Options every command that loads a model shares: where the checkpoint is, and where and how it runs."""
+
+from __future__ import annotations
+
+import argparse
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_model_options(
+    p: argparse.ArgumentParser, *, required: bool = True, default: str | None = None
+) -> None:
+    """Add --model, --revision, --device, --dtype, --device-map, --max-memory and --offload-folder to `p`."""
+    p.add_argument(
+        "--model",
+        required=required,
+        default=default,
+        help="checkpoint folder or hub id ORG/NAME[@REVISION] (read from the hub cache; HF_HUB_OFFLINE=1 "
+        "never downloads)",
+    )
+    p.add_argument("--revision", default=None, help="hub branch, tag or commit (also ORG/NAME@REVISION)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA when available), cpu, cuda, cuda:N; torchrun: cuda:LOCAL_RANK",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="model weights; auto: the checkpoint's dtype on a GPU, float32 on the CPU (scores are always fp32)",
+    )
+    p.add_argument(
+        "--device-map",
+        default=None,
+        help="spread a model over devices: auto, balanced, balanced_low_0, sequential or a JSON file",
+    )
+    p.add_argument(
+        "--max-memory", default=None, help="with --device-map: per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB"
+    )
+    p.add_argument("--offload-folder", default=None, help="with a device map that offloads to disk")
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    """Return the keyword arguments of `corelens.load` from parsed model options."""
+    return {
+        "revision": args.revision,
+        "device": args.device,
+        "dtype": args.dtype,
+        "device_map": args.device_map,
+        "max_memory": args.max_memory,
+        "offload_folder": args.offload_folder,
+    }
+
+
+def main_process() -> bool:
+    """Return True in the process that prints results: the only one, or rank 0 under torchrun."""
+    from corelens.runs.dist import current
+
+    return current().main
