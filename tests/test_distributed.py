@@ -201,9 +201,13 @@ def test_bad_input_names_rank_and_sample(setup, tmp_path):
     data, bad = _with_bad_sample(setup, tmp_path)
     code, log = finish(torchrun([*argv(setup, "rank", tmp_path / "run", data), "--query", "answer"]))
     assert code != 0
-    line = next(x for x in log.splitlines() if x.startswith("corelens: error:"))
-    assert "of 2]" in line and f"sample {bad!r}" in line and "needs an answer" in line
-    assert "Traceback" not in log.split("corelens: error:")[0][-2000:]
+    lines = log.replace("\r", "\n").splitlines()
+    errors = [x for x in lines if x.startswith("corelens: error:")]
+    assert any(f"of 2] {data}:6, sample {bad!r}" in x and "needs an answer" in x for x in errors), log
+    # The rank that waited for it says why it stops, without a traceback of its own (torchrun's agent
+    # still prints its ChildFailedError report).
+    assert any("another rank stopped" in x for x in errors) or len(errors) == 1, log
+    assert not [x for x in lines if x.startswith("[rank") and "Traceback" in x], log
 
 
 def test_skip_bad_across_ranks(setup, tmp_path):

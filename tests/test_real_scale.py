@@ -87,7 +87,7 @@ def test_missing_hub_id_is_one_clear_line(tiny, tmp_path, monkeypatch, capsys):
     assert (
         "nobody/absent@v2" in err[0]
         and str(tmp_path / "empty" / "hub") in err[0]
-        and "HF_HUB_OFFLINE" in err[0]
+        and "HF_HUB_OFFLINE is set, so nothing is downloaded" in err[0]
     )
     with pytest.raises(CorelensError, match="not a hub id"):
         corelens.load(str(tmp_path / "no-such-folder"))

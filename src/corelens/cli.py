@@ -25,24 +25,51 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the corelens command line; return the exit code."""
     args = parser().parse_args(argv)
+    from corelens.runs.dist import launched
+
+    # Under torchrun every rank prints its own error: which rank met it, on a line of its own (rank 0's
+    # progress bar may hold the terminal's current line).
+    where = f"\ncorelens: error: [rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}] "
+    where = where if launched() else "corelens: error: "
     try:
         if isinstance(getattr(args, "data", None), str) and args.command != "organism":
-            from corelens.data.readers import resolve
-
-            args.data = str(resolve(args.data))  # NAME:PATH -> converted (cached) sample file
+            _resolve_data(args)
         args.func(args)
     except CorelensError as err:
         if args.debug:
             traceback.print_exc()
-        from corelens.runs.dist import launched
-
-        # Under torchrun every rank prints its own error: say which rank met it.
-        where = (
-            f"[rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE')}] " if launched() else ""
-        )
-        print(f"corelens: error: {where}{err}", file=sys.stderr)
+        print(f"{where}{err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        # A rank waiting for the others (gloo) hears that one of them died: that rank printed why, and
+        # torchrun ends this one too; the finished samples are in the run's logs.
+        if not launched() or args.debug or not _peer_lost(err):
+            raise
+        print(f"{where}another rank stopped (its error is above); finished samples are "
+              "kept in the run directory: run the same command again to resume", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
+
+
+def _peer_lost(err: RuntimeError) -> bool:
+    """Return True for the error a collective raises when another rank's process has gone."""
+    import torch.distributed as dist
+
+    text = str(err)
+    return isinstance(err, dist.DistError) or "gloo" in text or "Connection closed by peer" in text
+
+
+def _resolve_data(args: argparse.Namespace) -> None:
+    """Replace NAME:PATH by its converted (cached) sample file; under torchrun rank 0 converts first."""
+    from corelens.data.readers import resolve
+    from corelens.runs.dist import current
+
+    dist = current()
+    if not dist.main:
+        dist.barrier()  # the others read the cache rank 0 has written
+    args.data = str(resolve(args.data))
+    if dist.main:
+        dist.barrier()
 
 
 if __name__ == "__main__":
