@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import position_image
+from helpers import position_image, released_processor
 from transformers import AutoProcessor
 
 from corelens.data.sample import Target
@@ -27,14 +27,22 @@ def _decode_tokens(ip, pixel_values: torch.Tensor, grid: tuple[int, int, int]) -
 
 def _check_grid(segment: Segment, rgb: np.ndarray) -> None:
     """Every token's decoded pixel position lies at the centre of the cell the layout assigns to it."""
-    xe, ye = segment.cell_edges()
+    xs, ys = segment.cell_spans()
     w, h = segment.orig_size
     for k, token in enumerate(segment.pixel_tokens()):
         r, c = divmod(int(token - segment.start), segment.row_stride)
         x, y = rgb[k, 0] * w, rgb[k, 1] * h
-        cx, cy = (xe[c] + xe[c + 1]) / 2, (ye[r] + ye[r + 1]) / 2
-        assert abs(x - cx) < 0.25 * (xe[1] - xe[0]) + 1.0, (k, r, c, x, cx)
-        assert abs(y - cy) < 0.25 * (ye[1] - ye[0]) + 1.0, (k, r, c, y, cy)
+        cx, cy = xs[c].mean(), ys[r].mean()
+        assert abs(x - cx) < 0.25 * (xs[c, 1] - xs[c, 0]) + 1.0, (k, r, c, x, cx)
+        assert abs(y - cy) < 0.25 * (ys[r, 1] - ys[r, 0]) + 1.0, (k, r, c, y, cy)
+
+
+@pytest.fixture(params=["tiny", "released"])
+def qwen_processor(request, tiny_dir, family):
+    """The family's processor: the tiny test geometry, then the released checkpoint's published files."""
+    if request.param == "tiny":
+        return AutoProcessor.from_pretrained(tiny_dir(family))
+    return released_processor(family)
 
 
 def _sample_like(n_images: int, video: bool):
@@ -47,8 +55,8 @@ def _sample_like(n_images: int, video: bool):
 
 
 @pytest.mark.parametrize("sizes", [[(301, 173)], [(173, 301)], [(301, 173), (97, 411), (64, 64)]])
-def test_image_layout_matches_processor(tiny_dir, family, sizes):
-    processor = AutoProcessor.from_pretrained(tiny_dir(family))
+def test_image_layout_matches_processor(qwen_processor, sizes):
+    processor = qwen_processor
     images = [position_image(w, h) for w, h in sizes]
     text = processor.apply_chat_template(
         messages(_sample_like(len(images), False)), add_generation_prompt=True
@@ -71,8 +79,8 @@ def test_image_layout_matches_processor(tiny_dir, family, sizes):
         offset += n
 
 
-def test_video_layout_matches_processor(tiny_dir, family):
-    processor = AutoProcessor.from_pretrained(tiny_dir(family))
+def test_video_layout_matches_processor(qwen_processor, family):
+    processor = qwen_processor
     n_frames, fps, size = 5, 2.0, (150, 90)
     frames = [position_image(*size, frame=f / (n_frames - 1)) for f in range(n_frames)]
     times = [f / fps for f in range(n_frames)]

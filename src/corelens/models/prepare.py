@@ -6,14 +6,14 @@ with `add_generation_prompt=True` (METHODS §2). Teacher forcing appends the ans
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image
 
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import InputError, UnsupportedModelError
-from corelens.layout import Layout
+from corelens.layout import PADDING_RULES, Layout
 from corelens.models.internvl import internvl_layout
 from corelens.models.llava import llava_layout
 from corelens.models.llava_next import llava_next_layout
@@ -75,8 +75,19 @@ def blank_like(image: Image.Image) -> Image.Image:
     return Image.new("RGB", image.size, (128, 128, 128))
 
 
-def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool = False) -> Prepared:
-    """Return the processed inputs, layout and query rows of `sample` for model `m` (`blank`: grey visuals)."""
+def prepare(
+    m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool = False, padding: str = "visual"
+) -> Prepared:
+    """Return the processed inputs, layout and query rows of `sample` for model `m` (`blank`: grey visuals).
+
+    `padding` is the layout's padding-cell rule (`corelens.layout.PADDING_RULES`): `"visual"` (default)
+    counts cells that hold only padding in V but never in Omega, `"omega"` also in a whole-image Omega,
+    `"none"` in neither.
+    """
+    if padding not in PADDING_RULES:
+        raise InputError(
+            f"unknown padding rule {padding!r}; expected one of {PADDING_RULES}", sample=sample.id
+        )
     processor = m.processor
     images = load_images(sample)
     frames, times = load_video(sample) if sample.video is not None else ([], [])
@@ -118,7 +129,7 @@ def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool
         )
     return Prepared(
         dict(inputs),
-        layout_of(m, inputs, images, frames, times, sample),
+        replace(layout_of(m, inputs, images, frames, times, sample), padding=padding),
         prompt_len,
         np.arange(start, start + len(needle)),
         answer_rows,
@@ -131,18 +142,28 @@ def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float],
     if m.family == "internvl":
         frame_size = frames[0].size if frames else None
         return internvl_layout(inputs["input_ids"], m.processor, sizes, frame_size, times, sample=sample.id)
+    # Cell geometry comes from the vision tower itself: its input side and patch size.
+    vision = getattr(m.model.config, "vision_config", None)
+    tile, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
     if m.family == "llava_onevision":
-        tile = int(m.model.config.vision_config.image_size)
         frame_size = frames[0].size if frames else None
         return onevision_layout(
-            inputs["input_ids"], m.processor, tile, sizes, frame_size, times, sample=sample.id
+            inputs["input_ids"],
+            m.processor,
+            int(tile),
+            sizes,
+            frame_size,
+            times,
+            patch=int(patch),
+            sample=sample.id,
         )
     if m.family in ("llava", "llava_next"):
         if frames:
             raise UnsupportedModelError(f"{m.model_type} takes images only, not video (sample {sample.id})")
         if m.family == "llava_next":
-            tile = int(m.model.config.vision_config.image_size)
-            return llava_next_layout(inputs["input_ids"], m.processor, tile, sizes, sample=sample.id)
+            return llava_next_layout(
+                inputs["input_ids"], m.processor, int(tile), sizes, patch=int(patch), sample=sample.id
+            )
         return llava_layout(inputs["input_ids"], m.processor, sizes, sample=sample.id)
     return qwen_layout(
         inputs["input_ids"],
