@@ -138,3 +138,25 @@ def test_tube_uses_groups_that_overlap_in_time():
     assert layout.omega([tube]).tolist() == [10, 34, 34 + 23, 58 + 23]
     with pytest.raises(Exception, match="overlaps no sampled frame"):
         layout.omega([Target("tube", frames=(9,), boxes=((0, 0, 5, 5),))])
+
+
+def test_padding_cells_follow_the_rule():
+    # A 600 x 300 image padded to a 600 x 600 square (centred): rows 0 and 3 of a 4 x 6 grid hold only padding.
+    seg = _segment(orig_size=(600, 300), region=(0.0, -150.0, 600.0, 450.0), trailing=1)
+    assert seg.padding_cells()[:, 0].tolist() == [True, False, False, True]
+    padding = {10 + c for c in range(6)} | {28 + c for c in range(6)}
+    whole = [Target("image", image=0)]
+    default = Layout((seg,), 100)
+    assert default.padding == "visual"
+    assert len(default.visual) == 4 * 6 + 1 and padding <= set(default.visual)  # in V (with the newline)
+    assert len(default.omega(whole)) == 12 and not padding & set(default.omega(whole))  # never in Omega
+    assert set(Layout((seg,), 100, padding="omega").omega(whole)) == set(range(10, 34))
+    none = Layout((seg,), 100, padding="none")
+    assert not padding & set(none.visual) and len(none.visual) == 12 + 1  # the newline stays in V
+    assert none.omega(whole).tolist() == default.omega(whole).tolist()
+    # A box that reaches into the padding takes the padding cell only under "omega".
+    box = [Target("box", image=0, box=(0, -50, 100, 300))]
+    assert Layout((seg,), 100).omega(box).tolist() == [16, 22]
+    assert Layout((seg,), 100, padding="omega").omega(box).tolist() == [10, 16, 22]
+    with pytest.raises(Exception, match="unknown padding rule"):
+        Layout((seg,), 100, padding="pad")

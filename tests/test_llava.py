@@ -362,3 +362,31 @@ def test_internvl_token_order_through_the_model(tmp_path):
         after = model.model.get_image_features(pixel_values=changed).pooler_output[0]
     moved = ((after - before).abs().amax(-1) > 1e-6).nonzero().flatten().tolist()
     assert moved == [1 * 4 + 2]
+
+
+def test_padding_rule_reaches_ram(tmp_path):
+    """`measure_sample(..., padding=...)` (`corelens rank --padding`): LLaVA-1.5 with pad-to-square."""
+    from corelens.experiments.rank import measure_sample
+
+    path = build_tiny_checkpoint(
+        "llava", tmp_path / "m", words=["cup"], layers=1, heads=2, kv_heads=1, processor_kwargs={"pad": True}
+    )
+    m = corelens.load(path)
+    image = tmp_path / "tall.png"
+    position_image(60, 200).save(
+        image
+    )  # padded to 200 x 200: the outer columns of the 4 x 4 grid are padding
+    whole = (Target("image", image=0),)
+    sample = Sample(
+        "t",
+        "image",
+        "what is the colour of the cup ?",
+        images=(image,),
+        image_sizes=((60, 200),),
+        targets=whole,
+    )
+    visual, omega, none = (measure_sample(m, sample, padding=p) for p in ("visual", "omega", "none"))
+    assert (visual.n_omega, visual.n_visual) == (8, 16)
+    assert (omega.n_omega, omega.n_visual) == (16, 16)
+    assert (none.n_omega, none.n_visual) == (8, 8)
+    assert np.allclose(visual.mass, none.mass) and np.all(omega.mass >= visual.mass)

@@ -301,3 +301,30 @@ def test_bilinear_footprints_match_the_oracle_at_any_box_edge(released_model, ca
         f"(mean {np.mean(tokens):.1f} tokens of a mean |Omega| of {np.mean(sizes):.1f})"
     )
     assert differ == UNIFORM_DISAGREEMENT[case]
+
+
+@pytest.mark.parametrize("padding", ["visual", "omega", "none"])
+def test_padding_cells_against_the_oracle(released_model, padding, tmp_path):
+    """OneVision's multi-image squares: a whole-image target against the positions that change when every
+    pixel of the image changes. Default rule: Omega = the oracle, padding cells stay in V."""
+    m = released_model("llava_onevision")
+    sizes = [(150, 90), (120, 360)]  # image 1 padded to 360 x 360: its left and right thirds are padding
+    originals = [noise_image(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
+    sample = _sample("image", _write(originals, tmp_path, "orig"), sizes)
+    prepared = prepare(m, sample, padding=padding)
+    changed = [originals[0], _perturbed(originals[1], (0, 0, *sizes[1]))]
+    after = prepare(m, _sample("image", _write(changed, tmp_path, "all"), sizes), padding=padding)
+    oracle = set(_changed(_input_embeddings(m, prepared.inputs), _input_embeddings(m, after.inputs)).tolist())
+    layout = prepared.layout
+    (segment,) = layout.of("image", 1)
+    cells = set(segment.pixel_tokens().tolist())
+    padding_cells = cells - oracle
+    assert padding_cells and len(padding_cells) == int(segment.padding_cells().sum())
+    omega = set(layout.omega([Target("image", image=1)]).tolist())
+    visual = set(layout.visual.tolist())
+    if padding == "omega":
+        assert omega == cells  # padding cells too
+    else:
+        assert omega == oracle
+    assert (padding_cells <= visual) == (padding != "none")
+    assert segment.end - 1 in visual  # the pixel-less newline after the image stays in V under every rule

@@ -30,9 +30,14 @@ class SampleRam:
     n_visual: int
 
 
-def measure_sample(m: Loaded, sample: Sample, query: str = "question", rule: str = "any") -> SampleRam:
-    """Return the RAM of every (layer, query head) for one sample, from a single probed forward."""
-    prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None)
+def measure_sample(
+    m: Loaded, sample: Sample, query: str = "question", rule: str = "any", padding: str = "visual"
+) -> SampleRam:
+    """Return the RAM of every (layer, query head) for one sample, from a single probed forward.
+
+    `padding` is the padding-cell rule of Omega and V (`corelens.layout.PADDING_RULES`).
+    """
+    prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None, padding=padding)
     if query == "answer" and sample.answer is None:
         raise InputError(
             "query 'answer' needs an answer", file=sample.source, line=sample.line, sample=sample.id
@@ -93,6 +98,7 @@ def rank(
     *,
     query: str = "question",
     rule: str = "any",
+    padding: str = "visual",
     limit: int | None = None,
     out: str | Path | None = None,
     skip_bad: bool = False,
@@ -106,12 +112,16 @@ def rank(
     """
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
     if out is None:
-        records = [_record(s, measure_sample(m, s, query, rule)) for s in tqdm(samples, disable=not progress)]
+        records = [
+            _record(s, measure_sample(m, s, query, rule, padding))
+            for s in tqdm(samples, disable=not progress)
+        ]
         return _ranking(records)
     settings = {
         **model_data_settings(m, data),
         "query": query,
         "rule": rule,
+        "padding": padding,
         "limit": limit,
         "skip_bad": skip_bad,
         "seed": 0,
@@ -122,7 +132,7 @@ def rank(
     todo = [s for s in samples if s.id not in done]
     for sample in tqdm(todo, desc="rank", unit="sample", disable=not progress):
         try:
-            result = measure_sample(m, sample, query, rule)
+            result = measure_sample(m, sample, query, rule, padding)
         except InputError as err:
             if not skip_bad:
                 raise

@@ -70,12 +70,20 @@ def grid_region(
 
 
 def llava_layout(
-    input_ids: torch.Tensor, processor, image_sizes: list[tuple[int, int]], *, sample: str | None = None
+    input_ids: torch.Tensor,
+    processor,
+    image_sizes: list[tuple[int, int]],
+    *,
+    patch: int | None = None,
+    sample: str | None = None,
 ) -> Layout:
-    """Return the layout of one LLaVA-1.5 prompt: one `rows x cols` segment per image."""
+    """Return the layout of one LLaVA-1.5 prompt: one `rows x cols` segment per image.
+
+    `patch` is the vision tower's patch size (default: the processor's, which counts the tokens).
+    """
     ids = input_ids.reshape(-1).cpu().numpy()
     positions = np.flatnonzero(ids == processor.image_token_id)
-    patch = int(processor.patch_size)
+    patch = int(patch or processor.patch_size)
     settings = effective_images_kwargs(processor)
     segments, used = [], 0
     # Images are consumed in order, rows x cols tokens each (adjacent images may form one run of tokens).

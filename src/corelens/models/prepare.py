@@ -164,7 +164,7 @@ def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float],
             return llava_next_layout(
                 inputs["input_ids"], m.processor, int(tile), sizes, patch=int(patch), sample=sample.id
             )
-        return llava_layout(inputs["input_ids"], m.processor, sizes, sample=sample.id)
+        return llava_layout(inputs["input_ids"], m.processor, sizes, patch=int(patch), sample=sample.id)
     return qwen_layout(
         inputs["input_ids"],
         m.processor,
