@@ -79,9 +79,11 @@ def test_image_layout_matches_processor(qwen_processor, sizes):
         offset += n
 
 
-def test_video_layout_matches_processor(qwen_processor, family):
+# 4 fps: Qwen3-VL's published video processor would resample a 4 fps clip to 2 fps unless told not to.
+@pytest.mark.parametrize("fps", [2.0, 4.0])
+def test_video_layout_matches_processor(qwen_processor, family, fps):
     processor = qwen_processor
-    n_frames, fps, size = 5, 2.0, (150, 90)
+    n_frames, size = 5, (150, 90)
     frames = [position_image(*size, frame=f / (n_frames - 1)) for f in range(n_frames)]
     times = [f / fps for f in range(n_frames)]
     text = processor.apply_chat_template(messages(_sample_like(0, True)), add_generation_prompt=True)
@@ -91,7 +93,7 @@ def test_video_layout_matches_processor(qwen_processor, family):
     layout = qwen_layout(inputs["input_ids"], processor, None, inputs["video_grid_thw"], [], size, times)
     assert len(layout.segments) == grid[0] == 3  # 5 frames -> groups (0, 1), (2, 3), (4, 4 repeated)
     assert [s.frames for s in layout.segments] == [(0, 1), (2, 3), (4,)]
-    assert layout.segments[1].time_span == (1.0, 2.0)
+    assert layout.segments[1].time_span == (2 / fps, 4 / fps)
     per_group = grid[1] * grid[2]
     ids = inputs["input_ids"][0]
     assert (ids[layout.visual] == processor.video_token_id).all()
@@ -160,3 +162,16 @@ def test_padding_cells_follow_the_rule():
     assert Layout((seg,), 100, padding="omega").omega(box).tolist() == [10, 16, 22]
     with pytest.raises(Exception, match="unknown padding rule"):
         Layout((seg,), 100, padding="pad")
+
+
+def test_a_resampled_video_is_refused():
+    """A processor that drops frames (groups != frames / temporal patch) is an error, not a wrong layout."""
+    from corelens.errors import InputError
+
+    processor = released_processor("qwen3_vl")
+    frames = [position_image(150, 90, frame=f / 7) for f in range(8)]
+    times = [f / 4.0 for f in range(8)]
+    text = processor.apply_chat_template(messages(_sample_like(0, True)), add_generation_prompt=True)
+    inputs = processor(text=[text], videos=[frames], return_tensors="pt")  # resamples to 2 fps by default
+    with pytest.raises(InputError, match="resampled the frames"):
+        qwen_layout(inputs["input_ids"], processor, None, inputs["video_grid_thw"], [], (150, 90), times)
