@@ -390,3 +390,23 @@ def test_padding_rule_reaches_ram(tmp_path):
     assert (omega.n_omega, omega.n_visual) == (16, 16)
     assert (none.n_omega, none.n_visual) == (8, 8)
     assert np.allclose(visual.mass, none.mass) and np.all(omega.mass >= visual.mass)
+
+
+@pytest.mark.parametrize("family", ["internvl", "llava"])
+def test_processor_geometry_that_disagrees_with_the_tower_is_refused(tmp_path, family):
+    path = build_tiny_checkpoint(family, tmp_path / "m", words=["cup"], layers=1, heads=2, kv_heads=1)
+    m = corelens.load(path)
+    image = tmp_path / "a.png"
+    position_image(120, 100).save(image)
+    sample = Sample(
+        "g", "image", "what is the colour of the cup ?", images=(image,), image_sizes=((120, 100),)
+    )
+    prepare(m, sample)  # consistent: fine
+    if family == "internvl":
+        m.processor.image_seq_length = 64  # 8 x 8 tokens per tile; the tower gives 4 x 4
+        match = "image_seq_length = 64 disagrees with the vision tower's 16"
+    else:
+        m.processor.patch_size = 28
+        match = "patch_size = 28 disagrees"
+    with pytest.raises(UnsupportedModelError, match=match):
+        prepare(m, sample)

@@ -14,6 +14,7 @@ from PIL import Image
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import InputError, UnsupportedModelError
 from corelens.layout import PADDING_RULES, Layout
+from corelens.models.effective import effective_images_kwargs
 from corelens.models.internvl import internvl_layout
 from corelens.models.llava import llava_layout
 from corelens.models.llava_next import llava_next_layout
@@ -136,8 +137,45 @@ def prepare(
     )
 
 
+def _pair(value) -> int:
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def check_geometry(m: Loaded) -> None:
+    """Refuse a processor whose token geometry disagrees with the vision tower's (patch, merge, tile size).
+
+    The layout places cells by the tower's geometry and counts tokens by the processor's; a checkpoint
+    whose processor files were edited apart from its config would give a layout the model does not use.
+    """
+    vision = m.model.config.vision_config
+    settings = effective_images_kwargs(m.processor)
+    checks = []
+    if m.family == "qwen_vl":
+        checks = [
+            ("patch_size", settings.get("patch_size"), vision.patch_size),
+            ("merge_size", settings.get("merge_size"), vision.spatial_merge_size),
+        ]
+    elif m.family == "internvl":
+        side = _pair(vision.image_size) // _pair(vision.patch_size) * m.model.config.downsample_ratio
+        size = settings.get("size") or {}
+        height = size.get("height") if isinstance(size, dict) else getattr(size, "height", None)
+        checks = [
+            ("image_seq_length", m.processor.image_seq_length, int(side) ** 2),
+            ("size.height", height, _pair(vision.image_size)),
+        ]
+    elif m.family in ("llava", "llava_next"):
+        checks = [("patch_size", m.processor.patch_size, vision.patch_size)]
+    for name, processor_value, tower_value in checks:
+        if processor_value is not None and int(processor_value) != int(tower_value):
+            raise UnsupportedModelError(
+                f"{m.path}: the processor's {name} = {processor_value} disagrees with the vision tower's "
+                f"{tower_value} (config.json); the layout would not match what the model sees"
+            )
+
+
 def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float], sample: Sample) -> Layout:
     """Return the visual token layout of processed `inputs` for the model's family."""
+    check_geometry(m)
     sizes = [im.size for im in images]
     if m.family == "internvl":
         frame_size = frames[0].size if frames else None
