@@ -7,7 +7,7 @@ the vision tower zeroed, so a feature depends on its own patch only: patch merge
 unpadding and bilinear resizing act as in the stock model); the pixels inside a box are changed; the
 positions where the embeddings the language model receives differ are Omega. Boxes are drawn so that
 their edges stay clear of every token boundary of the layout by the reach of the processor's resampling
-(2 processed pixels + 1): there the answer does not depend on how a resampling kernel leaks across a
+(2 pixels of the larger of the original and processed grids, + 0.5): there the answer does not depend on how a resampling kernel leaks across a
 boundary, and the layout must match the oracle exactly.
 """
 
@@ -119,9 +119,11 @@ def _boundaries(segments: list[Segment], axis: int, cell_pixels: int) -> tuple[n
     for seg in segments:
         spans = seg.cell_spans()[axis]
         edges.append(spans.ravel())
-        # Original pixels per processed pixel, from the finest cell of the segment.
+        # Original pixels per processed pixel, from the finest cell of the segment. A bicubic resize reaches
+        # 2 pixels of the larger grid on either side (2 processed pixels when shrinking, 2 original ones
+        # when enlarging); half a pixel more for rounding.
         per_processed = float(np.min(spans[:, 1] - spans[:, 0])) / cell_pixels
-        margin = max(margin, 2.0 * per_processed + 1.0)
+        margin = max(margin, 2.0 * max(per_processed, 1.0) + 0.5)
     return np.concatenate(edges), margin
 
 
@@ -164,8 +166,10 @@ CASES = {
     "portrait": ("image", [(173, 301)], 0),
     "multi-image": ("image", [(150, 90), (300, 420)], 1),
     "video": ("video", [(150, 90)] * 5, 2),
-    # Many tiles: InternVL's 12-tile limit, LLaVA-NeXT's 1008-pixel pinpoints, OneVision's downsampled grid.
+    # Many tiles: InternVL 3 x 2 + thumbnail, LLaVA-NeXT 2 x 2, OneVision 6 x 4 downsampled to fit 9 tiles.
     "large": ("image", [(2000, 1400)], 0),
+    # A long strip: LLaVA-NeXT's 336 x 1008 pinpoint (3 x 1 tiles), InternVL's wide tile grids.
+    "panorama": ("image", [(1000, 300)], 0),
 }
 FAMILIES = tuple(RELEASED)
 
