@@ -122,20 +122,20 @@ class Segment:
         return out_y[:, None] | out_x[None, :]
 
     def tokens(self, padding: str = "visual", *, role: str = "visual") -> np.ndarray:
-        """Return the segment's tokens in V (`role="visual"`) or in a whole-image Omega (`role="omega"`)."""
+        """Return the segment's tokens in V (`role="visual"`) or in a whole-image Omega (`role="omega"`).
+
+        Padding-only cells follow the rule `padding` (module docstring); newline tokens are in V only.
+        """
         if padding not in PADDING_RULES:
             raise InputError(f"unknown padding rule {padding!r}; expected one of {PADDING_RULES}")
-        drop = (role == "omega" and padding != "omega") or padding == "none"
-        if role == "visual" and not drop:
-            return self.all_tokens()
-        r, c = (
-            np.nonzero(~self.padding_cells()) if drop else np.nonzero(np.ones((self.rows, self.cols), bool))
-        )
-        cells = np.asarray(self.token(r, c), dtype=np.int64).ravel()
+        keep_padding = padding == "omega" or (padding == "visual" and role == "visual")
+        kept = np.ones((self.rows, self.cols), bool) if keep_padding else ~self.padding_cells()
+        r, c = np.nonzero(kept)
+        cells = np.sort(np.asarray(self.token(r, c), dtype=np.int64).ravel())
         if role == "omega":
-            return np.sort(cells)
-        pixel_less = np.setdiff1d(self.all_tokens(), self.pixel_tokens())  # newline tokens stay in V
-        return np.union1d(cells, pixel_less)
+            return cells
+        newlines = np.setdiff1d(self.all_tokens(), self.pixel_tokens())
+        return np.union1d(cells, newlines)
 
     def tokens_in_box(
         self, box: Sequence[float], rule: str = "any", tau: float = 0.5, *, sample: str | None = None
