@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+
 import numpy as np
 from PIL import Image
 
@@ -21,3 +25,36 @@ def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:
     """Return a random RGB image."""
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+# Released checkpoints whose published processor files and vision geometry are kept in tests/data/configs
+# (where each came from: tests/data/configs/SOURCES.md). One per family.
+CONFIGS = Path(__file__).parent / "data" / "configs"
+RELEASED = {
+    "qwen2_vl": "Qwen2-VL-7B-Instruct",
+    "qwen2_5_vl": "Qwen2.5-VL-7B-Instruct",
+    "qwen3_vl": "Qwen3-VL-8B-Instruct",
+    "llava": "llava-1.5-7b-hf",
+    "llava_next": "llava-v1.6-mistral-7b-hf",
+    "llava_onevision": "llava-onevision-qwen2-7b-ov-hf",
+    "internvl": "InternVL3-8B-hf",
+}
+
+
+@functools.cache
+def released_processor(family: str):
+    """Return `family`'s processor built from its released checkpoint's published files (tiny tokenizer)."""
+    from corelens.models.tiny import released_processor as build
+    from corelens.models.tiny import tiny_tokenizer
+
+    return build(CONFIGS / RELEASED[family], tiny_tokenizer(family, ["cup", "red", "blue"]))
+
+
+def released_geometry(family: str) -> dict:
+    """Return the released checkpoint's vision geometry (`config.json`: vision_config + top-level fields)."""
+    config = json.loads((CONFIGS / RELEASED[family] / "config.json").read_text())
+    vision = config["vision_config"]
+    size, patch = vision.get("image_size"), vision["patch_size"]
+    size = size[0] if isinstance(size, list) else size
+    patch = patch[0] if isinstance(patch, list) else patch
+    return {"tile": size, "patch": patch}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import position_image
+from helpers import position_image, released_processor
 from transformers import AutoProcessor
 
 from corelens.data.sample import Target
@@ -27,14 +27,22 @@ def _decode_tokens(ip, pixel_values: torch.Tensor, grid: tuple[int, int, int]) -
 
 def _check_grid(segment: Segment, rgb: np.ndarray) -> None:
     """Every token's decoded pixel position lies at the centre of the cell the layout assigns to it."""
-    xe, ye = segment.cell_edges()
+    xs, ys = segment.cell_spans()
     w, h = segment.orig_size
     for k, token in enumerate(segment.pixel_tokens()):
         r, c = divmod(int(token - segment.start), segment.row_stride)
         x, y = rgb[k, 0] * w, rgb[k, 1] * h
-        cx, cy = (xe[c] + xe[c + 1]) / 2, (ye[r] + ye[r + 1]) / 2
-        assert abs(x - cx) < 0.25 * (xe[1] - xe[0]) + 1.0, (k, r, c, x, cx)
-        assert abs(y - cy) < 0.25 * (ye[1] - ye[0]) + 1.0, (k, r, c, y, cy)
+        cx, cy = xs[c].mean(), ys[r].mean()
+        assert abs(x - cx) < 0.25 * (xs[c, 1] - xs[c, 0]) + 1.0, (k, r, c, x, cx)
+        assert abs(y - cy) < 0.25 * (ys[r, 1] - ys[r, 0]) + 1.0, (k, r, c, y, cy)
+
+
+@pytest.fixture(params=["tiny", "released"])
+def qwen_processor(request, tiny_dir, family):
+    """The family's processor: the tiny test geometry, then the released checkpoint's published files."""
+    if request.param == "tiny":
+        return AutoProcessor.from_pretrained(tiny_dir(family))
+    return released_processor(family)
 
 
 def _sample_like(n_images: int, video: bool):
@@ -47,8 +55,8 @@ def _sample_like(n_images: int, video: bool):
 
 
 @pytest.mark.parametrize("sizes", [[(301, 173)], [(173, 301)], [(301, 173), (97, 411), (64, 64)]])
-def test_image_layout_matches_processor(tiny_dir, family, sizes):
-    processor = AutoProcessor.from_pretrained(tiny_dir(family))
+def test_image_layout_matches_processor(qwen_processor, sizes):
+    processor = qwen_processor
     images = [position_image(w, h) for w, h in sizes]
     text = processor.apply_chat_template(
         messages(_sample_like(len(images), False)), add_generation_prompt=True
@@ -71,9 +79,11 @@ def test_image_layout_matches_processor(tiny_dir, family, sizes):
         offset += n
 
 
-def test_video_layout_matches_processor(tiny_dir, family):
-    processor = AutoProcessor.from_pretrained(tiny_dir(family))
-    n_frames, fps, size = 5, 2.0, (150, 90)
+# 4 fps: Qwen3-VL's published video processor would resample a 4 fps clip to 2 fps unless told not to.
+@pytest.mark.parametrize("fps", [2.0, 4.0])
+def test_video_layout_matches_processor(qwen_processor, family, fps):
+    processor = qwen_processor
+    n_frames, size = 5, (150, 90)
     frames = [position_image(*size, frame=f / (n_frames - 1)) for f in range(n_frames)]
     times = [f / fps for f in range(n_frames)]
     text = processor.apply_chat_template(messages(_sample_like(0, True)), add_generation_prompt=True)
@@ -83,7 +93,7 @@ def test_video_layout_matches_processor(tiny_dir, family):
     layout = qwen_layout(inputs["input_ids"], processor, None, inputs["video_grid_thw"], [], size, times)
     assert len(layout.segments) == grid[0] == 3  # 5 frames -> groups (0, 1), (2, 3), (4, 4 repeated)
     assert [s.frames for s in layout.segments] == [(0, 1), (2, 3), (4,)]
-    assert layout.segments[1].time_span == (1.0, 2.0)
+    assert layout.segments[1].time_span == (2 / fps, 4 / fps)
     per_group = grid[1] * grid[2]
     ids = inputs["input_ids"][0]
     assert (ids[layout.visual] == processor.video_token_id).all()
@@ -130,3 +140,38 @@ def test_tube_uses_groups_that_overlap_in_time():
     assert layout.omega([tube]).tolist() == [10, 34, 34 + 23, 58 + 23]
     with pytest.raises(Exception, match="overlaps no sampled frame"):
         layout.omega([Target("tube", frames=(9,), boxes=((0, 0, 5, 5),))])
+
+
+def test_padding_cells_follow_the_rule():
+    # A 600 x 300 image padded to a 600 x 600 square (centred): rows 0 and 3 of a 4 x 6 grid hold only padding.
+    seg = _segment(orig_size=(600, 300), region=(0.0, -150.0, 600.0, 450.0), trailing=1)
+    assert seg.padding_cells()[:, 0].tolist() == [True, False, False, True]
+    padding = {10 + c for c in range(6)} | {28 + c for c in range(6)}
+    whole = [Target("image", image=0)]
+    default = Layout((seg,), 100)
+    assert default.padding == "visual"
+    assert len(default.visual) == 4 * 6 + 1 and padding <= set(default.visual)  # in V (with the newline)
+    assert len(default.omega(whole)) == 12 and not padding & set(default.omega(whole))  # never in Omega
+    assert set(Layout((seg,), 100, padding="omega").omega(whole)) == set(range(10, 34))
+    none = Layout((seg,), 100, padding="none")
+    assert not padding & set(none.visual) and len(none.visual) == 12 + 1  # the newline stays in V
+    assert none.omega(whole).tolist() == default.omega(whole).tolist()
+    # A box that reaches into the padding takes the padding cell only under "omega".
+    box = [Target("box", image=0, box=(0, -50, 100, 300))]
+    assert Layout((seg,), 100).omega(box).tolist() == [16, 22]
+    assert Layout((seg,), 100, padding="omega").omega(box).tolist() == [10, 16, 22]
+    with pytest.raises(Exception, match="unknown padding rule"):
+        Layout((seg,), 100, padding="pad")
+
+
+def test_a_resampled_video_is_refused():
+    """A processor that drops frames (groups != frames / temporal patch) is an error, not a wrong layout."""
+    from corelens.errors import InputError
+
+    processor = released_processor("qwen3_vl")
+    frames = [position_image(150, 90, frame=f / 7) for f in range(8)]
+    times = [f / 4.0 for f in range(8)]
+    text = processor.apply_chat_template(messages(_sample_like(0, True)), add_generation_prompt=True)
+    inputs = processor(text=[text], videos=[frames], return_tensors="pt")  # resamples to 2 fps by default
+    with pytest.raises(InputError, match="resampled the frames"):
+        qwen_layout(inputs["input_ids"], processor, None, inputs["video_grid_thw"], [], (150, 90), times)

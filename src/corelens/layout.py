@@ -3,6 +3,19 @@
 A `Segment` is one grid of visual tokens (an image, a tile, a view, a video frame group, a page) with its
 token span and the geometry that maps original pixels to grid cells. A `Layout` is all segments of one
 prompt; `Layout.omega(targets)` turns ground-truth targets into token positions.
+
+Cell geometry. By default a segment's cells split its `region` (or the whole image) evenly. Where the
+vision tower does not tile its input exactly, the family module gives every column and row its own
+original-pixel span (`col_spans`, `row_spans`): LLaVA-OneVision's SigLIP sees 27 patches of 14 pixels in
+a 384-pixel tile (378 pixels; the last 6 reach no token), and where the model resizes a feature grid
+bilinearly (OneVision's downsampled any-res grid, pooled video frames) a cell's span is the footprint of
+the input features it interpolates, so neighbouring spans may overlap.
+
+Padding cells (`PADDING_RULES`). A cell whose span lies wholly outside the image holds only padding
+(LLaVA-1.5 with `do_pad`, LLaVA-OneVision's multi-image squares). Rule `"visual"` (the default): such a
+cell's token counts in V (the model attends to it like any visual token, as it does to pixel-less newline
+tokens) but never in Omega, not even for a whole-image target. `"omega"`: it also belongs to Omega of a
+whole-image target (corelens' behaviour before the rule existed). `"none"`: it belongs to neither.
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ from corelens.data.sample import Target
 from corelens.errors import InputError
 
 OVERLAP_RULES = ("any", "centre", "coverage")
+PADDING_RULES = ("visual", "omega", "none")
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,16 @@ class Segment:
     # centre crop covers less, padding to a square more (cells outside the image hold padding).
     region: tuple[float, float, float, float] | None = None
     trailing: int = 0  # pixel-less tokens after the grid (LLaVA-OneVision: one newline after a video / image)
+    # Explicit original-pixel spans (x0, x1) of every column and (y0, y1) of every row, where cells are not an
+    # even split of `region` (a tower that leaves a strip of each tile unseen, a bilinearly resized grid).
+    col_spans: tuple[tuple[float, float], ...] | None = None
+    row_spans: tuple[tuple[float, float], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.col_spans is not None and len(self.col_spans) != self.cols:
+            raise ValueError(f"{len(self.col_spans)} column spans for {self.cols} columns")
+        if self.row_spans is not None and len(self.row_spans) != self.rows:
+            raise ValueError(f"{len(self.row_spans)} row spans for {self.rows} rows")
 
     @property
     def row_stride(self) -> int:
@@ -60,26 +84,74 @@ class Segment:
         """Return every token position of the segment (newline tokens included)."""
         return np.arange(self.start, self.end)
 
-    def cell_edges(self) -> tuple[np.ndarray, np.ndarray]:
-        """Return the x and y cell edges in original pixels (cols + 1 and rows + 1 values)."""
+    def cell_spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return the original-pixel spans of the columns (cols x 2: x0, x1) and rows (rows x 2: y0, y1)."""
         x0, y0, x1, y1 = self.region if self.region is not None else (0.0, 0.0, *self.orig_size)
-        return np.linspace(x0, x1, self.cols + 1), np.linspace(y0, y1, self.rows + 1)
+
+        def even(lo: float, hi: float, n: int) -> np.ndarray:
+            edges = np.linspace(lo, hi, n + 1)
+            return np.stack([edges[:-1], edges[1:]], axis=1)
+
+        xs = (
+            np.asarray(self.col_spans, dtype=np.float64)
+            if self.col_spans is not None
+            else even(x0, x1, self.cols)
+        )
+        ys = (
+            np.asarray(self.row_spans, dtype=np.float64)
+            if self.row_spans is not None
+            else even(y0, y1, self.rows)
+        )
+        return xs, ys
+
+    def cell_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return x and y cell edges in original pixels (cols + 1 and rows + 1 values), for drawing.
+
+        Exact for evenly split cells; with explicit spans, each cell's start and the last cell's end (a strip
+        no token sees, or the overlap of bilinear footprints, is not shown).
+        """
+        xs, ys = self.cell_spans()
+        return np.append(xs[:, 0], xs[-1, 1]), np.append(ys[:, 0], ys[-1, 1])
+
+    def padding_cells(self) -> np.ndarray:
+        """Return a rows x cols mask of the cells whose span lies wholly outside the image (padding only)."""
+        xs, ys = self.cell_spans()
+        w, h = self.orig_size
+        out_x = (xs[:, 1] <= 0.0) | (xs[:, 0] >= w)
+        out_y = (ys[:, 1] <= 0.0) | (ys[:, 0] >= h)
+        return out_y[:, None] | out_x[None, :]
+
+    def tokens(self, padding: str = "visual", *, role: str = "visual") -> np.ndarray:
+        """Return the segment's tokens in V (`role="visual"`) or in a whole-image Omega (`role="omega"`).
+
+        Padding-only cells follow the rule `padding` (module docstring); newline tokens are in V only.
+        """
+        if padding not in PADDING_RULES:
+            raise InputError(f"unknown padding rule {padding!r}; expected one of {PADDING_RULES}")
+        keep_padding = padding == "omega" or (padding == "visual" and role == "visual")
+        kept = np.ones((self.rows, self.cols), bool) if keep_padding else ~self.padding_cells()
+        r, c = np.nonzero(kept)
+        cells = np.sort(np.asarray(self.token(r, c), dtype=np.int64).ravel())
+        if role == "omega":
+            return cells
+        newlines = np.setdiff1d(self.all_tokens(), self.pixel_tokens())
+        return np.union1d(cells, newlines)
 
     def tokens_in_box(
         self, box: Sequence[float], rule: str = "any", tau: float = 0.5, *, sample: str | None = None
     ) -> np.ndarray:
         """Return the pixel tokens whose cell meets `box` (x0, y0, x1, y1, original pixels) under `rule`."""
         x0, y0, x1, y1 = (float(v) for v in box)
-        xe, ye = self.cell_edges()
-        ox = np.clip(np.minimum(xe[1:], x1) - np.maximum(xe[:-1], x0), 0.0, None)
-        oy = np.clip(np.minimum(ye[1:], y1) - np.maximum(ye[:-1], y0), 0.0, None)
+        xs, ys = self.cell_spans()
+        ox = np.clip(np.minimum(xs[:, 1], x1) - np.maximum(xs[:, 0], x0), 0.0, None)
+        oy = np.clip(np.minimum(ys[:, 1], y1) - np.maximum(ys[:, 0], y0), 0.0, None)
         if rule == "any":
             hit = (oy[:, None] > 0) & (ox[None, :] > 0)
         elif rule == "centre":
-            cx, cy = (xe[:-1] + xe[1:]) / 2, (ye[:-1] + ye[1:]) / 2
+            cx, cy = xs.mean(axis=1), ys.mean(axis=1)
             hit = ((cy >= y0) & (cy < y1))[:, None] & ((cx >= x0) & (cx < x1))[None, :]
         elif rule == "coverage":
-            area = np.diff(ye)[:, None] * np.diff(xe)[None, :]
+            area = (ys[:, 1] - ys[:, 0])[:, None] * (xs[:, 1] - xs[:, 0])[None, :]
             hit = (oy[:, None] * ox[None, :]) / area >= tau
         else:
             raise InputError(f"unknown overlap rule {rule!r}; expected one of {OVERLAP_RULES}", sample=sample)
@@ -89,17 +161,25 @@ class Segment:
 
 @dataclass(frozen=True)
 class Layout:
-    """All visual segments of one prompt of `seq_len` tokens; `visual` = every visual token position."""
+    """All visual segments of one prompt of `seq_len` tokens; `visual` = V, the visual token positions.
+
+    `padding` is the padding-cell rule (`PADDING_RULES`, module docstring): `"visual"` by default.
+    """
 
     segments: tuple[Segment, ...]
     seq_len: int
+    padding: str = "visual"
+
+    def __post_init__(self) -> None:
+        if self.padding not in PADDING_RULES:
+            raise InputError(f"unknown padding rule {self.padding!r}; expected one of {PADDING_RULES}")
 
     @property
     def visual(self) -> np.ndarray:
-        """Return the sorted positions of all visual tokens (newline tokens included, boundaries not)."""
+        """Return the sorted positions of V (newline tokens included, boundaries not; padding per the rule)."""
         if not self.segments:
             return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate([s.all_tokens() for s in self.segments]))
+        return np.unique(np.concatenate([s.tokens(self.padding) for s in self.segments]))
 
     def of(self, kind: str, source: int) -> list[Segment]:
         """Return the segments showing image (or video) `source`."""
@@ -120,14 +200,20 @@ class Layout:
                     )
                 for seg in segments:
                     if target.kind == "image":
-                        parts.append(seg.pixel_tokens())
+                        parts.append(seg.tokens(self.padding, role="omega"))
                     else:
-                        parts.append(seg.tokens_in_box(target.box, rule, tau, sample=sample))
+                        parts.append(self._kept(seg, seg.tokens_in_box(target.box, rule, tau, sample=sample)))
             elif target.kind == "tube":
                 parts.append(self._tube(target, rule, tau, sample=sample, field=field))
             else:
                 raise InputError(f"unknown target kind {target.kind!r}", sample=sample, field=field)
         return np.unique(np.concatenate(parts))
+
+    def _kept(self, seg: Segment, tokens: np.ndarray) -> np.ndarray:
+        """Return `tokens` without padding-only cells unless the rule puts them in Omega."""
+        if self.padding == "omega" or not len(tokens):
+            return tokens
+        return np.intersect1d(tokens, seg.tokens(self.padding, role="omega"))
 
     def _tube(self, target: Target, rule: str, tau: float, *, sample: str | None, field: str) -> np.ndarray:
         boxes = dict(zip(target.frames, target.boxes))
@@ -144,7 +230,7 @@ class Layout:
                 before = max(f for f in annotated if f < inside[0])
                 after = min(f for f in annotated if f > inside[-1])
                 group_boxes = [boxes[before], boxes[after]]
-            parts.extend(seg.tokens_in_box(b, rule, tau, sample=sample) for b in group_boxes)
+            parts.extend(self._kept(seg, seg.tokens_in_box(b, rule, tau, sample=sample)) for b in group_boxes)
         if not parts:
             raise InputError(
                 f"tube over frames {first}..{last} overlaps no sampled frame group of the video",

@@ -18,6 +18,7 @@ def run(args: argparse.Namespace) -> None:
         args.out,
         query=args.query,
         rule=args.rule,
+        padding=args.padding,
         limit=args.limit,
         skip_bad=args.skip_bad,
         progress=True,
@@ -40,6 +41,12 @@ def register(sub) -> None:
     r.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     r.add_argument("--query", choices=("question", "last", "answer"), default="question")
     r.add_argument("--rule", choices=("any", "centre", "coverage"), default="any", help="box -> token rule")
+    r.add_argument(
+        "--padding",
+        choices=("visual", "omega", "none"),
+        default="visual",
+        help="cells that hold only padding: in V not Omega (visual), in both (omega), in neither (none)",
+    )
     r.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     r.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     r.add_argument(

@@ -31,9 +31,14 @@ class SampleRam:
     n_visual: int
 
 
-def measure_sample(m: Loaded, sample: Sample, query: str = "question", rule: str = "any") -> SampleRam:
-    """Return the RAM of every (layer, query head) for one sample, from a single probed forward."""
-    prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None)
+def measure_sample(
+    m: Loaded, sample: Sample, query: str = "question", rule: str = "any", padding: str = "visual"
+) -> SampleRam:
+    """Return the RAM of every (layer, query head) for one sample, from a single probed forward.
+
+    `padding` is the padding-cell rule of Omega and V (`corelens.layout.PADDING_RULES`).
+    """
+    prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None, padding=padding)
     if query == "answer" and sample.answer is None:
         raise InputError(
             "query 'answer' needs an answer", file=sample.source, line=sample.line, sample=sample.id
@@ -94,6 +99,7 @@ def rank(
     *,
     query: str = "question",
     rule: str = "any",
+    padding: str = "visual",
     limit: int | None = None,
     out: str | Path | None = None,
     skip_bad: bool = False,
@@ -122,6 +128,7 @@ def rank(
             **model_data_settings(m, data),
             "query": query,
             "rule": rule,
+            "padding": padding,
             "limit": limit,
             "skip_bad": skip_bad,
             "seed": 0,
@@ -129,7 +136,7 @@ def rank(
         run = Run(out, "rank", settings, argv, dist=current())
 
     def step(sample: Sample, done: set[str]) -> list[dict]:
-        return [_record(sample, measure_sample(m, sample, query, rule))]
+        return [_record(sample, measure_sample(m, sample, query, rule, padding))]
 
     loop = Loop("rank", step, length=partial(prompt_length, m))
     logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)

@@ -72,12 +72,13 @@ def prior_noise(layout: Layout, seed: int) -> np.ndarray:
 
 
 def _iou(cells: tuple[np.ndarray, np.ndarray], box) -> np.ndarray:
-    xe, ye = cells
+    """Return each cell's IoU with `box`; `cells` = (column spans, row spans) from `Segment.cell_spans()`."""
+    xs, ys = cells
     x0, y0, x1, y1 = (float(v) for v in box)
-    ox = np.clip(np.minimum(xe[1:], x1) - np.maximum(xe[:-1], x0), 0.0, None)
-    oy = np.clip(np.minimum(ye[1:], y1) - np.maximum(ye[:-1], y0), 0.0, None)
+    ox = np.clip(np.minimum(xs[:, 1], x1) - np.maximum(xs[:, 0], x0), 0.0, None)
+    oy = np.clip(np.minimum(ys[:, 1], y1) - np.maximum(ys[:, 0], y0), 0.0, None)
     inter = oy[:, None] * ox[None, :]
-    cell = np.diff(ye)[:, None] * np.diff(xe)[None, :]
+    cell = (ys[:, 1] - ys[:, 0])[:, None] * (xs[:, 1] - xs[:, 0])[None, :]
     return inter / (cell + (x1 - x0) * (y1 - y0) - inter)
 
 
@@ -97,7 +98,7 @@ def prior_key(layout: Layout, sample: Sample) -> np.ndarray:
                 by_frame = dict(zip(t.frames, t.boxes))
                 boxes = [by_frame[f] for f in seg.frames if f in by_frame]
             for box in boxes:
-                iou = np.maximum(iou, _iou(seg.cell_edges(), box))
+                iou = np.maximum(iou, _iou(seg.cell_spans(), box))
         parts.append((seg, iou))
     return _softmax(_place(layout, parts))
 

@@ -1,7 +1,8 @@
 """InternVL3 / 3.5 (`internvl`, the transformers-native checkpoints): tiles + thumbnail between `<img>` and
 `</img>`, `image_seq_length` tokens per tile; video frames as one tile each.
 
-The image processor (GOT-OCR2's) picks a grid of `cols x rows` tiles whose aspect ratio is closest to the
+The image processor (GOT-OCR2's), with the settings the processor applies (`crop_to_patches` is true by
+default at the processor level, whatever the image processor stores), picks a grid of `cols x rows` tiles whose aspect ratio is closest to the
 image's (between `min_patches` and `max_patches` tiles), squashes the image to `cols x rows` tiles of
 `size` pixels and cuts them row-major; when there is more than one tile, a thumbnail of the whole image
 follows. The model drops the CLS feature and pixel-shuffles each tile's `F x F` features into
@@ -19,15 +20,29 @@ from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_t
 
 from corelens.errors import InputError
 from corelens.layout import Layout, Segment
+from corelens.models.effective import effective_images_kwargs
 
 
-def tile_grid(image_size: tuple[int, int], ip) -> tuple[int, int, bool]:
-    """Return the (cols, rows) tile grid the processor uses for an image, and whether a thumbnail follows."""
-    if not getattr(ip, "crop_to_patches", False):
+def _field(value, key: str):
+    return value.get(key) if isinstance(value, dict) else getattr(value, key)
+
+
+def tile_grid(image_size: tuple[int, int], processor) -> tuple[int, int, bool]:
+    """Return the (cols, rows) tile grid the processor uses for an image, and whether a thumbnail follows.
+
+    The settings are the processor's effective ones: `InternVLProcessor` tiles by default
+    (`images_kwargs = {"crop_to_patches": True}`) whatever the GOT-OCR2 image processor stores (converted
+    `-hf` checkpoints store false), so the image processor's attribute alone is not what runs.
+    """
+    settings = effective_images_kwargs(processor)
+    if not settings.get("crop_to_patches"):
         return 1, 1, False
     width, height = image_size
-    tile_h, tile_w = int(ip.size["height"]), int(ip.size["width"])
-    cols, rows = get_optimal_tiled_canvas((height, width), (tile_h, tile_w), ip.min_patches, ip.max_patches)
+    size = settings["size"]
+    tile_h, tile_w = int(_field(size, "height")), int(_field(size, "width"))
+    cols, rows = get_optimal_tiled_canvas(
+        (height, width), (tile_h, tile_w), int(settings["min_patches"]), int(settings["max_patches"])
+    )
     return cols, rows, cols * rows != 1
 
 
@@ -66,7 +81,7 @@ def internvl_layout(
         )
     segments: list[Segment] = []
     for i, ((start, end), size) in enumerate(zip(blocks, image_sizes)):
-        cols, rows, thumbnail = tile_grid(tuple(size), processor.image_processor)
+        cols, rows, thumbnail = tile_grid(tuple(size), processor)
         tiles = cols * rows + int(thumbnail)
         if end - start != tiles * per_tile:
             raise InputError(

@@ -7,7 +7,8 @@ tower's input size; the base view is the whole image squashed to one tile. The m
 emits per image: the base view's `h x w` features, then the tiles' features stitched into one grid from
 which `unpad_image` removes the rows (or columns) that show only padding, each row followed by the learned
 `image_newline` token. Both views become segments here: `base` (the whole image) and `grid` (the unpadded
-area, `row_newline=True`), so a box maps to tokens in both.
+area, `row_newline=True`), so a box maps to tokens in both. Cells are placed at the vision tower's patch
+size (`feature_spans`), and the pinpoints are the ones the processor applies (`effective_images_kwargs`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from transformers.image_processing_utils import select_best_resolution
 
 from corelens.errors import InputError, UnsupportedModelError
 from corelens.layout import Layout, Segment
+from corelens.models.effective import effective_images_kwargs
 
 
 def _fit(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
@@ -44,39 +46,94 @@ def _unpad(features_h: int, features_w: int, size: tuple[int, int]) -> tuple[int
     return 0, features_h, pad, features_w - pad
 
 
-def anyres_grid(
-    image_size: tuple[int, int], processor, tile: int, per_tile: int
-) -> tuple[int, int, tuple[float, float, float, float]]:
-    """Return the rows, columns and original-pixel region of an image's unpadded any-res feature grid.
+def feature_spans(tiles: int, tile: int, patch: int) -> np.ndarray:
+    """Return the canvas-pixel span (x0, x1) of every feature along `tiles` tiles of `tile` pixels.
 
-    `tile` is the vision tower's input side in pixels, `per_tile` its features per side.
+    The vision tower cuts each tile into `tile // patch` patches of `patch` pixels from its top-left corner;
+    when `patch` does not divide `tile` (SigLIP-so400m: 27 x 14 = 378 of 384 pixels), the tile's last
+    `tile % patch` pixels reach no feature, so features are spaced at the patch size, not at tile / count.
+    """
+    per_tile = tile // patch
+    f = np.arange(tiles * per_tile)
+    start = (f // per_tile) * tile + (f % per_tile) * patch
+    return np.stack([start, start + patch], axis=1).astype(np.float64)
+
+
+def bilinear_footprint(spans: np.ndarray, n_out: int) -> np.ndarray:
+    """Return the spans of `n_out` outputs of a bilinear resize (align_corners=False) of features at `spans`.
+
+    Output j interpolates input features floor(s) and floor(s) + 1, s = (j + 0.5) * n_in / n_out - 0.5
+    (clamped at 0; the second feature only where its weight is non-zero): PyTorch's rule, used by
+    LLaVA-OneVision's grid downsampling and video pooling. Its span runs from the first feature's start to
+    the last one's end, so neighbouring outputs may overlap: any pixel that changes an output is inside it.
+    """
+    n_in = len(spans)
+    scale = n_in / n_out
+    out = np.empty((n_out, 2))
+    for j in range(n_out):
+        src = max((j + 0.5) * scale - 0.5, 0.0)
+        i0 = min(int(np.floor(src)), n_in - 1)
+        i1 = i0 + 1 if i0 < n_in - 1 and src - i0 > 1e-6 else i0
+        out[j] = spans[i0, 0], spans[i1, 1]
+    return out
+
+
+def to_original(spans: np.ndarray, offset: float, scale: float) -> tuple[tuple[float, float], ...]:
+    """Map processed-pixel spans to original pixels: x_orig = (x - offset) * scale."""
+    return tuple((float((a - offset) * scale), float((b - offset) * scale)) for a, b in spans)
+
+
+def squashed_spans(size: tuple[int, int], tile: int, patch: int) -> tuple[tuple, tuple]:
+    """Return the column and row spans of an image squashed to one `tile` x `tile` view."""
+    width, height = size
+    spans = feature_spans(1, tile, patch)
+    return to_original(spans, 0.0, width / tile), to_original(spans, 0.0, height / tile)
+
+
+def anyres_grid(
+    image_size: tuple[int, int], processor, tile: int, patch: int
+) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float, float]]:
+    """Return the column and row spans (canvas features kept by `unpad_image`, in original pixels) and region.
+
+    `tile` is the vision tower's input side in pixels, `patch` its patch size. The region is the rectangle
+    from the first kept feature's start to the last one's end.
     """
     width, height = image_size
-    patch = tile / per_tile  # canvas pixels per feature
-    best_h, best_w = select_best_resolution((height, width), processor.image_processor.image_grid_pinpoints)
+    per_tile = tile // patch
+    pinpoints = effective_images_kwargs(processor).get("image_grid_pinpoints")
+    best_h, best_w = select_best_resolution((height, width), pinpoints)
     new_h, new_w = _fit((height, width), (best_h, best_w))
     paste_x, paste_y = (best_w - new_w) // 2, (best_h - new_h) // 2
     features_h, features_w = (best_h // tile) * per_tile, (best_w // tile) * per_tile
     r0, r1, c0, c1 = _unpad(features_h, features_w, (height, width))
-    sx, sy = new_w / width, new_h / height  # canvas pixels per original pixel
-    region = (
-        (c0 * patch - paste_x) / sx,
-        (r0 * patch - paste_y) / sy,
-        (c1 * patch - paste_x) / sx,
-        (r1 * patch - paste_y) / sy,
-    )
-    return r1 - r0, c1 - c0, region
+    xs = np.asarray(to_original(feature_spans(best_w // tile, tile, patch)[c0:c1], paste_x, width / new_w))
+    ys = np.asarray(to_original(feature_spans(best_h // tile, tile, patch)[r0:r1], paste_y, height / new_h))
+    region = (float(xs[0, 0]), float(ys[0, 0]), float(xs[-1, 1]), float(ys[-1, 1]))
+    return xs, ys, region
 
 
 def next_segments(
-    image_size: tuple[int, int], processor, tile: int, source: int, start: int
+    image_size: tuple[int, int], processor, tile: int, patch: int, source: int, start: int
 ) -> tuple[Segment, Segment]:
     """Return the base-view and grid segments of one image whose tokens start at `start`."""
-    per_tile = tile // int(processor.patch_size)
-    rows, cols, region = anyres_grid(image_size, processor, tile, per_tile)
-    base = Segment("image", source, start, per_tile, per_tile, tuple(image_size), view="base")
+    per_tile = tile // patch
+    xs, ys, region = anyres_grid(image_size, processor, tile, patch)
+    bx, by = squashed_spans(tuple(image_size), tile, patch)
+    base = Segment(
+        "image", source, start, per_tile, per_tile, tuple(image_size), view="base", col_spans=bx, row_spans=by
+    )
     grid = Segment(
-        "image", source, base.end, rows, cols, tuple(image_size), view="grid", row_newline=True, region=region
+        "image",
+        source,
+        base.end,
+        len(ys),
+        len(xs),
+        tuple(image_size),
+        view="grid",
+        row_newline=True,
+        region=region,
+        col_spans=tuple(map(tuple, xs)),
+        row_spans=tuple(map(tuple, ys)),
     )
     return base, grid
 
@@ -95,11 +152,15 @@ def llava_next_layout(
     tile: int,
     image_sizes: list[tuple[int, int]],
     *,
+    patch: int | None = None,
     sample: str | None = None,
 ) -> Layout:
-    """Return the layout of one LLaVA-NeXT prompt: a base-view and a grid segment per image."""
-    ip = processor.image_processor
-    crop = getattr(ip, "crop_size", None) or {}
+    """Return the layout of one LLaVA-NeXT prompt: a base-view and a grid segment per image.
+
+    `tile` and `patch` are the vision tower's image and patch size (`patch` defaults to the processor's).
+    """
+    patch = int(patch or processor.patch_size)
+    crop = effective_images_kwargs(processor).get("crop_size") or {}
     crop_side = crop.get("height") if isinstance(crop, dict) else getattr(crop, "height", None)
     if crop_side not in (None, tile):
         raise UnsupportedModelError(f"LLaVA-NeXT crop size {crop_side} differs from the vision tile {tile}")
@@ -110,7 +171,7 @@ def llava_next_layout(
     segments, used = [], 0
     for i, size in enumerate(image_sizes):
         first = int(positions[used]) if used < len(positions) else 0
-        base, grid = next_segments(tuple(size), processor, tile, i, first)
+        base, grid = next_segments(tuple(size), processor, tile, patch, i, first)
         take_run(
             positions,
             used,

@@ -6,14 +6,15 @@ with `add_generation_prompt=True` (METHODS §2). Teacher forcing appends the ans
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image
 
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import InputError, UnsupportedModelError
-from corelens.layout import Layout
+from corelens.layout import PADDING_RULES, Layout
+from corelens.models.effective import effective_images_kwargs
 from corelens.models.internvl import internvl_layout
 from corelens.models.llava import llava_layout
 from corelens.models.llava_next import llava_next_layout
@@ -75,8 +76,19 @@ def blank_like(image: Image.Image) -> Image.Image:
     return Image.new("RGB", image.size, (128, 128, 128))
 
 
-def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool = False) -> Prepared:
-    """Return the processed inputs, layout and query rows of `sample` for model `m` (`blank`: grey visuals)."""
+def prepare(
+    m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool = False, padding: str = "visual"
+) -> Prepared:
+    """Return the processed inputs, layout and query rows of `sample` for model `m` (`blank`: grey visuals).
+
+    `padding` is the layout's padding-cell rule (`corelens.layout.PADDING_RULES`): `"visual"` (default)
+    counts cells that hold only padding in V but never in Omega, `"omega"` also in a whole-image Omega,
+    `"none"` in neither.
+    """
+    if padding not in PADDING_RULES:
+        raise InputError(
+            f"unknown padding rule {padding!r}; expected one of {PADDING_RULES}", sample=sample.id
+        )
     processor = m.processor
     images = load_images(sample)
     frames, times = load_video(sample) if sample.video is not None else ([], [])
@@ -118,32 +130,79 @@ def prepare(m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool
         )
     return Prepared(
         dict(inputs),
-        layout_of(m, inputs, images, frames, times, sample),
+        replace(layout_of(m, inputs, images, frames, times, sample), padding=padding),
         prompt_len,
         np.arange(start, start + len(needle)),
         answer_rows,
     )
 
 
+def _pair(value) -> int:
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def check_geometry(m: Loaded) -> None:
+    """Refuse a processor whose token geometry disagrees with the vision tower's (patch, merge, tile size).
+
+    The layout places cells by the tower's geometry and counts tokens by the processor's; a checkpoint
+    whose processor files were edited apart from its config would give a layout the model does not use.
+    """
+    vision = m.model.config.vision_config
+    settings = effective_images_kwargs(m.processor)
+    checks = []
+    if m.family == "qwen_vl":
+        checks = [
+            ("patch_size", settings.get("patch_size"), vision.patch_size),
+            ("merge_size", settings.get("merge_size"), vision.spatial_merge_size),
+        ]
+    elif m.family == "internvl":
+        side = _pair(vision.image_size) // _pair(vision.patch_size) * m.model.config.downsample_ratio
+        size = settings.get("size") or {}
+        height = size.get("height") if isinstance(size, dict) else getattr(size, "height", None)
+        checks = [
+            ("image_seq_length", m.processor.image_seq_length, int(side) ** 2),
+            ("size.height", height, _pair(vision.image_size)),
+        ]
+    elif m.family in ("llava", "llava_next"):
+        checks = [("patch_size", m.processor.patch_size, vision.patch_size)]
+    for name, processor_value, tower_value in checks:
+        if processor_value is not None and int(processor_value) != int(tower_value):
+            raise UnsupportedModelError(
+                f"{m.path}: the processor's {name} = {processor_value} disagrees with the vision tower's "
+                f"{tower_value} (config.json); the layout would not match what the model sees"
+            )
+
+
 def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float], sample: Sample) -> Layout:
     """Return the visual token layout of processed `inputs` for the model's family."""
+    check_geometry(m)
     sizes = [im.size for im in images]
     if m.family == "internvl":
         frame_size = frames[0].size if frames else None
         return internvl_layout(inputs["input_ids"], m.processor, sizes, frame_size, times, sample=sample.id)
+    # Cell geometry comes from the vision tower itself: its input side and patch size.
+    vision = getattr(m.model.config, "vision_config", None)
+    tile, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
     if m.family == "llava_onevision":
-        tile = int(m.model.config.vision_config.image_size)
         frame_size = frames[0].size if frames else None
         return onevision_layout(
-            inputs["input_ids"], m.processor, tile, sizes, frame_size, times, sample=sample.id
+            inputs["input_ids"],
+            m.processor,
+            int(tile),
+            sizes,
+            frame_size,
+            times,
+            patch=int(patch),
+            sample=sample.id,
         )
     if m.family in ("llava", "llava_next"):
         if frames:
             raise UnsupportedModelError(f"{m.model_type} takes images only, not video (sample {sample.id})")
         if m.family == "llava_next":
-            tile = int(m.model.config.vision_config.image_size)
-            return llava_next_layout(inputs["input_ids"], m.processor, tile, sizes, sample=sample.id)
-        return llava_layout(inputs["input_ids"], m.processor, sizes, sample=sample.id)
+            return llava_next_layout(
+                inputs["input_ids"], m.processor, int(tile), sizes, patch=int(patch), sample=sample.id
+            )
+        return llava_layout(inputs["input_ids"], m.processor, sizes, patch=int(patch), sample=sample.id)
     return qwen_layout(
         inputs["input_ids"],
         m.processor,

@@ -37,6 +37,12 @@ def _video_segments(
     per_group = rows * cols
     segments = []
     n_frames = len(frame_times)
+    if t != -(-n_frames // temporal):
+        raise InputError(
+            f"video {source}: the processor made {t} frame groups of {temporal} from {n_frames} frames "
+            f"(expected {-(-n_frames // temporal)}): it resampled the frames",
+            sample=sample,
+        )
     step = frame_times[1] - frame_times[0] if n_frames > 1 else 1.0
     for g in range(t):
         span = positions[g * per_group : (g + 1) * per_group]
@@ -105,13 +111,19 @@ def qwen_layout(
 
 
 def processor_kwargs(model_type: str, frame_times: list[float] | None, fps: float | None) -> dict:
-    """Return the extra processor arguments a family needs: video metadata (the sampled fps).
+    """Return the extra processor arguments a family needs for a video: no resampling, and its metadata.
 
-    Qwen3-VL writes it as timestamps; Qwen2.5-VL spaces its temporal rope positions by it (without it the
-    processor assumes 24 fps).
+    corelens samples the frames itself (the sample's `fps` / `max_frames`), so the processor must take them
+    as given: `do_sample_frames=False` (Qwen3-VL's published video processor resamples at 2 fps by default,
+    which would drop frames the layout counts). Qwen3-VL writes the sampled fps as timestamps; Qwen2.5-VL
+    spaces its temporal rope positions by it (without it the processor assumes 24 fps).
     """
-    if model_type not in ("qwen2_5_vl", "qwen3_vl") or not frame_times:
+    if not frame_times:
         return {}
-    indices = [round(t * fps) for t in frame_times]
-    metadata = {"fps": fps, "total_num_frames": max(indices) + 1, "frames_indices": indices}
-    return {"videos_kwargs": {"video_metadata": [metadata]}}
+    videos_kwargs: dict = {"do_sample_frames": False}
+    if model_type in ("qwen2_5_vl", "qwen3_vl"):
+        indices = [round(t * fps) for t in frame_times]
+        videos_kwargs["video_metadata"] = [
+            {"fps": fps, "total_num_frames": max(indices) + 1, "frames_indices": indices}
+        ]
+    return {"videos_kwargs": videos_kwargs}

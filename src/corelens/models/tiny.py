@@ -427,3 +427,135 @@ def load_tiny(path: str | Path, attn_implementation: str | dict = "sdpa"):
         path, attn_implementation=attn_implementation, dtype=torch.float32
     )
     return model.eval(), AutoProcessor.from_pretrained(path)
+
+
+# Released checkpoints' geometry: the fields of a published config.json that decide where visual tokens sit.
+# Tiny checkpoints built from them keep tiny widths but these values (`build_released_checkpoint`).
+VISION_GEOMETRY = (
+    "image_size",
+    "patch_size",
+    "spatial_merge_size",
+    "spatial_patch_size",
+    "temporal_patch_size",
+    "window_size",
+    "num_position_embeddings",
+)
+TOP_GEOMETRY = (
+    "image_grid_pinpoints",
+    "vision_aspect_ratio",
+    "vision_feature_layer",
+    "vision_feature_select_strategy",
+    "downsample_ratio",
+    "image_seq_length",
+)
+PROCESSOR_CLASSES = {
+    "qwen2_vl": "Qwen2VLProcessor",
+    "qwen2_5_vl": "Qwen2_5_VLProcessor",
+    "qwen3_vl": "Qwen3VLProcessor",
+    "llava": "LlavaProcessor",
+    "llava_next": "LlavaNextProcessor",
+    "llava_onevision": "LlavaOnevisionProcessor",
+    "internvl": "InternVLProcessor",
+}
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def released_config(config_dir: str | Path, tokenizer: PreTrainedTokenizerFast, **config_kwargs) -> object:
+    """Return a tiny config of the family of `config_dir/config.json` with its released vision geometry."""
+    released = _read_json(Path(config_dir) / "config.json")
+    family = released["model_type"]
+    config = tiny_config(family, tokenizer, **config_kwargs)
+    vision = config.vision_config
+    for key in VISION_GEOMETRY:
+        if key in released.get("vision_config", {}):
+            setattr(vision, key, released["vision_config"][key])
+    for key in TOP_GEOMETRY:
+        if key in released:
+            setattr(config, key, released[key])
+    return config
+
+
+def released_processor(config_dir: str | Path, tokenizer: PreTrainedTokenizerFast):
+    """Return the family's processor built from the published processor files in `config_dir`.
+
+    The image processor is loaded from `preprocessor_config.json` as published; the processor takes the
+    published `processor_config.json` settings; a video processor comes from
+    `video_preprocessor_config.json` where the checkpoint publishes one, else from the image settings.
+    Only the tokenizer (and its chat template) is the tiny one.
+    """
+    import transformers
+    from transformers import AutoImageProcessor
+
+    config_dir = Path(config_dir)
+    family = _read_json(config_dir / "config.json")["model_type"]
+    image_processor = AutoImageProcessor.from_pretrained(config_dir)
+    settings = {
+        k: v for k, v in _read_json(config_dir / "processor_config.json").items() if k != "processor_class"
+    }
+    cls = getattr(transformers, PROCESSOR_CLASSES[family])
+    template = tokenizer.chat_template
+    if family in ("llava", "llava_next"):
+        return cls(
+            image_processor, tokenizer, chat_template=template, image_token=LLAVA_IMAGE_TOKEN, **settings
+        )
+    video_processor = _released_video_processor(family, config_dir, image_processor)
+    if family == "llava_onevision":
+        return cls(image_processor, tokenizer, video_processor, chat_template=template, **settings)
+    return cls(image_processor, tokenizer, video_processor, chat_template=template, **settings)
+
+
+def _released_video_processor(family: str, config_dir: Path, image_processor):
+    import transformers
+
+    published = config_dir / "video_preprocessor_config.json"
+    if published.exists():
+        from transformers import AutoVideoProcessor
+
+        return AutoVideoProcessor.from_pretrained(config_dir)
+    if family in FAMILIES:  # Qwen2/2.5-VL publish one preprocessor_config.json for images and video
+        kwargs = {
+            k: getattr(image_processor, k)
+            for k in ("patch_size", "merge_size", "temporal_patch_size", "image_mean", "image_std", "size")
+        }
+        return transformers.Qwen2VLVideoProcessor(**kwargs)
+    if family == "llava_onevision":
+        return transformers.LlavaOnevisionVideoProcessor(
+            size=image_processor.size,
+            image_mean=image_processor.image_mean,
+            image_std=image_processor.image_std,
+        )
+    return transformers.InternVLVideoProcessor(
+        size=image_processor.size, image_mean=image_processor.image_mean, image_std=image_processor.image_std
+    )
+
+
+def build_released_checkpoint(
+    config_dir: str | Path,
+    out: str | Path,
+    *,
+    words: Iterable[str] = (),
+    seed: int = 0,
+    **config_kwargs,
+) -> Path:
+    """Write a random-init tiny checkpoint with a released checkpoint's vision geometry and processor files.
+
+    `config_dir` holds the published `config.json` (at least `model_type` and the vision geometry),
+    `preprocessor_config.json` and, where published, `processor_config.json` /
+    `video_preprocessor_config.json`. Widths and depths stay tiny (`config_kwargs` as in `tiny_config`).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    family = _read_json(Path(config_dir) / "config.json")["model_type"]
+    tokenizer = tiny_tokenizer(family, words)
+    config = released_config(config_dir, tokenizer, **config_kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
+    model.eval()
+    model.save_pretrained(out)
+    released_processor(config_dir, tokenizer).save_pretrained(out)
+    return out
