@@ -145,5 +145,5 @@ def test_unsupported_model_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(corelens.UnsupportedModelError, match="bert"):
         corelens.load(tmp_path)
-    with pytest.raises(corelens.CorelensError, match="no config.json"):
+    with pytest.raises(corelens.CorelensError, match="no such folder"):
         corelens.load(tmp_path / "nowhere")

@@ -92,13 +92,10 @@ class Loaded:
             # Offloaded ("cpu" / "disk") modules execute on the main device; the inputs start on the CPU
             # when everything is on the CPU, else on the first accelerator of the map.
             accelerators = [d for d in placed.values() if str(d) not in ("cpu", "disk", "meta")]
-            return (
-                torch.device(
-                    f"cuda:{accelerators[0]}" if isinstance(accelerators[0], int) else accelerators[0]
-                )
-                if accelerators
-                else torch.device("cpu")
-            )
+            if not accelerators:
+                return torch.device("cpu")
+            first = accelerators[0]
+            return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
         return next(self.model.parameters()).device
 
     @property
