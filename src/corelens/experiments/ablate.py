@@ -292,6 +292,11 @@ def sweep(
     todo = [s for s in samples if any(f"{c.name}|{s.id}" not in done for c in conds)]
     todo = [s for s in todo if f"skipped|{s.id}" not in done]
     for sample in tqdm(todo, desc="ablate", unit="sample", disable=not progress):
+        if op == "knockout" and keys == "omega" and not sample.targets:
+            # A question kept for scoring without evidence (e.g. MMLongBench-Doc "[]"): no Ω to knock out.
+            reason = "no evidence target: knocking out Ω needs one"
+            log({"id": f"skipped|{sample.id}", "status": "skipped", "line": sample.line, "reason": reason})
+            continue
         try:
             prepared = prepare(m, sample)
             if op == "knockout" and keys == "omega":

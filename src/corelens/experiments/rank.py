@@ -105,6 +105,9 @@ def rank(
     `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples.
     """
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    # RAM needs Ω: samples kept for scoring without an evidence target are skipped with the reason.
+    no_target = [s for s in samples if not s.targets]
+    samples = [s for s in samples if s.targets]
     if out is None:
         records = [_record(s, measure_sample(m, s, query, rule)) for s in tqdm(samples, disable=not progress)]
         return _ranking(records)
@@ -119,6 +122,10 @@ def rank(
     run = Run(out, "rank", settings, argv)
     done = run.done()
     run.log_skipped(skipped, done)
+    for sample in no_target:
+        if sample.id not in done:
+            reason = "no evidence target: RAM needs Ω"
+            run.log({"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason})
     todo = [s for s in samples if s.id not in done]
     for sample in tqdm(todo, desc="rank", unit="sample", disable=not progress):
         try:
