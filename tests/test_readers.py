@@ -53,13 +53,13 @@ def test_vidstg_tubes_follow_the_trajectories(tmp_path, as_video):
     source = datasets.vidstg(tmp_path / "vidstg", as_video=as_video)
     result = convert(f"vidstg:{source}", tmp_path / "out", fps=5.0)  # native 10 fps -> every 2nd frame
     samples, _ = read_samples(result.path)
-    assert [s.id.split("-", 2)[2] for s in samples] == ["caption-0", "question-1"]
+    assert [s.id.split("-", 2)[2] for s in samples] == ["0-caption-0", "0-question-1"]
     dog = samples[0]
     assert dog.task == "video" and len(dog.video.frames) == 10 and dog.video.fps == 5.0
     tube = dog.targets[0]
     record = json.loads(result.path.read_text().splitlines()[0])
     fids = [record["frame_ids"][k] for k in tube.frames]
-    assert fids == [6, 8, 10, 12, 14]  # sampled frames inside temporal_gt [5, 14]
+    assert fids == [6, 8, 10, 12]  # sampled frames inside temporal_gt [5, 14): end_fid is exclusive
     assert [b[0] for b in tube.boxes] == [2.0 * f for f in fids]  # the dog's box moves with its frame
     brightness = [np.asarray(Image.open(dog.video.frames[k])).mean() for k in range(3)]
     assert brightness == pytest.approx([0, 20, 40], abs=3)  # frame k is video frame 2k
@@ -69,15 +69,22 @@ def test_mmlongbench_renders_pages_and_targets_evidence(tmp_path):
     source = datasets.mmlongbench(tmp_path / "mmlb")
     result = convert(f"mmlongbench:{source}", tmp_path / "out", max_side=200)
     samples, _ = read_samples(result.path)
-    assert len(samples) == 2  # the unanswerable question has no evidence
+    assert len(samples) == 2  # the unanswerable question is skipped with its reason
+    assert (
+        result.skipped[0]["sample"] == "mmlongbench-00002" and "not answerable" in result.skipped[0]["reason"]
+    )
     total = samples[0]
     assert len(total.images) == 5 and [t.image for t in total.targets] == [1, 3]
     assert total.answer == "42" and total.task == "document"
     assert max(Image.open(total.images[0]).size) == 200
     render = json.loads((tmp_path / "out" / "render.json").read_text())
     assert render["renderer"] == "pypdfium2" and render["max_side"] == 200
-    capped = convert(f"mmlongbench:{source}", tmp_path / "cap", max_side=100, max_pages=3, skip_bad=True)
-    assert capped.n == 1 and "beyond the 3 pages" in capped.skipped[0]["error"]
+    capped = convert(f"mmlongbench:{source}", tmp_path / "cap", max_side=100, max_pages=3)
+    first = read_samples(capped.path)[0][0]  # evidence pages 2 and 4: the 3-page window 2-4 holds both
+    assert first.meta["pages"] == [2, 3, 4] and [t.image for t in first.targets] == [0, 2]
+    assert len(first.images) == 3 and capped.n == 2
+    old = convert(f"mmlongbench:{source}", tmp_path / "old", max_side=100, max_pages=3, pages="first")
+    assert old.n == 1 and "not among the 3 pages shown" in old.skipped[0]["reason"]
 
 
 def test_mmlongbench_missing_document_is_named(tmp_path):
@@ -92,10 +99,12 @@ def test_mmdocir_page_and_layout_targets(tmp_path):
     samples, _ = read_samples(result.path)
     chart, year = samples
     assert len(chart.images) == 3 and len(year.images) == 2
-    assert chart.targets[0].kind == "image" and chart.targets[0].image == 1
-    box = chart.targets[1]
+    (box,) = chart.targets  # level "auto": the layout box where there is one, Ω recorded per sample
     assert box.image == 1 and box.box == pytest.approx((20.0, 40.0, 80.0, 100.0))  # 800x1000 -> 160x200
+    assert chart.meta["omega"] == "layout" and year.meta["omega"] == "page"
     assert year.targets[0].image == 0 and len(year.targets) == 1
+    both = read_samples(convert(f"mmdocir:{source}", tmp_path / "both", level="both").path)[0][0]
+    assert [t.kind for t in both.targets] == ["image", "box"]
     pages = convert(f"mmdocir:{source}", tmp_path / "pages", level="page")
     assert all(t.kind == "image" for s in read_samples(pages.path)[0] for t in s.targets)
     stored = pd.read_parquet(source / "MMDocIR_pages.parquet")
@@ -432,3 +441,62 @@ def test_refcocog_malicious_refs_pickle_is_refused_and_nothing_runs(tmp_path, pr
     assert main(["data", "convert", f"refcocog:{source}", "--out", str(tmp_path / "cli")]) == 2
     err = capsys.readouterr().err
     assert "only plain data is allowed" in err and "Traceback" not in err and not marker.exists()
+
+
+def _subset(result, out, ids=None, n=2):
+    """A small sample file of the converted records (the first `n`, plus `ids`), for the rank runs."""
+    lines = [line for line in result.path.read_text().splitlines() if line.strip()]
+    keep = lines[:n] + [line for line in lines[n:] if json.loads(line)["id"] in (ids or [])]
+    out.write_text("\n".join(keep) + "\n")
+    return out, [json.loads(line) for line in keep]
+
+
+@pytest.mark.parametrize("dataset", ["vidstg", "mmdocir", "mmlongbench", "refcocog"])
+def test_rank_runs_end_to_end_on_each_converted_genuine_dataset(dataset, request, tiny_dir, tmp_path):
+    converted = request.getfixturevalue(f"{dataset}_converted")
+    extra = ["mmlongbench-00016"] if dataset == "mmlongbench" else []  # evidence "[]": no Ω
+    data, records = _subset(converted[-1], tmp_path / "subset.jsonl", extra)
+    model = tiny_dir("qwen2_5_vl", layers=1)
+    out = tmp_path / "run"
+    assert (
+        main(["rank", "--model", str(model), "--data", str(data), "--out", str(out), "--overlays", "0"]) == 0
+    )
+    ram = pd.read_parquet(out / "ram.parquet")
+    assert sorted(ram["sample_id"].unique()) == sorted(r["id"] for r in records if r.get("targets"))
+    assert (ram["n_omega"] > 0).all() and (ram["n_omega"] <= ram["n_visual"]).all()
+    logged = _lines(out / "samples.jsonl")
+    skipped = [r for r in logged if r["status"] == "skipped"]
+    assert [r["id"] for r in skipped] == extra
+    assert all(r["reason"] == "no evidence target: RAM needs Ω" for r in skipped)
+
+
+def test_data_stats_on_a_conversion_and_on_a_run(mmlongbench_converted, tiny_dir, tmp_path, capsys):
+    _, result = mmlongbench_converted
+    assert main(["data", "stats", str(result.path.parent), "--out", str(tmp_path / "conv.json")]) == 0
+    printed = capsys.readouterr().out
+    stats = json.loads((tmp_path / "conv.json").read_text())["datasets"]["mmlongbench"]
+    assert stats["samples"] == 16 and stats["without_target"] == 1 and stats["skipped"] == 4
+    assert stats["skipped_reasons"] == {"not answerable: no evidence page and no answer": 4}
+    assert stats["pages_per_sample"]["max"] == 64 and stats["pages_per_sample"]["min"] == 27
+    assert "mmlongbench: 16 samples (1 without a target), 4 skipped" in printed
+    # On a rank run, with the model: tokens through the processor alone, Ω share as the run measured it.
+    data, records = _subset(result, tmp_path / "subset.jsonl", ["mmlongbench-00016"])
+    model = tiny_dir("qwen2_5_vl", layers=1)
+    run = tmp_path / "run"
+    assert (
+        main(["rank", "--model", str(model), "--data", str(data), "--out", str(run), "--overlays", "0"]) == 0
+    )
+    assert main(["data", "stats", str(run), "--model", str(model)]) == 0
+    written = json.loads((run / "data_stats.json").read_text())
+    entry = written["datasets"]["mmlongbench"]
+    assert entry["samples"] == 3 and entry["skipped_reasons"] == {"no evidence target: RAM needs Ω": 1}
+    ram = pd.read_parquet(run / "ram.parquet").drop_duplicates("sample_id").set_index("sample_id")
+    for row in written["samples"]:
+        if row["targets"]:
+            assert row["omega_tokens"] == ram.loc[row["id"], "n_omega"]
+            assert row["visual_tokens"] == ram.loc[row["id"], "n_visual"]
+            assert row["omega_share"] == pytest.approx(row["omega_tokens"] / row["visual_tokens"])
+        assert row["prompt_tokens"] > row["visual_tokens"] > 0
+    assert entry["prompt_tokens"]["total"] == sum(r["prompt_tokens"] for r in written["samples"])
+    assert main(["data", "stats", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
