@@ -184,15 +184,16 @@ def read_index(image: Image.Image) -> int:
 
 
 def vidstg_standin_box(tid: int, fid: int, width: int, height: int) -> list[float] | None:
-    """The stand-in VidOR box of object `tid` on frame `fid`: no box on frames 5 mod 7, past the right edge
-    on frames 3 mod 7, entirely right of the frame on frames 6 mod 7, inside it otherwise (7 is prime to
-    the sampling steps, so every case reaches the sampled frames)."""
-    if fid % 7 == 5:
+    """The stand-in VidOR box of object `tid` on frame `fid`: no box on frames 5 mod 11, past the right
+    edge on frames 8 mod 11, entirely right of the frame on frames 6 mod 11, inside it otherwise (11 is
+    prime to the sampling step of 15 frames, so every case reaches the sampled frames; frame 90, where a
+    published temporal_gt ends, has a box)."""
+    if fid % 11 == 5:
         return None
-    x0, y0 = 10.0 + 4 * tid + fid % 11, 12.0 + 3 * tid
-    if fid % 7 == 3:
+    x0, y0 = 10.0 + 4 * tid + fid % 13, 12.0 + 3 * tid
+    if fid % 11 == 8:
         return [width - 30.0, y0, width + 25.0, y0 + 40.0]
-    if fid % 7 == 6:
+    if fid % 11 == 6:
         return [width + 5.0, y0, width + 60.0, y0 + 40.0]
     return [x0, y0, x0 + width / 3, y0 + height / 4]
 
