@@ -499,5 +499,27 @@ def test_data_stats_on_a_conversion_and_on_a_run(mmlongbench_converted, tiny_dir
             assert row["omega_share"] == pytest.approx(row["omega_tokens"] / row["visual_tokens"])
         assert row["prompt_tokens"] > row["visual_tokens"] > 0
     assert entry["prompt_tokens"]["total"] == sum(r["prompt_tokens"] for r in written["samples"])
+    # Knocking out Ω needs Ω: ablate skips the question without a target, with the reason, and scores the rest.
+    argv = ["ablate", "--model", str(model), "--data", str(data), "--heads", str(run / "heads.csv")]
+    argv += [
+        "--out",
+        str(tmp_path / "ab"),
+        "--k",
+        "1",
+        "--sets",
+        "top",
+        "--op",
+        "knockout",
+        "--keys",
+        "omega",
+    ]
+    assert main(argv + ["--max-new-tokens", "2"]) == 0
+    ablated = _lines(tmp_path / "ab" / "samples.jsonl")
+    assert [r["id"] for r in ablated if r["status"] == "skipped"] == ["skipped|mmlongbench-00016"]
+    assert [r["reason"] for r in ablated if r["status"] == "skipped"] == [
+        "no evidence target: knocking out Ω needs one"
+    ]
+    scored = {r["id"].split("|")[-1] for r in ablated if r["status"] == "ok"}
+    assert scored == {r["id"] for r in records if r.get("targets")}
     assert main(["data", "stats", str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in capsys.readouterr().err
