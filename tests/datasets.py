@@ -1,4 +1,9 @@
-"""Small fixture copies of the four native dataset formats, written to their published schemas.
+"""Fixtures of the four native dataset formats: genuine published records (tests/data/<dataset>/, each
+with a SOURCES note) with stand-in media of the recorded sizes, and small files written to the published
+schemas for the malformed cases.
+
+Stand-in media encode their index in the pixels (`index_colour` / `read_index`), so that a test can check
+which page or frame reached the prompt.
 
 Where each schema comes from:
 - RefCOCOg: the `refer` toolkit release (`refs(umd).p`: a pickled list of refs with `ref_id`, `ann_id`,
@@ -160,3 +165,166 @@ def mmdocir(root: Path) -> Path:
     ]  # fmt: skip
     (root / "MMDocIR_annotations.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
     return root
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def index_colour(index: int) -> tuple[int, int, int]:
+    """A flat colour that encodes `index` (0-4095) robustly enough to survive JPEG and PDF rendering."""
+    return ((index % 16) * 16 + 8, (index // 16) % 16 * 16 + 8, (index // 256) * 16 + 8)
+
+
+def read_index(image: Image.Image) -> int:
+    """Decode the index painted by `index_colour` from the centre of an image."""
+    width, height = image.size
+    patch = np.asarray(image.convert("RGB").crop((width // 4, height // 4, 3 * width // 4, 3 * height // 4)))
+    r, g, b = (int(round((float(patch[..., c].mean()) - 8) / 16)) for c in range(3))
+    return r + 16 * g + 256 * b
+
+
+def vidstg_standin_box(tid: int, fid: int, width: int, height: int) -> list[float] | None:
+    """The stand-in VidOR box of object `tid` on frame `fid`: no box on frames 5 mod 11, past the right
+    edge on frames 8 mod 11, entirely right of the frame on frames 6 mod 11, inside it otherwise (11 is
+    prime to the sampling step of 15 frames, so every case reaches the sampled frames; frame 90, where a
+    published temporal_gt ends, has a box)."""
+    if fid % 11 == 5:
+        return None
+    x0, y0 = 10.0 + 4 * tid + fid % 13, 12.0 + 3 * tid
+    if fid % 11 == 8:
+        return [width - 30.0, y0, width + 25.0, y0 + 40.0]
+    if fid % 11 == 6:
+        return [width + 5.0, y0, width + 60.0, y0 + 40.0]
+    return [x0, y0, x0 + width / 3, y0 + height / 4]
+
+
+def genuine_vidstg(root: Path) -> Path:
+    """The published VidSTG entries of tests/data/vidstg with stand-in frame folders and VidOR trajectories."""
+    entries = json.loads((DATA / "vidstg" / "test_annotations.json").read_text())
+    (root / "sent_annos").mkdir(parents=True, exist_ok=True)
+    (root / "sent_annos" / "test_annotations.json").write_text(json.dumps(entries))
+    videos = {e["vid"]: e for e in entries}
+    for vid, e in videos.items():
+        width, height, count = e["width"], e["height"], e["frame_count"]
+        folder = root / "frames" / vid
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in range(count):
+            Image.new("RGB", (width, height), index_colour(f)).save(folder / f"{f + 1:05d}.jpg", quality=90)
+        tids = [o["tid"] for o in e["subject/objects"]]
+        trajectories = []
+        for f in range(count):
+            boxes = [(t, vidstg_standin_box(t, f, width, height)) for t in tids]
+            trajectories.append(
+                [{"tid": t, "bbox": dict(zip(("xmin", "ymin", "xmax", "ymax"), b)), "generated": 0}
+                 for t, b in boxes if b is not None]
+            )  # fmt: skip
+        vidor = {"video_id": vid, "frame_count": count, "fps": e["fps"], "width": width, "height": height,
+                 "subject/objects": e["subject/objects"], "trajectories": trajectories}  # fmt: skip
+        (root / "annotation" / "validation").mkdir(parents=True, exist_ok=True)
+        (root / "annotation" / "validation" / f"{vid}.json").write_text(json.dumps(vidor))
+    return root
+
+
+def mmdocir_page_size(doc: dict, page: int) -> tuple[float, float]:
+    """The recorded size of a page: its layout items' page_size, else the document's most common one."""
+    sizes = [tuple(m["page_size"]) for q in doc["questions"] for m in q.get("layout_mapping") or []]
+    exact = [tuple(m["page_size"]) for q in doc["questions"] for m in q.get("layout_mapping") or []
+             if m["page"] == page]  # fmt: skip
+    if exact:
+        return exact[0]
+    return max(set(sizes), key=sizes.count) if sizes else (612.0, 792.0)
+
+
+MMDOCIR_SCALE = 0.25  # stand-in page images: a quarter of the page size in points
+
+
+def genuine_mmdocir(root: Path) -> Path:
+    """The published MMDocIR lines of tests/data/mmdocir with a stand-in pages parquet of those documents."""
+    text = (DATA / "mmdocir" / "MMDocIR_annotations.jsonl").read_text()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "MMDocIR_annotations.jsonl").write_text(text)
+    rows = []
+    for line in text.splitlines():
+        doc = json.loads(line)
+        start, end = doc["page_indices"]
+        for k in range(end - start + 1):
+            w, h = mmdocir_page_size(doc, k)
+            size = (max(1, round(w * MMDOCIR_SCALE)), max(1, round(h * MMDOCIR_SCALE)))
+            buffer = io.BytesIO()
+            Image.new("RGB", size, index_colour(k)).save(buffer, format="JPEG", quality=90)
+            rows.append({"doc_name": doc["doc_name"], "domain": doc["domain"], "passage_id": str(k),
+                         "image_path": f"{doc['doc_name']}_{k}.jpg", "image_binary": buffer.getvalue(),
+                         "ocr_text": "", "vlm_text": ""})  # fmt: skip
+    pd.DataFrame(rows).to_parquet(root / "MMDocIR_pages.parquet")
+    return root
+
+
+def genuine_mmlongbench(root: Path) -> Path:
+    """The published MMLongBench-Doc questions of tests/data/mmlongbench with stand-in PDFs of the
+    recorded page counts and sizes (documents.json), each page painted with its 0-based page number."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "samples.json").write_text((DATA / "mmlongbench" / "samples.json").read_text())
+    (root / "documents").mkdir(exist_ok=True)
+    for name, sizes in json.loads((DATA / "mmlongbench" / "documents.json").read_text()).items():
+        w0, h0 = sizes[0]
+        # 8 pixels per first-page side; PIL writes one resolution for all pages, so other sizes scale.
+        pages = [Image.new("RGB", (round(8 * w / w0), round(8 * h / h0)), index_colour(p))
+                 for p, (w, h) in enumerate(sizes)]  # fmt: skip
+        pages[0].save(root / "documents" / name, save_all=True, append_images=pages[1:],
+                      dpi=(8 * 72 / w0, 8 * 72 / h0))  # fmt: skip
+    return root
+
+
+def genuine_refcocog(root: Path) -> tuple[Path, dict]:
+    """refs(umd).p rebuilt from the published RefCOCOg UMD val rows + instances.json, with stand-ins.
+
+    Returns the folder and the stand-ins used: per ref_id its (ann_id, COCO bbox) and per image its size.
+    One stand-in box extends past its image and one lies entirely outside it (the clipping cases).
+    """
+    import csv
+
+    root.mkdir(parents=True, exist_ok=True)
+    refs: dict[int, dict] = {}
+    with open(DATA / "refcocog" / "refcocog_umd_val.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            ref = refs.setdefault(int(row["ref_id"]), {"ref_id": int(row["ref_id"]), "image_id": int(row["img_id"]),
+                                                      "split": "val", "sentences": [], "sent_ids": []})  # fmt: skip
+            ref["sentences"].append({"sent": row["sent"], "sent_id": int(row["sent_id"]),
+                                     "tokens": row["sent"].split(), "raw": row["sent"]})  # fmt: skip
+            ref["sent_ids"].append(int(row["sent_id"]))
+    published = json.loads((DATA / "refcocog" / "published.json").read_text())
+    images = [published["image"]]
+    annotations = [published["annotation"]]
+    standins = {"boxes": {}, "sizes": {}}
+    for n, (ref_id, ref) in enumerate(sorted(refs.items())):
+        size = (320 + 16 * n, 240 + 8 * n)
+        if ref["image_id"] not in standins["sizes"]:
+            standins["sizes"][ref["image_id"]] = size
+            images.append({"id": ref["image_id"], "width": size[0], "height": size[1],
+                           "file_name": f"COCO_train2014_{ref['image_id']:012d}.jpg"})  # fmt: skip
+        width, height = standins["sizes"][ref["image_id"]]
+        bbox = [12.5 + n, 20.25, 100.0 + 2 * n, 80.5]
+        if n == 2:
+            bbox = [width - 40.0, 30.0, 90.0, 50.0]  # extends 50 px past the right edge
+        if n == 3:
+            bbox = [width + 10.0, 30.0, 20.0, 20.0]  # entirely right of the image
+        ann_id = 900000 + ref_id
+        annotations.append({"id": ann_id, "image_id": ref["image_id"], "bbox": bbox, "category_id": 1})
+        ref.update(
+            ann_id=ann_id, category_id=1, file_name=f"COCO_train2014_{ref['image_id']:012d}_{ann_id}.jpg"
+        )
+        standins["boxes"][ref_id] = (ann_id, bbox)
+    # A stand-in ref on the published annotation 3007 of image 98304 (both used as published).
+    refs[-1] = {"ref_id": 999999, "ann_id": 3007, "image_id": 98304, "split": "val", "category_id": 18,
+                "sentences": [{"sent": "stand-in expression", "sent_id": 999999}], "sent_ids": [999999]}  # fmt: skip
+    with open(root / "refs(umd).p", "wb") as f:
+        pickle.dump(list(refs.values()), f, protocol=2)
+    (root / "instances.json").write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": []})
+    )
+    (root / "images").mkdir(exist_ok=True)
+    for im in images:
+        Image.new("RGB", (im["width"], im["height"]), index_colour(im["id"] % 4096)).save(
+            root / "images" / im["file_name"], quality=90
+        )
+    return root, standins

@@ -1,4 +1,5 @@
-"""`corelens data convert`: a dataset in its native format -> corelens samples (JSONL + images)."""
+"""`corelens data convert`: a dataset in its native format -> corelens samples (JSONL + images);
+`corelens data stats`: what a sample file, converted dataset or run holds (counts, skips, tokens)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,23 @@ def run_convert(args: argparse.Namespace) -> None:
     result = convert(args.spec, args.out, skip_bad=args.skip_bad, **options)
     print(f"wrote {result.n} samples to {result.path}")
     if result.skipped:
-        print(f"skipped {len(result.skipped)} bad records (listed in {result.path.parent / 'skipped.jsonl'})")
+        print(
+            f"skipped {len(result.skipped)} records, listed with the reason in {result.path.parent / 'skipped.jsonl'}"
+        )
+
+
+def run_stats(args: argparse.Namespace) -> None:
+    """Print and write the per-dataset statistics of a run, converted dataset or sample file."""
+    from pathlib import Path
+
+    from corelens.data.stats import locate, render, stats
+
+    result = stats(args.target, args.model, rule=args.rule)
+    print(render(result))
+    out = Path(args.out) if args.out else locate(args.target)[2]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {out}")
 
 
 def register(sub) -> None:
@@ -36,6 +53,17 @@ def register(sub) -> None:
         "--options",
         default=None,
         help='reader options as JSON, e.g. \'{"split": "val"}\' (refcocog: split, template, images; vidstg: '
-        "split, fps, max_frames; mmlongbench: max_side, max_pages, keep_unanswerable; mmdocir: level, max_pages)",
+        "split, fps, max_frames; mmlongbench: max_side, max_pages, pages, keep_unanswerable; mmdocir: level, "
+        "max_pages, pages)",
     )
     c.set_defaults(func=run_convert)
+    st = actions.add_parser(
+        "stats", help="per-dataset counts of a run, converted dataset, sample file or NAME:PATH"
+    )
+    st.add_argument("target", help="a run folder, a converted dataset folder, a sample file or NAME:PATH")
+    st.add_argument(
+        "--model", default=None, help="checkpoint whose processor counts the prompt, visual and Ω tokens"
+    )
+    st.add_argument("--rule", default="any", help="box -> tokens rule for Ω (any, centre, coverage)")
+    st.add_argument("--out", default=None, help="JSON file to write (default: beside the data)")
+    st.set_defaults(func=run_stats)

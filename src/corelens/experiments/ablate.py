@@ -283,6 +283,11 @@ def sweep(
             means = HeadMeans.load(stored)
 
     def step(sample: Sample, done: set[str]) -> Iterator[dict]:
+        if op == "knockout" and keys == "omega" and not sample.targets:
+            # A question kept for scoring without evidence (e.g. MMLongBench-Doc "[]"): no Ω to knock out.
+            reason = "no evidence target: knocking out Ω needs one"
+            yield {"id": f"skipped|{sample.id}", "status": "skipped", "line": sample.line, "reason": reason}
+            return
         prepared = prepare(m, sample)
         if op == "knockout" and keys == "omega":
             prepared.layout.omega(sample.targets, sample=sample.id)  # bad targets fail here, not mid-sweep

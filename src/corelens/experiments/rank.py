@@ -136,6 +136,10 @@ def rank(
         run = Run(out, "rank", settings, argv, dist=current())
 
     def step(sample: Sample, done: set[str]) -> list[dict]:
+        if not sample.targets:
+            # A question kept for scoring without evidence (MMLongBench-Doc "[]"): RAM needs Ω.
+            reason = "no evidence target: RAM needs Ω"
+            return [{"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}]
         return [_record(sample, measure_sample(m, sample, query, rule, padding))]
 
     loop = Loop("rank", step, length=partial(prompt_length, m))

@@ -22,6 +22,10 @@ class Records:
         self.items: list[dict] = []
         self.skipped: list[dict] = []
 
+    def skip(self, where: dict, reason: str) -> None:
+        """List a source record left out on purpose (not malformed), with the reason."""
+        self.skipped.append({**{k: v for k, v in where.items() if v is not None}, "reason": reason})
+
     def add(self, record: dict) -> None:
         """Keep one converted record (stops the reader at the limit)."""
         if self.limit is not None and len(self.items) >= self.limit:
@@ -65,3 +69,54 @@ def find_one(folder: Path, names: list[str], what: str) -> Path:
         if hits:
             return hits[0]
     raise InputError(f"{what} not found (looked for {', '.join(names)})", file=str(folder))
+
+
+def clip_box(box, width: float, height: float) -> tuple[list[float] | None, bool]:
+    """Clip `[x0, y0, x1, y1]` to a `width` x `height` image: (the clipped box or None if empty, changed)."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    clipped = [
+        min(max(x0, 0.0), width),
+        min(max(y0, 0.0), height),
+        min(max(x1, 0.0), width),
+        min(max(y1, 0.0), height),
+    ]
+    changed = clipped != [x0, y0, x1, y1]
+    if clipped[2] <= clipped[0] or clipped[3] <= clipped[1]:
+        return None, changed
+    return clipped, changed
+
+
+def page_window(n_pages: int, evidence: list[int], max_pages: int | None, mode: str) -> list[int]:
+    """Choose the 0-based pages to show of an `n_pages` document whose evidence pages are `evidence`.
+
+    `mode` "window": `max_pages` consecutive pages centred on the evidence, every evidence page included
+    (when the evidence spans more than `max_pages` pages, the evidence pages plus their nearest neighbours);
+    "first": the first `max_pages` pages (evidence beyond them is not shown); "all": every page.
+    Raises ValueError when the evidence pages alone are more than `max_pages`.
+    """
+    if mode not in PAGE_MODES:
+        raise ValueError(f"pages must be one of {PAGE_MODES}, got {mode!r}")
+    if mode == "all" or max_pages is None or n_pages <= max_pages:
+        return list(range(n_pages))
+    if mode == "first":
+        return list(range(max_pages))
+    if not evidence:
+        return list(range(max_pages))
+    if len(set(evidence)) > max_pages:
+        raise ValueError(f"{len(set(evidence))} evidence pages are more than max_pages {max_pages}")
+    lo, hi = min(evidence), max(evidence)
+    if hi - lo + 1 <= max_pages:
+        # A contiguous window centred on the evidence span, shifted back inside the document.
+        start = max(0, min(lo - (max_pages - (hi - lo + 1)) // 2, n_pages - max_pages))
+        return list(range(start, start + max_pages))
+    # The evidence is spread wider than the window: keep every evidence page, fill with the pages nearest
+    # to any evidence page (ties to the earlier page), so that each evidence page keeps some context.
+    chosen = set(evidence)
+    others = sorted(
+        (p for p in range(n_pages) if p not in chosen), key=lambda p: (min(abs(p - e) for e in evidence), p)
+    )
+    chosen.update(others[: max_pages - len(chosen)])
+    return sorted(chosen)
+
+
+PAGE_MODES = ("window", "first", "all")

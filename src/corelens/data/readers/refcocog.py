@@ -2,7 +2,13 @@
 layout of dataset hubs (columns `question_id`, `image`, `answer` = the expressions, `bbox`, `file_name`).
 
 One sample per referring expression (sentence): the question is the expression (through `template`), the
-target is the referred object's box (COCO `[x, y, w, h]` -> `[x0, y0, x1, y1]`), the task `image`.
+target is the referred object's box (COCO `[x, y, w, h]` -> `[x0, y0, x1, y1]`), the task `image`. A box
+that extends past its image (size from `instances.json`, or the stored image in the parquet layout) is
+clipped and the clip recorded in `meta.clipped`; a box empty once clipped is skipped with its reason.
+
+The refs pickle is read by a restricted unpickler that admits only what the format holds (lists, dicts,
+strings, numbers, None): a pickle that names any class or function is refused before anything runs, the
+approach of `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
@@ -12,10 +18,34 @@ import json
 import pickle
 from pathlib import Path
 
-from corelens.data.readers.common import Records, find_one, run_until_limit
+from corelens.data.readers.common import Records, clip_box, find_one, run_until_limit
 from corelens.errors import InputError
 
 TEMPLATE = "{expression}"
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain containers, strings and numbers only; any global (class, function) is refused."""
+
+    def find_class(self, module: str, name: str):
+        # Every way a pickle can call code (REDUCE, BUILD, INST, OBJ, NEWOBJ) first fetches a global here.
+        raise pickle.UnpicklingError(f"the refs pickle names {module}.{name}; only plain data is allowed")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("the refs pickle holds a persistent id; only plain data is allowed")
+
+
+def load_refs(path: Path) -> list:
+    """Read a `refer` refs pickle safely (plain data only); raise InputError naming the file otherwise."""
+    try:
+        with open(path, "rb") as handle:
+            # encoding: the release was written by Python 2, whose byte strings hold the text.
+            refs = _PlainUnpickler(handle, encoding="utf-8").load()
+    except Exception as exc:  # a damaged or hostile pickle fails in many ways; none may escape as a crash
+        raise InputError(f"cannot read the refs pickle: {exc}", file=str(path)) from None
+    if not isinstance(refs, list):
+        raise InputError(f"the refs pickle must hold a list, got {type(refs).__name__}", file=str(path))
+    return refs
 
 
 def _box(raw, where: dict) -> list[float]:
@@ -27,19 +57,26 @@ def _box(raw, where: dict) -> list[float]:
     return [x, y, x + w, y + h]
 
 
+def _clipped(box: list[float], size) -> tuple[list[float] | None, dict | None]:
+    """Clip a box to its image when the size is known: (box or None if empty, the clip made or None)."""
+    width, height = size
+    if not width or not height:
+        return box, None
+    clipped, changed = clip_box(box, float(width), float(height))
+    return clipped, ({"box": box, "clipped": clipped, "image_size": [width, height]} if changed else None)
+
+
 def _original(
     source: Path, out: Path, records: Records, split: str | None, template: str, images: Path | None
 ) -> None:
     refs_path = find_one(source, ["refs(umd).p", "refs(google).p", "refs.p"], "RefCOCOg refs pickle")
     inst_path = find_one(source, ["instances.json"], "RefCOCOg instances.json")
-    try:
-        refs = pickle.loads(refs_path.read_bytes())
-    except Exception as exc:  # a pickle can fail in many ways
-        raise InputError(f"cannot read the refs pickle: {exc}", file=str(refs_path)) from None
+    refs = load_refs(refs_path)
     try:
         instances = json.loads(inst_path.read_text())
         boxes = {a["id"]: a["bbox"] for a in instances["annotations"]}
         files = {im["id"]: im["file_name"] for im in instances["images"]}
+        sizes = {im["id"]: (im.get("width"), im.get("height")) for im in instances["images"]}
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"not a COCO instances file: {exc}", file=str(inst_path)) from None
     folder = images or next(
@@ -76,7 +113,12 @@ def _original(
                 raise InputError(
                     f"image {ref['image_id']} is not in {inst_path.name}", **where, field="image_id"
                 )
-            box = _box(boxes[ref["ann_id"]], where)
+            box, clipped = _clipped(_box(boxes[ref["ann_id"]], where), sizes[ref["image_id"]])
+            if box is None:
+                records.skip(
+                    where, f"the COCO bbox {boxes[ref['ann_id']]} is empty once clipped to its image"
+                )
+                continue
             image = folder / files[ref["image_id"]]
             for s, sentence in enumerate(ref["sentences"]):
                 text = sentence.get("sent") or sentence.get("raw") if isinstance(sentence, dict) else None
@@ -89,7 +131,14 @@ def _original(
                         "images": [str(image)],
                         "question": template.format(expression=text.strip()),
                         "targets": [{"image": 0, "box": box}],
-                        "meta": {"split": ref.get("split"), "category_id": ref.get("category_id")},
+                        "dataset": "refcocog",
+                        "meta": {
+                            "split": ref.get("split"),
+                            "ref_id": ref["ref_id"],
+                            "ann_id": ref["ann_id"],
+                            "category_id": ref.get("category_id"),
+                            **({"clipped": clipped} if clipped else {}),
+                        },
                     }
                 )
 
@@ -117,7 +166,12 @@ def _parquet(source: Path, out: Path, records: Records, template: str) -> None:
                 from PIL import Image
 
                 name = out / "images" / f"{qid}.png"
-                Image.open(io.BytesIO(image)).convert("RGB").save(name)
+                picture = Image.open(io.BytesIO(image)).convert("RGB")
+                picture.save(name)
+                box, clipped = _clipped(box, picture.size)
+                if box is None:
+                    records.skip(where, f"the COCO bbox {list(row.bbox)} is empty once clipped to its image")
+                    continue
                 expressions = [row.answer] if isinstance(row.answer, str) else list(row.answer)
                 for s, text in enumerate(expressions):
                     records.add(
@@ -127,6 +181,8 @@ def _parquet(source: Path, out: Path, records: Records, template: str) -> None:
                             "images": [str(name)],
                             "question": template.format(expression=str(text).strip()),
                             "targets": [{"image": 0, "box": box}],
+                            "dataset": "refcocog",
+                            "meta": {"clipped": clipped} if clipped else None,
                         }
                     )
 

@@ -4,9 +4,17 @@
 `{tid, bbox: {xmin, ymin, xmax, ymax}}`, in the entry itself or in the VidOR annotation file `{vid}.json`),
 with the videos as files (`{vid}.mp4`, decoded with PyAV) or as frame folders (`{vid}/`, one image per frame).
 
+Frame ranges are half-open: `end_fid` is exclusive, as in VidOR's relation instances. In the published
+test annotations `temporal_gt` equals `used_relation` in every entry, 768 of the 4,610 entries end at
+`end_fid == frame_count` (a frame that does not exist), and VidSTG evaluation code (TubeDETR's
+`vidstg_eval.py`) keeps the frames `begin_fid <= f < end_fid` of both ranges.
+
 Frames are sampled at `fps` within the used segment (at most `max_frames`, evenly) and written as images;
-each caption or question becomes one sample whose tube holds the sampled frames inside the temporal ground
-truth where the target has a box.
+each caption or question becomes one sample (id `vidstg-{vid}-{entry index}-{caption|question}-{k}`: a video
+has one entry per annotated relation instance, so the entry index keeps ids unique) whose tube holds the
+sampled frames inside the temporal ground truth where the target has a box. Boxes are clipped to the frame
+(recorded under `clipped`); a frame whose box is empty once clipped, or where the target has no box, is left
+out of the tube (`dropped_frames`, with the reason); a sentence with no box left is skipped with its reason.
 """
 
 from __future__ import annotations
@@ -16,59 +24,79 @@ from pathlib import Path
 
 import numpy as np
 
-from corelens.data.readers.common import Records, run_until_limit
+from corelens.data.readers.common import Records, clip_box, run_until_limit
 from corelens.errors import InputError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 def _segment(entry: dict, key: str, where: dict) -> tuple[int, int]:
+    """Return `(begin, end)` of a VidSTG frame range; `end` is exclusive (see the module docstring)."""
     raw = entry.get(key)
     if not isinstance(raw, dict) or "begin_fid" not in raw or "end_fid" not in raw:
         raise InputError(f"{key} must be {{begin_fid, end_fid}}", **where, field=key)
     begin, end = int(raw["begin_fid"]), int(raw["end_fid"])
-    if end < begin:
-        raise InputError(f"{key} ends before it begins: {raw}", **where, field=key)
+    if end <= begin:
+        raise InputError(f"{key} is empty or ends before it begins: {raw}", **where, field=key)
     return begin, end
 
 
 def sampled_frames(begin: int, end: int, native_fps: float, fps: float, max_frames: int) -> list[int]:
-    """Return the frame ids sampled at `fps` in [begin, end] (at most `max_frames`, evenly spread)."""
+    """Return the frame ids sampled at `fps` in [begin, end), `end` exclusive (at most `max_frames`, evenly)."""
     step = native_fps / fps
     ids = sorted({int(round(begin + k * step)) for k in range(int((end - begin) / step) + 1)})
-    ids = [i for i in ids if begin <= i <= end]
+    ids = [i for i in ids if begin <= i < end]
     if len(ids) > max_frames:
         ids = [ids[int(j)] for j in np.linspace(0, len(ids) - 1, max_frames).round()]
     return ids
 
 
-def _trajectories(entry: dict, source: Path, where: dict) -> list:
+def _trajectories(entry: dict, source: Path, where: dict, cache: dict) -> list:
+    """Return the VidOR trajectories of the entry's video: from the entry itself or from VidOR `{vid}.json`."""
     if isinstance(entry.get("trajectories"), list):
         return entry["trajectories"]
-    hits = sorted(source.rglob(f"{entry['vid']}.json"))
-    for hit in hits:
-        data = json.loads(hit.read_text())
-        if isinstance(data.get("trajectories"), list):
-            return data["trajectories"]
-    raise InputError(
-        f"no trajectories for video {entry['vid']} (entry or VidOR {entry['vid']}.json)",
-        **where,
-        field="trajectories",
-    )
+    vid = str(entry["vid"])
+    if vid not in cache:
+        # Many entries share a video (one per relation instance): read its VidOR file once.
+        cache[vid] = None
+        for hit in sorted(source.rglob(f"{vid}.json")):
+            try:
+                data = json.loads(hit.read_text())
+            except ValueError as exc:
+                raise InputError(f"invalid JSON: {exc}", file=str(hit)) from None
+            if isinstance(data, dict) and isinstance(data.get("trajectories"), list):
+                cache[vid] = data["trajectories"]
+                break
+    if cache[vid] is None:
+        raise InputError(
+            f"no trajectories for video {vid} (entry or VidOR {vid}.json)", **where, field="trajectories"
+        )
+    return cache[vid]
 
 
-def _frames(vid: str, source: Path, ids: list[int], folder: Path, where: dict) -> list[str]:
-    """Write the frames `ids` of video `vid` into `folder`; return their paths."""
+def _frames(
+    vid: str, source: Path, ids: list[int], folder: Path, where: dict, geometry: tuple[int, int, int | None]
+) -> list[str]:
+    """Write the frames `ids` of video `vid` into `folder` (`geometry`: width, height, frame count)."""
     folder.mkdir(parents=True, exist_ok=True)
     wanted = {fid: folder / f"{fid:06d}.jpg" for fid in ids}
+    from PIL import Image
+
     if all(p.is_file() for p in wanted.values()):
         return [str(wanted[f]) for f in ids]
-    from PIL import Image
 
     frame_dir = next((d for d in source.rglob(vid) if d.is_dir()), None)
     video = next(iter(sorted(source.rglob(f"{vid}.mp4"))), None)
     if frame_dir is not None:
         files = sorted(p for p in frame_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        count = geometry[2]
+        if count is not None and len(files) != count:
+            # Frame k of the annotation is the k-th file; a missing or extra file would shift every frame.
+            raise InputError(
+                f"{frame_dir} holds {len(files)} frames but the video has frame_count {count}",
+                **where,
+                field="frame_count",
+            )
         for fid, path in wanted.items():
             if fid >= len(files):
                 raise InputError(
@@ -93,7 +121,46 @@ def _frames(vid: str, source: Path, ids: list[int], folder: Path, where: dict) -
         raise InputError(
             f"no video {vid}.mp4 and no frame folder {vid}/ under {source}", **where, field="vid"
         )
+    with Image.open(wanted[ids[0]]) as first:
+        size = first.size
+    if size != (int(geometry[0]), int(geometry[1])):
+        # Boxes are in the annotation's pixel frame; frames of another size would misplace every box.
+        raise InputError(
+            f"frames of video {vid} are {size[0]}x{size[1]} but the annotation says "
+            f"{geometry[0]}x{geometry[1]}",
+            **where,
+            field="width",
+        )
     return [str(wanted[f]) for f in ids]
+
+
+def _tube(
+    trajectories: list, target, ids: list[int], truth: tuple[int, int], size: tuple[float, float]
+) -> tuple[list[int], list[list[float]], list[dict], list[dict]]:
+    """The target's boxes on the sampled frames inside the temporal ground truth [begin, end).
+
+    Returns the tube's frame indices (into `ids`), its boxes clipped to the frame, the clips made and the
+    frames left out with their reason.
+    """
+    frames, boxes, clipped, dropped = [], [], [], []
+    for k, fid in enumerate(ids):
+        if not truth[0] <= fid < truth[1]:  # end_fid is exclusive
+            continue
+        found = [o for o in (trajectories[fid] if fid < len(trajectories) else []) if o.get("tid") == target]
+        if not found:
+            dropped.append({"fid": fid, "reason": "the target has no box on this frame"})
+            continue
+        b = found[0]["bbox"]
+        raw = [float(b["xmin"]), float(b["ymin"]), float(b["xmax"]), float(b["ymax"])]
+        box, changed = clip_box(raw, *size)
+        if box is None:
+            dropped.append({"fid": fid, "box": raw, "reason": "the box is empty once clipped to the frame"})
+            continue
+        if changed:
+            clipped.append({"fid": fid, "box": raw, "clipped": box})
+        frames.append(k)
+        boxes.append(box)
+    return frames, boxes, clipped, dropped
 
 
 def _convert(source: Path, out: Path, records: Records, split: str, fps: float, max_frames: int) -> None:
@@ -107,7 +174,10 @@ def _convert(source: Path, out: Path, records: Records, split: str, fps: float, 
         entries = json.loads(path.read_text())
     except ValueError as exc:
         raise InputError(f"invalid JSON: {exc}", file=str(path)) from None
+    if not isinstance(entries, list):
+        raise InputError("the annotation file must hold a list of entries", file=str(path))
     root = source if source.is_dir() else source.parent
+    cache: dict = {}
     for i, entry in enumerate(entries):
         where = {
             "file": str(path),
@@ -121,41 +191,55 @@ def _convert(source: Path, out: Path, records: Records, split: str, fps: float, 
             used = _segment(entry, "used_segment", where)
             truth = _segment(entry, "temporal_gt", where)
             ids = sampled_frames(*used, float(entry["fps"]), fps, max_frames)
-            trajectories = _trajectories(entry, root, where)
-            frames = _frames(str(entry["vid"]), root, ids, out / "frames" / str(entry["vid"]), where)
-            sentences = [("caption", c) for c in entry.get("captions", [])] + [
-                ("question", q) for q in entry.get("questions", [])
+            if not ids:
+                raise InputError(f"no frame sampled in used_segment {used}", **where, field="used_segment")
+            trajectories = _trajectories(entry, root, where, cache)
+            frame_count = int(entry["frame_count"]) if entry.get("frame_count") is not None else None
+            frames = _frames(
+                str(entry["vid"]),
+                root,
+                ids,
+                out / "frames" / str(entry["vid"]),
+                where,
+                (int(entry["width"]), int(entry["height"]), frame_count),
+            )
+            size = (float(entry["width"]), float(entry["height"]))
+            sentences = [("caption", c) for c in entry.get("captions") or []] + [
+                ("question", q) for q in entry.get("questions") or []
             ]
             for s, (kind, item) in enumerate(sentences):
-                target, text = item.get("target_id"), item.get("description")
-                if target is None or not text:
-                    raise InputError(f"{kind} {s} needs target_id and description", **where, field=f"{kind}s")
-                tube_frames, boxes = [], []
-                for k, fid in enumerate(ids):
-                    if not truth[0] <= fid <= truth[1] or fid >= len(trajectories):
-                        continue
-                    for obj in trajectories[fid]:
-                        if obj.get("tid") == target:
-                            b = obj["bbox"]
-                            tube_frames.append(k)
-                            boxes.append(
-                                [float(b["xmin"]), float(b["ymin"]), float(b["xmax"]), float(b["ymax"])]
-                            )
-                if not tube_frames:
+                # The entry index makes the id unique: a video has one entry per annotated relation
+                # instance, and the same sentence can describe several of them.
+                sid = f"vidstg-{entry['vid']}-{i}-{kind}-{s}"
+                swhere = {**where, "sample": sid}
+                if not isinstance(item, dict) or item.get("target_id") is None or not item.get("description"):
                     raise InputError(
-                        f"{kind} {s}: the target has no box in the sampled ground-truth frames",
-                        **where,
-                        field="temporal_gt",
+                        f"{kind} {s} needs target_id and description", **swhere, field=f"{kind}s"
                     )
+                tube_frames, boxes, clipped, dropped = _tube(
+                    trajectories, item["target_id"], ids, truth, size
+                )
+                if not tube_frames:
+                    records.skip(
+                        swhere, "the target has no box on any sampled frame of temporal_gt (Ω would be empty)"
+                    )
+                    continue
                 records.add(
                     {
-                        "id": f"vidstg-{entry['vid']}-{kind}-{s}",
+                        "id": sid,
                         "task": "video",
                         "video": {"frames": frames, "fps": fps},
-                        "question": str(text).strip(),
+                        "question": str(item["description"]).strip(),
                         "targets": [{"frames": tube_frames, "boxes": boxes}],
+                        "dataset": "vidstg",
+                        "vid": str(entry["vid"]),
+                        "entry": i,
                         "sentence_type": item.get("type", kind),
+                        "target_id": item["target_id"],
                         "frame_ids": ids,
+                        "temporal_gt": list(truth),
+                        "clipped": clipped or None,
+                        "dropped_frames": dropped or None,
                     }
                 )
 

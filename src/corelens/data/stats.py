@@ -1,0 +1,194 @@
+"""`corelens data stats`: what a sample file, a converted dataset or a run holds, before a long run.
+
+Per dataset (the readers' `dataset` field, else the task): samples, samples without an evidence target,
+records skipped and why (from `skipped.jsonl` beside a converted file, or a run's `samples.jsonl`), pages or
+frames per sample, targets per sample, and with a model the prompt's token count, its visual tokens and
+the share of the visual tokens that fall in Ω, computed through the checkpoint's own processor (the weights
+are not loaded).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from corelens.data.sample import Sample, read_samples
+from corelens.errors import CorelensError, InputError
+
+MANIFEST = "manifest.json"
+
+
+def locate(target: str | Path) -> tuple[Path, list[dict], Path]:
+    """Return (sample file, skipped records with their reasons, where to write the statistics) of `target`.
+
+    `target`: a run folder (its manifest names the sample file; its `samples.jsonl` lists the samples the run
+    skipped), a converted dataset folder (one `*.jsonl` plus `skipped.jsonl`), a sample file, or NAME:PATH.
+    """
+    from corelens.data.readers import parse_spec, resolve
+
+    if parse_spec(str(target)) is not None:
+        path = resolve(str(target))
+        return path, _read_jsonl(path.parent / "skipped.jsonl"), path.parent / "data_stats.json"
+    target = Path(target)
+    if not target.exists():
+        raise CorelensError(f"{target} does not exist")
+    if target.is_dir() and (target / MANIFEST).is_file():
+        manifest = json.loads((target / MANIFEST).read_text())
+        data = (manifest.get("settings") or {}).get("data") or manifest.get("data")
+        if not data:
+            raise CorelensError(f"{target / MANIFEST} names no sample file")
+        data = Path(data)
+        skipped = [r for r in _read_jsonl(target / "samples.jsonl") if r.get("status") == "skipped"]
+        return data, _read_jsonl(data.parent / "skipped.jsonl") + skipped, target / "data_stats.json"
+    if target.is_dir():
+        files = sorted(p for p in target.glob("*.jsonl") if p.name not in ("skipped.jsonl", "samples.jsonl"))
+        if len(files) != 1:
+            raise CorelensError(
+                f"{target}: expected one sample file (*.jsonl), found {[p.name for p in files]}"
+            )
+        return files[0], _read_jsonl(target / "skipped.jsonl"), target / "data_stats.json"
+    return target, _read_jsonl(target.parent / "skipped.jsonl"), target.with_suffix(".stats.json")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _dataset(sample: Sample) -> str:
+    return str(sample.meta.get("dataset") or sample.task)
+
+
+def _visuals(sample: Sample) -> tuple[str, int]:
+    """("frames", n) for a video sample, ("pages", n) for a document, else ("images", n)."""
+    if sample.video is not None:
+        count = len(sample.video.frames) if sample.video.frames is not None else sample.video.max_frames
+        return "frames", int(count or 0)
+    return ("pages" if sample.task == "document" else "images"), len(sample.images)
+
+
+def _summary(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    a = np.asarray(values, dtype=float)
+    return {
+        "min": float(a.min()),
+        "median": float(np.median(a)),
+        "mean": round(float(a.mean()), 3),
+        "max": float(a.max()),
+        "total": float(a.sum()),
+    }
+
+
+def processor_only(path: str | Path):
+    """A `Loaded` with the checkpoint's processor and config but no weights: enough to lay out prompts."""
+    from transformers import AutoConfig, AutoProcessor
+
+    from corelens.models.loaded import SUPPORTED, Loaded
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CorelensError(f"{path}: not a checkpoint folder (no config.json)")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if config.model_type not in SUPPORTED:
+        raise CorelensError(f"{path}: model_type {config.model_type!r} is not supported")
+    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    # prepare() reads the model's config only (tile sizes); the weights are never needed to count tokens.
+    return Loaded(SimpleNamespace(config=config), processor, path, config.model_type, [])
+
+
+def tokens(m, sample: Sample, rule: str = "any") -> dict:
+    """Prompt tokens, visual tokens and Ω tokens of one sample under model `m`'s processor."""
+    from corelens.models.prepare import prepare
+
+    prepared = prepare(m, sample)
+    visual = prepared.layout.visual
+    out = {"prompt_tokens": prepared.seq_len, "visual_tokens": int(len(visual))}
+    if sample.targets:
+        omega = prepared.layout.omega(sample.targets, rule, sample=sample.id)
+        out["omega_tokens"] = int(len(omega))
+        out["omega_share"] = len(omega) / len(visual) if len(visual) else None
+    return out
+
+
+def stats(target: str | Path, model: str | Path | None = None, *, rule: str = "any") -> dict:
+    """Per-dataset counts of `target` (see the module docstring); `model` adds token counts."""
+    path, skipped, _ = locate(target)
+    samples, bad = read_samples(path, skip_bad=True)
+    m = processor_only(model) if model is not None else None
+    rows = []
+    for s in samples:
+        kind, count = _visuals(s)
+        row = {"id": s.id, "dataset": _dataset(s), kind: count, "targets": len(s.targets)}
+        if m is not None:
+            try:
+                row.update(tokens(m, s, rule))
+            except InputError as err:
+                row["error"] = str(err)
+        rows.append(row)
+    reasons: dict[str, Counter] = defaultdict(Counter)
+    for r in skipped:
+        reasons[str(r.get("dataset") or _from_id(r))][str(r.get("reason") or r.get("error"))] += 1
+    for b in bad:
+        reasons["(unreadable records)"][b.error] += 1
+    datasets = sorted({r["dataset"] for r in rows} | set(reasons))
+    out = {"source": str(path), "model": str(model) if model else None, "datasets": {}}
+    for name in datasets:
+        mine = [r for r in rows if r["dataset"] == name]
+        entry = {
+            "samples": len(mine),
+            "without_target": sum(1 for r in mine if not r["targets"]),
+            "skipped": sum(reasons[name].values()),
+            "skipped_reasons": dict(reasons[name].most_common()),
+            "targets_per_sample": _summary([r["targets"] for r in mine]),
+        }
+        for kind in ("pages", "frames", "images"):
+            values = [r[kind] for r in mine if kind in r]
+            if values:
+                entry[f"{kind}_per_sample"] = _summary(values)
+        if m is not None:
+            for key in ("prompt_tokens", "visual_tokens", "omega_tokens", "omega_share"):
+                entry[key] = _summary([r[key] for r in mine if r.get(key) is not None])
+            entry["errors"] = sum(1 for r in mine if "error" in r)
+        out["datasets"][name] = entry
+    out["samples"] = rows
+    return out
+
+
+def _from_id(record: dict) -> str:
+    """Guess a skipped record's dataset from its sample id (`vidstg-...`) or its file."""
+    from corelens.data.readers import READER_NAMES
+
+    text = f"{record.get('sample') or record.get('id') or ''} {record.get('file') or ''}"
+    for name in READER_NAMES:
+        if name in text.lower():
+            return name
+    return "(unknown)"
+
+
+def render(result: dict) -> str:
+    """A plain-text table of `stats()` for the terminal."""
+    lines = [f"source: {result['source']}" + (f"   model: {result['model']}" if result["model"] else "")]
+    for name, e in result["datasets"].items():
+        lines.append(
+            f"\n{name}: {e['samples']} samples ({e['without_target']} without a target), {e['skipped']} skipped"
+        )
+        for reason, n in e["skipped_reasons"].items():
+            lines.append(f"  skipped {n:>5} x {reason}")
+        for key in ("pages_per_sample", "frames_per_sample", "images_per_sample", "targets_per_sample",
+                    "prompt_tokens", "visual_tokens", "omega_tokens", "omega_share"):  # fmt: skip
+            v = e.get(key)
+            if v:
+                total = f"   total {v['total']:.0f}" if key == "prompt_tokens" else ""
+                lines.append(
+                    f"  {key:<18} min {v['min']:.4g}   median {v['median']:.4g}   mean {v['mean']:.4g}"
+                    f"   max {v['max']:.4g}{total}"
+                )
+        if e.get("errors"):
+            lines.append(f"  {e['errors']} sample(s) could not be laid out (listed in the JSON)")
+    return "\n".join(lines)
