@@ -256,7 +256,7 @@ def sweep(
             "limit": limit,
             "skip_bad": skip_bad,
         }
-        run = Run(out, "ablate", settings, argv, dist=current())
+        run = Run(out, "ablate", settings, argv, dist=current(), device=m.device)
         if warning and run.dist.main:
             run.manifest.setdefault("warnings", [])
             if warning not in run.manifest["warnings"]:

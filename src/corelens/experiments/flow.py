@@ -360,7 +360,7 @@ def flow(
             "skip_bad": skip_bad,
             **asdict(opts),
         }
-        run = Run(out, "flow", settings, argv, dist=current())
+        run = Run(out, "flow", settings, argv, dist=current(), device=m.device)
     logged: dict[str, dict] = {}  # every record once (read-time skips come back with each baseline)
     for i, baseline in enumerate(baselines):
         # One loop per baseline: noise-qkv replaces the weights once around all of its samples.

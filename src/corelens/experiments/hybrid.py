@@ -213,7 +213,7 @@ def curve(
             "limit": limit,
             "skip_bad": skip_bad,
         }
-        run = Run(out, "hybrid", settings, argv, dist=dist)
+        run = Run(out, "hybrid", settings, argv, dist=dist, device=m.device)
     # S and W may be shares of the median prompt: measure every prompt once (over all ranks, cached in the run).
     measured = prompt_lengths(samples, partial(prompt_length, m), run)
     lengths = [n for n in measured.values() if n is not None]

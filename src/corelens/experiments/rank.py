@@ -133,7 +133,7 @@ def rank(
             "skip_bad": skip_bad,
             "seed": 0,
         }
-        run = Run(out, "rank", settings, argv, dist=current())
+        run = Run(out, "rank", settings, argv, dist=current(), device=m.device)
 
     def step(sample: Sample, done: set[str]) -> list[dict]:
         if not sample.targets:

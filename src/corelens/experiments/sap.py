@@ -446,7 +446,7 @@ def sap(
             "skip_bad": skip_bad,
             "seed": seed,
         }
-        run = Run(out, "sap", settings, argv, dist=current())
+        run = Run(out, "sap", settings, argv, dist=current(), device=m.device)
 
     def step(sample: Sample, done: set[str]) -> list[dict]:
         return [

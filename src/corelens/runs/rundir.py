@@ -101,13 +101,15 @@ class Run:
         settings: dict,
         argv: list[str] | None = None,
         dist: Dist | None = None,
+        device: object = None,
     ) -> None:
         self.path = Path(path)
         self.dist = dist or Dist()
         self.command = command
         self.settings = json.loads(json.dumps(settings, default=str))
         self.log_path = self.path / (LOG if self.dist.world == 1 else f"samples.rank{self.dist.rank}.jsonl")
-        self.stats = {"samples": 0, "seconds": 0.0}
+        # Per process, gathered into the manifest by `finish`: where it ran and what it did.
+        self.stats = {"device": None if device is None else str(device), "samples": 0, "seconds": 0.0}
         manifest_path = self.path / MANIFEST
         if self.dist.main:
             self.path.mkdir(parents=True, exist_ok=True)
