@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{where}another rank stopped (its error is above); finished samples are "
               "kept in the run directory: run the same command again to resume", file=sys.stderr)  # fmt: skip
         return 1
+    if launched():
+        from corelens.runs.dist import close, current
+
+        current().barrier()  # every rank has finished; then leave the group together
+        close()
     return 0
 
 

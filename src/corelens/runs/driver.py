@@ -1,0 +1,180 @@
+"""The one sample loop: read -> resume -> shard over ranks -> step -> skip bad input -> log -> merge.
+
+Every experiment (rank, ablate, hybrid, flow, sap) describes what it does with one sample as a `Loop` and hands
+it to `drive`, the way TransformerLens specialises one generic patching driver with `partial`. The driver owns
+everything around the step, once:
+
+- resume: a sample whose record ids are all in the run's logs is not run again; a sample killed half-way
+  (some conditions logged) runs only its missing ids;
+- sharding: under torchrun each rank takes a deterministic share of the samples still to do, balanced by
+  prompt length (measured once, spread over the ranks, cached in `lengths.json`);
+- bad input: an `InputError` stops the run (naming the rank under torchrun), or with `skip_bad` is logged as a
+  skipped record and the loop goes on;
+- logging: each record is appended and fsynced by the process that made it, before the next starts;
+- the result: after every rank has finished, all records of the run in sample order (then record order
+  within a sample), whichever rank or earlier run wrote them, so that the tables built from them do not
+  depend on the number of processes.
+
+Examples:
+    >>> from corelens.data.sample import Sample
+    >>> from corelens.runs.driver import Loop, drive
+    >>> samples = [Sample(id=f"s{i}", task="image", question="q", answer="a") for i in range(3)]
+    >>> loop = Loop("echo", lambda s, done: [{"id": s.id, "status": "ok", "n": len(s.id)}])
+    >>> [r["id"] for r in drive(loop, samples)]
+    ['s0', 's1', 's2']
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from corelens.data.sample import Sample
+from corelens.errors import InputError
+from corelens.runs.dist import Dist, balance
+from corelens.runs.rundir import Run, write_json
+
+LENGTHS = "lengths.json"
+
+
+def _own_id(sample: Sample) -> list[str]:
+    return [sample.id]
+
+
+def _sample_id(sample: Sample) -> str:
+    return sample.id
+
+
+@dataclass(frozen=True)
+class Loop:
+    """What an experiment does with one sample.
+
+    `step(sample, done)` yields the records (dicts with a unique "id" and a "status") of `sample` whose ids
+    are not in `done`; `keys(sample)` lists the ids a finished sample has, in output order; `skip_key(sample)`
+    is the id of the record that says the sample was skipped as bad input; `length(sample)` is its prompt
+    length in tokens, which balances the ranks' shares (None: equal counts).
+    """
+
+    name: str
+    step: Callable[[Sample, set[str]], Iterable[dict]]
+    keys: Callable[[Sample], Sequence[str]] = _own_id
+    skip_key: Callable[[Sample], str] = _sample_id
+    length: Callable[[Sample], int] | None = None
+
+    def finished(self, sample: Sample, done: set[str]) -> bool:
+        """Return True when `sample` needs no more work (every record logged, or skipped)."""
+        return self.skip_key(sample) in done or all(k in done for k in self.keys(sample))
+
+
+def prompt_lengths(
+    samples: Sequence[Sample], length: Callable[[Sample], int], run: Run | None = None
+) -> dict[str, int | None]:
+    """Return each sample's prompt length (None where its input is bad), measured once over all ranks.
+
+    Each rank measures every world-th sample not yet in the run's `lengths.json`; rank 0 stores the union.
+    """
+    dist = run.dist if run is not None else Dist()
+    cache = run.path / LENGTHS if run is not None else None
+    known: dict[str, int | None] = (
+        json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
+    )
+    missing = [s for s in samples if s.id not in known]
+    mine: dict[str, int | None] = {}
+    for sample in missing[dist.rank :: dist.world]:
+        try:
+            mine[sample.id] = int(length(sample))
+        except InputError:
+            mine[sample.id] = None  # the step meets the same error and reports or skips it
+    for part in dist.gather(mine):
+        known.update(part)
+    if missing and cache is not None and dist.main:
+        write_json(cache, known)
+    dist.barrier()
+    return {s.id: known.get(s.id) for s in samples}
+
+
+def shard(loop: Loop, todo: Sequence[Sample], run: Run | None) -> list[Sample]:
+    """Return this rank's share of `todo` (all of it for a single process), in sample order."""
+    dist = run.dist if run is not None else Dist()
+    if dist.world == 1:
+        return list(todo)
+    if loop.length is None:
+        costs = [1.0] * len(todo)
+    else:
+        lengths = prompt_lengths(todo, loop.length, run)
+        costs = [float(lengths[s.id] or 0) for s in todo]
+    return [todo[i] for i in balance(costs, dist.world)[dist.rank]]
+
+
+def drive(
+    loop: Loop,
+    samples: Sequence[Sample],
+    *,
+    run: Run | None = None,
+    skipped: Sequence = (),
+    skip_bad: bool = False,
+    progress: bool = False,
+) -> list[dict]:
+    """Run `loop` over the samples not yet done, on this rank's share; return every record of the run.
+
+    The returned records (finished and skipped, of all ranks and earlier runs) come in sample order, then in
+    `loop.keys` order; records of input lines that could not be read (`skipped`) come first.
+    """
+    dist = run.dist if run is not None else Dist()
+    done = run.done() if run is not None else set()
+    if run is not None:
+        run.log_skipped(skipped, done)
+    memory: list[dict] = [
+        {"id": f"<skipped line {bad.line}>", "status": "skipped", **bad.to_dict()} for bad in skipped
+    ]
+
+    def log(record: dict) -> None:
+        done.add(record["id"])
+        if run is not None:
+            run.log(record)
+        else:
+            memory.append(record)
+
+    todo = [s for s in samples if not loop.finished(s, done)]
+    mine = shard(loop, todo, run)
+    label = loop.name + (f" [{dist.label}]" if dist.world > 1 else "")
+    for sample in tqdm(mine, desc=label, unit="sample", disable=not progress or not dist.main):
+        t0 = time.perf_counter()
+        try:
+            for record in loop.step(sample, done):
+                log(record)
+        except InputError as err:
+            if not skip_bad:
+                raise
+            record = {
+                "id": loop.skip_key(sample),
+                "status": "skipped",
+                "line": sample.line,
+                "error": str(err),
+            }
+            log(record | ({"rank": dist.rank} if dist.world > 1 else {}))
+        if run is not None:
+            run.stats["samples"] += 1
+            run.stats["seconds"] = round(run.stats["seconds"] + time.perf_counter() - t0, 3)
+    dist.barrier()
+    return ordered(loop, samples, run.records() if run is not None else memory)
+
+
+def ordered(loop: Loop, samples: Sequence[Sample], records: Iterable[dict]) -> list[dict]:
+    """Return the records of `samples` in sample order, then `loop.keys` order (read-time skips first)."""
+    place: dict[str, tuple[int, int]] = {}
+    for i, sample in enumerate(samples):
+        place[loop.skip_key(sample)] = (i, -1)
+        for j, key in enumerate(loop.keys(sample)):
+            place[key] = (i, j)
+    kept = []
+    for record in records:
+        if record["id"] in place:
+            kept.append((place[record["id"]], record))
+        elif record["id"].startswith("<skipped line"):
+            kept.append(((-1, int(record.get("line") or 0)), record))
+    return [record for _, record in sorted(kept, key=lambda pair: pair[0])]
