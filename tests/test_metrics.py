@@ -75,8 +75,8 @@ def test_rid_special_values():
     x, same = CASES["all-zero update"]
     t = rid_terms(x, same)
     # Full rank, zero update: nothing new. dD is exactly 0 (no direction leaves the support); dS compares two
-    # eRanks of the same matrix, which BLAS may reduce in a different order between the two calls when the
-    # machine is loaded (seen: 5.3e-16), so it is 0 to rounding.
+    # eRanks of the same matrix reached by two eigen routines (SymEig for the input, eigvalsh for the output),
+    # which agree to rounding (seen: 5.3e-16).
     assert t.dD == 0.0 and t.dS == pytest.approx(0.0, abs=1e-12) and t.rid == pytest.approx(0.0, abs=1e-12)
     inside = CASES["update inside the row space"]
     assert rid_terms(*inside, eps=FP32_EPS).dD_hidden == pytest.approx(0.0, abs=1e-9)
