@@ -3,8 +3,8 @@
 For each task, the first 20 of the 60 seed-3 samples that flow.sh uses: every decoder layer's input state
 (all prompt positions, fp32, captured by `ResidualCapture`), its TME at each α of the grid, and also the
 attention output X + ΔX_attn and the layer output (the states MixIG compares). Writes one row per
-(task, state, layer, α) with the median and quartiles over samples, and prints the median over every
-layer input of the three tasks per α.
+(task, state, layer, α) with the median, quartiles and minimum over samples, and the same pooled over the
+three tasks and four layers (task and layer 'all').
 
     PYTHONPATH=src .venv/bin/python benchmarks/organism/tme_alpha.py benchmarks/organism/results/tme-alpha.csv
 """
@@ -59,11 +59,13 @@ def main(out: str) -> None:
                             }
                         )
     frame = pd.DataFrame(rows)
-    q = frame.groupby(["task", "state", "layer", "alpha"])["tme"]
-    table = pd.concat(
-        {"median": q.median(), "q25": q.quantile(0.25), "q75": q.quantile(0.75), "samples": q.size()}, axis=1
-    ).reset_index()
-    table.to_csv(out, index=False, float_format="%.4f")
+    pooled = frame.assign(task="all", layer="all")  # every task and layer together
+    parts = []
+    for part in (frame.astype({"layer": str}), pooled):
+        q = part.groupby(["task", "state", "layer", "alpha"])["tme"]
+        stats = {"median": q.median(), "q25": q.quantile(0.25), "q75": q.quantile(0.75), "min": q.min()}
+        parts.append(pd.concat({**stats, "states": q.size()}, axis=1).reset_index())
+    pd.concat(parts).to_csv(out, index=False, float_format="%.4f")
     inputs = frame[frame["state"] == "in"]
     print("median TME of every layer input (3 tasks x 4 layers x 20 samples) per alpha:")
     print(
