@@ -2,9 +2,10 @@
 
 One prefill per sample and baseline, with the residual states streamed layer by layer (`ResidualCapture`);
 each state's spectrum and TME are computed once and shared by the two modules that meet at it. Baselines:
-`none` (the model as it is; ε_RoPE is measured in the same forward), `noise-delta` (every ΔX_attn replaced
-by Gaussian noise of its own scalar mean and std, per layer and sample, propagating) and `noise-qkv` (every
-decoder q/k/v projection weight replaced by Gaussian noise of its own mean and std, restored afterwards).
+`none` (the model as it is; ε_RoPE, between the attention outputs with and without RoPE, is measured in
+the same forward), `noise-delta` (every ΔX_attn replaced by Gaussian noise of its own scalar mean and std,
+per layer and sample, propagating) and `noise-qkv` (every decoder q/k/v projection weight replaced by
+Gaussian noise of its own mean and std, restored afterwards).
 Writes flow.parquet (long), table1.csv (the shape of the paper's Table 1), layers.csv and a figure.
 """
 
