@@ -14,7 +14,7 @@ from corelens.organism.tasks import chance
 
 @pytest.fixture
 def one_thread():
-    """The organism's matrices are small: a second BLAS thread only waits (4.5 min against 20 s here)."""
+    """The organism's matrices are small: a second BLAS thread only waits (271 s against 40 s, measured once)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -26,7 +26,7 @@ def test_demo_finds_the_organisms_heads_and_they_are_causal(tmp_path, capsys, on
     assert main(["demo", "--out", str(out), "--n", "8"]) == 0
     printed = capsys.readouterr().out
     assert "model: corelens model organism" in printed  # not the random fallback
-    # The organism retrieves in layer 0 (benchmarks/organism: every causal head sits there).
+    # The organism retrieves in layer 0: its top heads by RAM sit there.
     for task, top in (("image", 3), ("video", 3), ("document", 2)):
         heads = pd.read_csv(out / f"rank-{task}" / "heads.csv").sort_values("rank")
         assert (heads["layer"].head(top) == 0).all(), (task, heads.head(top))
