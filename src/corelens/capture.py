@@ -214,8 +214,16 @@ class ResidualCapture:
             if self._norope_hook is not None:
                 plain = self._norope_hook.output.pop(i)
                 d_norope, x_norope = self._select(plain), self._select(x_in + plain)
-            states = LayerStates(i, self._select(x_in), self._select(x_mid), self._select(_first(output)))
-            states.delta, states.delta_norope, states.x_mid_norope = self._select(delta), d_norope, x_norope
-            self.on_layer(states)
+            self.on_layer(
+                LayerStates(
+                    i,
+                    self._select(x_in),
+                    self._select(x_mid),
+                    self._select(_first(output)),
+                    delta=self._select(delta),
+                    delta_norope=d_norope,
+                    x_mid_norope=x_norope,
+                )
+            )
 
         return hook

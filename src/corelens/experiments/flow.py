@@ -36,7 +36,7 @@ from corelens.runs.driver import Loop, drive
 BASELINES = ("none", "noise-delta", "noise-qkv")
 REFERENCES = ("module", "layer")
 POSITION_SETS = ("all", "visual", "text")
-DEFAULT_ALPHA = 16.0  # docs/methods.md, "Token mixing": why 16
+DEFAULT_ALPHA = 16.0  # why 16: docs/methods.md, "Token mixing and ε_RoPE"
 ROPE_ON = ("delta", "residual")  # ε_RoPE between attention outputs Δ (METHODS §5) or residuals X + Δ
 METRIC_COLUMNS = (
     "rid",
@@ -241,7 +241,7 @@ def measure_flow(
         rows.append({"layer": states.layer, "module": "ffn", **module_metrics(ffn_in, out, opts)})
         if states.delta_norope is not None:
             # METHODS §5: RID between the attention outputs with and without RoPE; 'residual' adds X to both
-            # (the residual states the attention row compares), which shrinks the same change by ‖X‖.
+            # (the residual states the attention row compares), so the same change is a smaller share of the state.
             if opts.rope_on == "delta":
                 plain, rotated = _State(states.delta_norope, opts), _State(states.delta, opts)
             else:
