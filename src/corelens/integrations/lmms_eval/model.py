@@ -52,8 +52,10 @@ class Corelens(lmms):
         out = []
         for request in tqdm(requests, desc="corelens", disable=self.rank != 0):
             context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
-            visuals = doc_to_visual(self.task_dict[task][split][doc_id]) or []
-            sample = self._sample(f"{task}/{split}/{doc_id}", task, context, visuals)
+            doc = self.task_dict[task][split][doc_id]
+            # A corelens task keeps the sample id (the noise prior of SAP is seeded by it).
+            name = str(doc["id"]) if isinstance(doc, dict) and doc.get("id") else f"{task}/{split}/{doc_id}"
+            sample = self._sample(name, task, context, doc_to_visual(doc) or [])
             new = int(gen_kwargs.get("max_new_tokens", self.max_new_tokens))
             text = self.policy.answer(self.m, sample, new)
             for stop in gen_kwargs.get("until") or []:
