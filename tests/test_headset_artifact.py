@@ -52,7 +52,9 @@ def test_export_writes_a_publishable_folder_that_loads_back(ranked):
     }  # fmt: skip
     prov = hs.provenance
     assert prov["data"] == ranked["data"].name and prov["data_sha256"] == manifest["settings"]["data_sha256"]
-    assert prov["query"] == "question" and prov["rule"] == "any" and prov["samples"] == manifest["samples"]
+    assert (
+        prov["query"] == "question" and prov["rule"] == "any" and prov["samples"] == manifest["samples"] == 3
+    )
     assert prov["corelens_version"] == corelens.__version__ and prov["manifest"] == manifest
     card = (out / "README.md").read_text()
     assert card.startswith("---\n") and "data_files: heads.csv" in card and "corelens.headset/1" in card
