@@ -8,6 +8,7 @@ import sys
 from corelens.attention.interventions import KEY_SETS, OPS
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
+from corelens.heads import resolve_heads
 from corelens.metrics.headsets import SETS
 
 
@@ -18,7 +19,7 @@ def run(args: argparse.Namespace) -> None:
     result = sweep_path(
         args.model,
         args.data,
-        args.heads,
+        resolve_heads(args.heads),
         args.out,
         ks=args.k,
         sets=[s.strip() for s in args.sets.split(",") if s.strip()],
@@ -47,7 +48,11 @@ def register(sub) -> None:
     a = sub.add_parser("ablate", help="ablate top / bottom / random head sets and measure accuracy")
     add_model_options(a)
     a.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
-    a.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
+    a.add_argument(
+        "--heads",
+        required=True,
+        help="heads.csv of a rank run, an exported head-set folder or its hub id (found on other data)",
+    )
     a.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     a.add_argument("--k", default="1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8")
     a.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")

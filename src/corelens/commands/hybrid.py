@@ -7,6 +7,7 @@ import sys
 
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
+from corelens.heads import resolve_heads
 
 
 def run(args: argparse.Namespace) -> None:
@@ -16,7 +17,7 @@ def run(args: argparse.Namespace) -> None:
     result = curve_path(
         args.model,
         args.data,
-        args.heads,
+        resolve_heads(args.heads),
         args.out,
         keeps=args.keep,
         sets=[s.strip() for s in args.sets.split(",") if s.strip()],
@@ -45,7 +46,11 @@ def register(sub) -> None:
     h = sub.add_parser("hybrid", help="accuracy vs heads kept full under hybrid (full + streaming) attention")
     add_model_options(h)
     h.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
-    h.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
+    h.add_argument(
+        "--heads",
+        required=True,
+        help="heads.csv of a rank run, an exported head-set folder or its hub id (found on other data)",
+    )
     h.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     h.add_argument("--keep", default="5%,10%,20%,50%", help="shares (or counts) of heads kept full")
     h.add_argument("--sets", default="top,random,bottom", help="full sets: top (CoRe), random, bottom")

@@ -23,6 +23,7 @@ from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, InputError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
+from corelens.heads import check_heads
 from corelens.metrics.headsets import SETS, HeadSet, head_sets, parse_k
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare, prompt_length
@@ -92,6 +93,7 @@ def read_heads(path: str | Path, m: Loaded) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise CorelensError(f"{path}: no such head table (expected a rank run's heads.csv)")
+    check_heads(path, m)  # an exported head set: the model must have its config
     table = pd.read_csv(path)
     missing = {"layer", "head", "rank"} - set(table.columns)
     if missing:
