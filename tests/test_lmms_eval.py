@@ -27,6 +27,9 @@ from corelens.integrations.lmms_eval.__main__ import main as write_task_main  # 
 N = 6
 
 
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Heads ranked on one split, a local lmms-eval task over another split, and the harness's answers."""
@@ -43,18 +46,14 @@ def setup(tmp_path_factory):
     return {"root": root, "data": data, "heads": run / "heads.csv", "samples": samples, "harness": harness}
 
 
-def _lmms(setup, tag, model_args=""):
-    """Run the README's lmms-eval command; return the answers by document and the accuracy."""
-    out = setup["root"] / f"lmms-{tag}"
-    args = f"pretrained={organism_path()},device=cpu" + (f",{model_args}" if model_args else "")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "lmms_eval", "--model", "corelens", "--model_args", args, "--tasks",
-           "organism_image", "--include_path", str(setup["root"] / "task"), "--output_path", str(out),
-           "--log_samples"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+def _model_args(model_args: str) -> str:
+    return f"pretrained={organism_path()},device=cpu" + (f",{model_args}" if model_args else "")
+
+
+def _read(out) -> tuple[list[str], float]:
+    """Return the answers by document and the accuracy that lmms-eval logged under `out`."""
     logged = sorted(out.glob("*/*_samples_organism_image.jsonl"))
-    # lmms-eval exits 0 after logging an error: the samples file is the proof that it ran.
-    assert proc.returncode == 0 and logged, proc.stderr[-3000:]
+    assert logged, f"lmms-eval wrote no samples under {out}"  # it exits 0 after logging an error
     rows = [json.loads(line) for line in logged[-1].read_text().splitlines()]
     results = json.loads(sorted(out.glob("*/*_results.json"))[-1].read_text())
     answers = [r["filtered_resps"] for r in sorted(rows, key=lambda r: r["doc_id"])]
@@ -62,53 +61,73 @@ def _lmms(setup, tag, model_args=""):
     return answers, results["results"]["organism_image"]["accuracy,none"]
 
 
+def _run(args: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "lmms_eval", *args], capture_output=True, text=True, env=ENV,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def policies(setup):
+    """The same policies run by corelens' own commands and, in one lmms-eval call, by the corelens model.
+
+    One call of lmms-eval evaluates every policy (a `--config` file listing one evaluation each), so its
+    start-up (about 20 s of imports here) is paid once. Returns {tag: (corelens' answers, lmms-eval's answers)}.
+    """
+    root, data, heads = setup["root"], str(setup["data"]), str(setup["heads"])
+    model = ["--model", str(organism_path()), "--data", data]
+    assert main(["ablate", *model, "--heads", heads, "--out", str(root / "ablate"), "--k", "8", "--sets", "top",
+                 "--op", "zero"]) == 0  # fmt: skip
+    assert main(["hybrid", *model, "--heads", heads, "--out", str(root / "hybrid"), "--keep", "2", "--sets",
+                 "top", "--sink", "1", "--window", "2"]) == 0  # fmt: skip
+    assert main(["sap", *model, "--out", str(root / "sap"), "--prior", "noise", "--layers", "0-3"]) == 0
+    ablated = pd.read_parquet(root / "ablate" / "records.parquet")
+    hybrid = pd.read_parquet(root / "hybrid" / "records.parquet")
+    sap = pd.read_parquet(root / "sap" / "sap.parquet")
+    ours = {
+        "ablate": ablated[ablated["condition"] == "top/8"].set_index("sample")["prediction"],
+        "hybrid-file": hybrid[hybrid["condition"].str.startswith("top")].set_index("sample")["prediction"],
+        "sap": sap[sap["condition"] == "noise@0-3"].set_index("sample_id")["prediction"],
+    }
+    ours["hybrid-args"] = ours["hybrid-file"]
+    policy = json.loads((root / "hybrid" / "policies.json").read_text())
+    path = root / "hybrid-policy.json"
+    path.write_text(json.dumps(next(p for p in policy if p["name"].startswith("top"))))
+    model_args = {
+        "ablate": f"heads={heads},k=8,op=zero",
+        "hybrid-file": f"policy={path}",
+        "hybrid-args": f"full={heads},keep=2,sink=1,window=2",
+        "sap": "prior=noise,layers=0-3",
+    }
+    config = [
+        {"model": "corelens", "model_args": _model_args(args), "tasks": "organism_image",
+         "include_path": str(root / "task"), "output_path": str(root / f"lmms-{tag}"), "log_samples": True}
+        for tag, args in model_args.items()
+    ]  # fmt: skip
+    (root / "policies.yaml").write_text(json.dumps(config))  # JSON is YAML
+    _run(["--config", str(root / "policies.yaml")])
+    return {
+        tag: ([ours[tag][s.id] for s in setup["samples"]], _read(root / f"lmms-{tag}")[0])
+        for tag in model_args
+    }
+
+
 def test_unmodified_model_answers_as_the_harness(setup):
-    answers, accuracy = _lmms(setup, "plain")
+    """The README's command, as typed."""
+    out = setup["root"] / "lmms-plain"
+    _run(["--model", "corelens", "--model_args", _model_args(""), "--tasks", "organism_image", "--include_path",
+          str(setup["root"] / "task"), "--output_path", str(out), "--log_samples"])  # fmt: skip
+    answers, accuracy = _read(out)
     assert answers == setup["harness"]
     gold = [s.answer for s in setup["samples"]]
     assert accuracy == pytest.approx(sum(a == g for a, g in zip(answers, gold)) / N)
 
 
-def test_ablation_answers_as_corelens_ablate(setup):
-    out = setup["root"] / "ablate"
-    assert main(["ablate", "--model", str(organism_path()), "--data", str(setup["data"]), "--heads",
-                 str(setup["heads"]), "--out", str(out), "--k", "8", "--sets", "top", "--op", "zero"]) == 0  # fmt: skip
-    records = pd.read_parquet(out / "records.parquet")
-    ours = records[records["condition"] == "top/8"].set_index("sample")["prediction"]
-    expected = [ours[s.id] for s in setup["samples"]]
-    answers, _ = _lmms(setup, "ablate", f"heads={setup['heads']},k=8,op=zero")
+@pytest.mark.parametrize("tag", ["ablate", "hybrid-file", "hybrid-args", "sap"])
+def test_policy_answers_as_the_corelens_command(setup, policies, tag):
+    expected, answers = policies[tag]
     assert answers == expected
     assert answers != setup["harness"]  # the policy changes answers
-
-
-def test_hybrid_answers_as_corelens_hybrid(setup):
-    out = setup["root"] / "hybrid"
-    assert main(["hybrid", "--model", str(organism_path()), "--data", str(setup["data"]), "--heads",
-                 str(setup["heads"]), "--out", str(out), "--keep", "2", "--sets", "top", "--sink", "1",
-                 "--window", "2"]) == 0  # fmt: skip
-    records = pd.read_parquet(out / "records.parquet")
-    ours = records[records["condition"].str.startswith("top")].set_index("sample")["prediction"]
-    expected = [ours[s.id] for s in setup["samples"]]
-    policy = json.loads((out / "policies.json").read_text())
-    path = setup["root"] / "hybrid-policy.json"
-    path.write_text(json.dumps(next(p for p in policy if p["name"].startswith("top"))))
-    answers, _ = _lmms(setup, "hybrid-file", f"policy={path}")
-    assert answers == expected
-    assert answers != setup["harness"]
-    inline, _ = _lmms(setup, "hybrid-args", f"full={setup['heads']},keep=2,sink=1,window=2")
-    assert inline == expected
-
-
-def test_sap_answers_as_corelens_sap(setup):
-    out = setup["root"] / "sap"
-    assert main(["sap", "--model", str(organism_path()), "--data", str(setup["data"]), "--out", str(out),
-                 "--prior", "noise", "--layers", "0-3"]) == 0  # fmt: skip
-    frame = pd.read_parquet(out / "sap.parquet")
-    ours = frame[frame["condition"] == "noise@0-3"].set_index("sample_id")["prediction"]
-    expected = [ours[s.id] for s in setup["samples"]]
-    answers, _ = _lmms(setup, "sap", "prior=noise,layers=0-3")
-    assert answers == expected
-    assert answers != setup["harness"]
 
 
 def test_bad_arguments_are_refused(setup, tmp_path):
