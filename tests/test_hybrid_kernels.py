@@ -1,4 +1,4 @@
-"""Hybrid attention kernels against the dense masked reference (METHODS §4), at the kernel interface."""
+"""Hybrid attention kernels against the dense masked reference (docs/methods.md#hybrid), at the kernel interface."""
 
 from __future__ import annotations
 
