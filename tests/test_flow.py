@@ -1,4 +1,4 @@
-"""Residual capture, ε_RoPE, noise baselines and `corelens flow` (METHODS §5) on tiny Qwen-VL checkpoints."""
+"""Residual capture, ε_RoPE, noise baselines and `corelens flow` (docs/methods.md#geometry) on tiny Qwen-VL checkpoints."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_noise_baselines_and_weight_restore(tiny_dir, data):
 
 
 def _direct_rid(x: torch.Tensor, x_new: torch.Tensor) -> float:
-    """RID of METHODS §5 by a full numpy SVD: |ΔeRank| / min(S, H) + the share of X' outside X's support."""
+    """RID (docs/methods.md#erank-and-rid) by a full numpy SVD: |ΔeRank| / min(S, H) + the share of X' outside X's support."""
     x, x_new = x.double().numpy(), x_new.double().numpy()
     u, sigma, vt = np.linalg.svd(x)
     r = int((sigma > max(x.shape) * np.finfo(np.float32).eps * sigma[0]).sum())

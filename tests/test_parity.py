@@ -1,4 +1,4 @@
-"""Parity with the stock model: logits (sdpa) and RAM (eager attention weights), METHODS §2."""
+"""Parity with the stock model: logits (sdpa) and RAM (eager attention weights), docs/methods.md#ram."""
 
 from __future__ import annotations
 

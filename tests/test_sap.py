@@ -1,4 +1,4 @@
-"""SAP (METHODS §6): the prior hook, its conventions, the priors, the key-region ratio and `corelens sap`."""
+"""SAP (docs/methods.md#sap): the prior hook, its conventions, the priors, the key-region ratio and `corelens sap`."""
 
 from __future__ import annotations
 

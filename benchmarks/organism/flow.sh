@@ -5,7 +5,7 @@
 set -euo pipefail
 for task in image video document; do
   .venv/bin/python -c "from corelens.organism.tasks import generate; generate('$task', 'runs/flow-data', 60, seed=3)"
-  # Default TME sharpening (α = 16, results/tme-alpha.csv) and METHODS' unsharpened α = 1; ε_RoPE on Δ,
+  # Default TME sharpening (α = 16, results/tme-alpha.csv) and the unsharpened α = 1; ε_RoPE on Δ,
   # and once more on the residual states X + Δ (--rope-on residual).
   .venv/bin/corelens flow --model src/corelens/organism/checkpoint --data runs/flow-data/$task.jsonl \
     --limit 20 --out runs/flow-$task

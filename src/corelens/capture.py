@@ -17,7 +17,7 @@ Optional, in the same forward:
 - every layer also hands over its attention output ΔX_attn itself (`delta`), not only X + ΔX_attn;
 - `norope=True`: the attention output recomputed with rotary position encoding disabled (identity rotation),
   from the pre-RoPE queries and keys read at the q/k projections (after q_norm / k_norm where the family has
-  them), with the same values, mask, kernel and `o_proj` (for ε_RoPE, METHODS §5).
+  them), with the same values, mask, kernel and `o_proj` (for ε_RoPE, docs/methods.md#geometry).
 """
 
 from __future__ import annotations

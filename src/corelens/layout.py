@@ -1,4 +1,4 @@
-"""Where visual evidence sits in the prompt: segments of visual tokens and the target set Omega (METHODS §1).
+"""Where visual evidence sits in the prompt: segments of visual tokens and the target set Omega (docs/methods.md#layout).
 
 A `Segment` is one grid of visual tokens (an image, a tile, a view, a video frame group, a page) with its
 token span and the geometry that maps original pixels to grid cells. A `Layout` is all segments of one
@@ -188,7 +188,7 @@ class Layout:
     def omega(
         self, targets: Sequence[Target], rule: str = "any", tau: float = 0.5, *, sample: str | None = None
     ) -> np.ndarray:
-        """Return the sorted token positions of the target set Omega for `targets` (METHODS §1)."""
+        """Return the sorted token positions of the target set Omega for `targets` (docs/methods.md#layout)."""
         parts = [np.zeros(0, dtype=np.int64)]
         for i, target in enumerate(targets):
             field = f"targets[{i}]"

@@ -56,7 +56,7 @@ def register(sub) -> None:
     a.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     a.add_argument("--k", default="1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8")
     a.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
-    a.add_argument("--op", choices=OPS, default="zero", help="ablation operator (METHODS §3)")
+    a.add_argument("--op", choices=OPS, default="zero", help="operator: docs/methods.md#interventions")
     a.add_argument("--keys", choices=KEY_SETS, default="visual", help="knockout key set")
     a.add_argument("--seeds", type=int, default=5, help="draws per random / layer-matched set")
     a.add_argument("--seed", type=int, default=0, help="base seed of the random draws")

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
 
 def register(sub) -> None:
     """Add the `flow` parser."""
-    f = sub.add_parser("flow", help="RID / MixIG of every attention and FFN module (METHODS §5)")
+    f = sub.add_parser("flow", help="RID / MixIG of every attention and FFN module: docs/methods.md#geometry")
     add_model_options(f)
     f.add_argument("--data", required=True, help="samples (JSONL)")
     f.add_argument("--out", required=True, help="run directory (resumed if it exists)")
@@ -70,7 +70,7 @@ def register(sub) -> None:
         "--alpha",
         type=float,
         default=DEFAULT_ALPHA,
-        help="TME sharpening exponent (1: METHODS' unsharpened W; authors' code: 8)",
+        help="TME sharpening exponent (1: the unsharpened W; authors' code: 8)",
     )
     f.add_argument("--mixig-of", choices=("output", "delta"), default="output")
     f.add_argument("--no-rope", action="store_true", help="skip the ε_RoPE measurement")
@@ -78,7 +78,7 @@ def register(sub) -> None:
         "--rope-on",
         choices=ROPE_ON,
         default="delta",
-        help="ε_RoPE between attention outputs Δ (METHODS §5) or residual states X + Δ",
+        help="ε_RoPE between attention outputs Δ (default) or residual states X + Δ",
     )
     f.add_argument("--seed", type=int, default=0, help="seed of the noise baselines")
     f.add_argument("--limit", type=int, default=None, help="use the first N good samples")

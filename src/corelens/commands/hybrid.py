@@ -1,4 +1,4 @@
-"""`corelens hybrid`: accuracy vs heads kept full under CoRe-guided hybrid attention (METHODS §4)."""
+"""`corelens hybrid`: accuracy vs heads kept full under CoRe-guided hybrid attention (docs/methods.md#hybrid)."""
 
 from __future__ import annotations
 

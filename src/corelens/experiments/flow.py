@@ -1,4 +1,4 @@
-"""Residual-stream geometry (METHODS §5): per sample, layer and module RID / ΔS / ΔD / eRank / TME / MixIG.
+"""Residual-stream geometry (docs/methods.md#geometry): per sample, layer and module RID / ΔS / ΔD / eRank / TME / MixIG.
 
 One prefill per sample and baseline, with the residual states streamed layer by layer (`ResidualCapture`);
 each state's spectrum and TME are computed once and shared by the two modules that meet at it. Baselines:
@@ -37,7 +37,7 @@ BASELINES = ("none", "noise-delta", "noise-qkv")
 REFERENCES = ("module", "layer")
 POSITION_SETS = ("all", "visual", "text")
 DEFAULT_ALPHA = 16.0  # why 16: docs/methods.md, "Token mixing and ε_RoPE"
-ROPE_ON = ("delta", "residual")  # ε_RoPE between attention outputs Δ (METHODS §5) or residuals X + Δ
+ROPE_ON = ("delta", "residual")  # ε_RoPE on attention outputs Δ or residuals X + Δ: docs/methods.md#geometry
 METRIC_COLUMNS = (
     "rid",
     "dS",
@@ -51,7 +51,7 @@ METRIC_COLUMNS = (
     "tme_out",
     "mixig",
 )
-# Paper Table 1, means over models (METHODS §5): row -> (RID, MixIG).
+# Paper Table 1, means over models (docs/methods.md#geometry): row -> (RID, MixIG).
 PAPER_TABLE1 = {
     "attention": (0.06, 0.61),
     "FFN": (0.21, 0.02),
@@ -70,7 +70,7 @@ TABLE1_ROWS = (
 
 @dataclass(frozen=True)
 class FlowOptions:
-    """The [decision] options of METHODS §5, defaults first."""
+    """The [decision] options of docs/methods.md#geometry, defaults first."""
 
     reference: str = "module"  # 'layer': the FFN is compared to the layer input (the authors' code)
     positions: str = "all"  # prompt positions whose states are measured: all, visual or text
@@ -78,7 +78,7 @@ class FlowOptions:
     eps: float = FP32_EPS  # machine epsilon of the capture dtype (states are captured fp32)
     energy: float = 0.99
     tme_rows: str = "mean"  # 'last': TME of the last row only
-    # TME sharpening exponent: at 1 (METHODS' W) TME of real states is 0.99-1.00 and MixIG cannot move; 16
+    # TME sharpening exponent: at 1 (the unsharpened W) TME of real states is 0.99-1.00 and MixIG cannot move; 16
     # puts the median TME of the organism's layer inputs at 0.69 (results/tme-alpha.csv). Authors' code: 8.
     alpha: float = DEFAULT_ALPHA
     mixig_of: str = "output"  # 'delta': TME of ΔX instead of X'
@@ -240,7 +240,7 @@ def measure_flow(
         ffn_in = x_in if opts.reference == "layer" else mid
         rows.append({"layer": states.layer, "module": "ffn", **module_metrics(ffn_in, out, opts)})
         if states.delta_norope is not None:
-            # METHODS §5: RID between the attention outputs with and without RoPE; 'residual' adds X to both
+            # docs/methods.md#geometry: RID between the attention outputs with and without RoPE; 'residual' adds X to both
             # (the residual states the attention row compares), so the same change is a smaller share of the state.
             if opts.rope_on == "delta":
                 plain, rotated = _State(states.delta_norope, opts), _State(states.delta, opts)

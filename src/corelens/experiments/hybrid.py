@@ -2,7 +2,7 @@
 
 For each kept fraction `k`, the full set is the top-k heads of a rank run (CoRe), k random heads (several
 seeds, drawn outside the top-k as in `corelens.metrics.headsets`) or the bottom-k heads; every other head
-streams with `S` sinks and a window of `W` (METHODS §4). Each sample is answered greedily with the trimmed
+streams with `S` sinks and a window of `W` (docs/methods.md#hybrid). Each sample is answered greedily with the trimmed
 hybrid cache; the baseline ("dense") is the unmodified model. `S` and `W` are token counts or a percentage
 of the median prompt length of the data ("25%"), resolved once and recorded, so that a short-prompt task
 can be given a window that actually drops keys. Resumable like every run: each (condition, sample) answer

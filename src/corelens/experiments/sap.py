@@ -1,4 +1,4 @@
-"""SAP sweep and key-region ratio (METHODS §6): accuracy with priors in place of learned visual attention.
+"""SAP sweep and key-region ratio (docs/methods.md#sap): accuracy with priors in place of learned visual attention.
 
 Per sample: the unmodified model's greedy answer (the evaluation harness), its key-region ratio at the
 answer position (Σ_Ω A / Σ_V A, per layer and head from a RAM probe, averaged) against the area prior

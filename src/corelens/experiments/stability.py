@@ -66,7 +66,7 @@ def run_labels(paths: list[Path], rams: list[pd.DataFrame]) -> list[str]:
 def compute_stability(
     rams: dict[str, pd.DataFrame], *, k: str | int | float = "5%", n_boot: int = 1000, seed: int = 0
 ) -> Stability:
-    """Return the stability statistics of labelled long RAM tables (METHODS §2); `k` as in `k_count`."""
+    """Return the stability statistics of labelled long RAM tables (docs/methods.md#cross-task-stability); `k` as in `k_count`."""
     tables = head_tables(rams)
     k = k_count(k, len(next(iter(tables.values()))))
     layers = max(int(t["layer"].max()) + 1 for t in tables.values())

@@ -1,4 +1,4 @@
-"""Head sets of equal size from a head table (METHODS §3): top-k, bottom-k, random-k, layer-matched random.
+"""Head sets of equal size from a head table (docs/methods.md#interventions): top-k, bottom-k, random-k, layer-matched random.
 
 `k` is a count ("12") or a share of all L x H query heads ("5%", or a fraction like "0.05"); a share rounds to
 the nearest count, at least 1. Random draws are deterministic: seeded by (base seed, set, count, seed).

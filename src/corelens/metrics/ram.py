@@ -1,4 +1,4 @@
-"""RAM tables: per-sample long format and the per-head ranking (METHODS §2)."""
+"""RAM tables: per-sample long format and the per-head ranking (docs/methods.md#ram)."""
 
 from __future__ import annotations
 
