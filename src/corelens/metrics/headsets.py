@@ -5,7 +5,8 @@ the nearest count, at least 1. Random draws are deterministic: seeded by (base s
 Control sets are drawn from the heads outside the top-k set **[decision]**, so that a control never ablates a
 CoRe head; a layer-matched draw that cannot fill a layer from non-top heads takes the rest from that layer's
 top heads (the per-layer count is the definition), and `overlap` reports how many heads a set shares with the
-top-k set.
+top-k set. The optional "stable" set is not of equal size: the heads whose bootstrap probability of being in
+the top-k (`p_top{k}`, written by `corelens rank --k`) is at least p.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from corelens.errors import CorelensError
 
 SETS = ("top", "bottom", "random", "layer-matched")
 SEEDED = ("random", "layer-matched")
+OPTIONAL = ("stable",)  # asked for by name only: its size varies with the ranking's uncertainty
+STABLE_P = 0.9
 
 Head = tuple[int, int]
 
@@ -85,10 +88,32 @@ def _rng(seed: int, kind: str, count: int, draw: int) -> np.random.Generator:
     return np.random.default_rng([seed, SETS.index(kind), count, draw])
 
 
+def stable(table: pd.DataFrame, count: int, p: float = STABLE_P) -> tuple[Head, ...]:
+    """Return the heads whose P(top-`count`) is at least `p` (column `p_top{count}` of the head table)."""
+    column = f"p_top{count}"
+    if column not in table.columns:
+        raise CorelensError(f"the head table has no {column} column: rank with --k {count} to write it")
+    if not 0 < p <= 1:
+        raise CorelensError(f"--stable-p must be in (0, 1], got {p}")
+    chosen = table[table[column] >= p]
+    return tuple(sorted(zip(chosen["layer"].astype(int), chosen["head"].astype(int))))
+
+
 def select(
-    table: pd.DataFrame, kind: str, count: int, seed: int | None = None, *, base_seed: int = 0
+    table: pd.DataFrame,
+    kind: str,
+    count: int,
+    seed: int | None = None,
+    *,
+    base_seed: int = 0,
+    p: float = STABLE_P,
 ) -> tuple[Head, ...]:
-    """Return `count` heads of `kind` from a head table (rank 1 = best); seeded kinds need `seed`."""
+    """Return `count` heads of `kind` from a head table (rank 1 = best); seeded kinds need `seed`.
+
+    Kind "stable" returns the heads with P(top-`count`) >= `p`, however many they are.
+    """
+    if kind == "stable":
+        return stable(table, count, p)
     order = _ordered(table)
     if not 0 <= count <= len(order):
         raise CorelensError(f"cannot pick {count} heads out of {len(order)}")
@@ -128,11 +153,12 @@ def head_sets(
     seeds: int = 5,
     *,
     base_seed: int = 0,
+    stable_p: float = STABLE_P,
 ) -> list[HeadSet]:
     """Return every head set of the sweep: for each k, each kind (seeded kinds once per seed 0..seeds-1)."""
-    unknown = [k for k in kinds if k not in SETS]
+    unknown = [k for k in kinds if k not in SETS + OPTIONAL]
     if unknown:
-        raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS}")
+        raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS + OPTIONAL}")
     total = len(table)
     out = []
     for k in ks:
@@ -140,6 +166,6 @@ def head_sets(
         top = set(select(table, "top", count))
         for kind in kinds:
             for seed in range(seeds) if kind in SEEDED else [None]:
-                heads = select(table, kind, count, seed, base_seed=base_seed)
-                out.append(HeadSet(kind, str(k), count, seed, heads, len(top & set(heads))))
+                heads = select(table, kind, count, seed, base_seed=base_seed, p=stable_p)
+                out.append(HeadSet(kind, str(k), len(heads), seed, heads, len(top & set(heads))))
     return out
