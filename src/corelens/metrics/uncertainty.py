@@ -170,3 +170,36 @@ def first_n(curve: pd.DataFrame, k: int, column: str = "jaccard", at: float = 0.
     below = part[part[column] < at]
     after = part if below.empty else part[part["n"] > below["n"].max()]
     return int(after["n"].iloc[0]) if len(after) else None
+
+
+RESAMPLED = "top-resampled"  # the `set` of a top-k condition ranked on one bootstrap resample
+
+
+def resampled_summary(
+    table: pd.DataFrame, by: str, sets: dict[str, list[tuple]] | None = None, level: float = 0.9
+) -> pd.DataFrame:
+    """Return one row per `by` value: the single-ranking top-k accuracy next to the resampled ones.
+
+    `table` is an ablation or hybrid table whose `set` column holds "top" and `RESAMPLED` rows; the result
+    gives their median, the central `level` interval (percentiles), min, max and how many resamples; with
+    `sets` (by value -> the head set of each resample) also how many distinct head sets they made.
+    """
+    rows = []
+    tail = (1 - level) / 2
+    for value, group in table[table["set"] == RESAMPLED].groupby(by, sort=False):
+        acc = group["accuracy"].to_numpy(float)
+        single = table.loc[(table["set"] == "top") & (table[by] == value), "accuracy"]
+        rows.append(
+            {
+                by: value,
+                "single": float(single.iloc[0]) if len(single) else float("nan"),
+                "median": float(np.median(acc)),
+                "low": float(np.quantile(acc, tail)),
+                "high": float(np.quantile(acc, 1 - tail)),
+                "min": float(acc.min()),
+                "max": float(acc.max()),
+                "resamples": len(acc),
+                "distinct_sets": len(set(sets[value])) if sets and value in sets else pd.NA,
+            }
+        )
+    return pd.DataFrame(rows)
