@@ -107,15 +107,15 @@ def rank(
     skip_bad: bool = False,
     progress: bool = False,
     overlays: int = 0,
-    ks: str | list[str] | None = None,
+    ks: str | list[str] | None = "1%,5%,10%",
     n_boot: int = 1000,
     boot_seed: int = 0,
     argv: list[str] | None = None,
 ) -> Ranking:
     """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir.
 
-    With `ks` (counts or shares, "1%,5%,10%") the head table also carries `n_boot` seeded bootstrap
-    intervals of each head's mass and rank and its probability of being in each top-k (`p_top{k}`).
+    The head table also carries `n_boot` seeded bootstrap intervals of each head's mass and rank and its
+    probability of being in the top-k for each of `ks` (counts or shares; column `p_top{k}`; None: none).
     `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples.
     Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
 
