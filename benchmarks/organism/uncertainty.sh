@@ -78,10 +78,10 @@ for seed in (11, 1):
     table = pd.read_csv(out / f"case-rank{seed}" / "hybrid.csv").query("set != 'dense'")
     resampled = pd.read_csv(out / f"case-rank{seed}" / "resampled.csv").iloc[0]
     acc = table.groupby("set")["accuracy"]
-    name = lambda r: f"L{r.layer}H{r.head}"  # noqa: E731
+    name = lambda r: f"L{int(r['layer'])}H{int(r['head'])}"  # noqa: E731
     eighth, ninth = heads.iloc[7], heads.iloc[8]
     rows.append({
-        "ranked_on": f"24 seed-{seed} documents", "top8": " ".join(name(r) for r in heads.head(8).itertuples()),
+        "ranked_on": f"24 seed-{seed} documents", "top8": " ".join(name(r) for _, r in heads.head(8).iterrows()),
         "rank8": name(eighth), "rank8_mass": eighth.mass, "rank8_p_top8": eighth.p_top8,
         "rank9": name(ninth), "rank9_mass": ninth.mass, "rank9_p_top8": ninth.p_top8,
         "top": acc.mean()["top"], "random_min": acc.min()["random"], "random_max": acc.max()["random"],
