@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> None:
         seed=args.seed,
         sink=args.sink,
         window=args.window,
+        decode=args.decode,
         scorer=args.scorer,
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
@@ -36,7 +37,10 @@ def run(args: argparse.Namespace) -> None:
         return
     cols = ["set", "keep", "full_heads", "seed", "accuracy", "n", "ci_low", "ci_high", "cache_saved_fraction"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"S = {result.sink}, W = {result.window} tokens; median prompt {result.median_tokens:.0f} tokens")
+    print(
+        f"S = {result.sink}, W = {result.window} tokens, decode {args.decode}; "
+        f"median prompt {result.median_tokens:.0f} tokens"
+    )
     print(f"wrote {args.out}/hybrid.csv, records.parquet, policies.json, figures/hybrid.png")
 
 
@@ -54,6 +58,12 @@ def register(sub) -> None:
     )
     h.add_argument(
         "--window", default="1024", help="window W: a count, or a share of the median prompt (25%%)"
+    )
+    h.add_argument(
+        "--decode",
+        choices=("full", "stream"),
+        default="full",
+        help="decoding after the hybrid prefill: full attention (the paper) or the streaming pattern",
     )
     h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
     h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")

@@ -2,8 +2,11 @@
 
 For each kept fraction `k`, the full set is the top-k heads of a rank run (CoRe), k random heads (several
 seeds, drawn outside the top-k as in `corelens.metrics.headsets`) or the bottom-k heads; every other head
-streams with `S` sinks and a window of `W` (METHODS §4). Each sample is answered greedily with the trimmed
-hybrid cache; the baseline ("dense") is the unmodified model. `S` and `W` are token counts or a percentage
+streams with `S` sinks and a window of `W` (METHODS §4) in the prefill. Each sample is answered greedily;
+`decode` says how: "full" (the default, as in the paper: every head attends to every cached key after the
+hybrid prefill) or "stream" (the streaming heads keep their pattern, with the trimmed hybrid cache). The
+baseline ("dense") is the unmodified model. `ideal_speedup` pools the (query, key) pairs over the samples:
+all causal prefill pairs of the condition's prompts over the pairs its policy keeps. `S` and `W` are token counts or a percentage
 of the median prompt length of the data ("25%"), resolved once and recorded, so that a short-prompt task
 can be given a window that actually drops keys. Resumable like every run: each (condition, sample) answer
 is logged before the next starts.
@@ -20,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from corelens.attention.hybrid import HybridPolicy, hybrid
-from corelens.attention.kernels import ideal_speedup
+from corelens.attention.hybrid import DECODES, HybridPolicy, hybrid
+from corelens.attention.kernels import pooled_speedup
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, InputError
 from corelens.errors import warn as default_warn
@@ -93,7 +96,7 @@ def _inputs(m: Loaded, prepared: Prepared) -> dict:
 
 
 def generate_answer(
-    m: Loaded, prepared: Prepared, max_new_tokens: int, policy: HybridPolicy | None
+    m: Loaded, prepared: Prepared, max_new_tokens: int, policy: HybridPolicy | None, decode: str = "full"
 ) -> tuple[str, float]:
     """Return the greedy answer (new tokens, special tokens dropped) and the share of cache bytes saved."""
     inputs = _inputs(m, prepared)
@@ -103,7 +106,7 @@ def generate_answer(
             out = m.model.generate(**inputs, **gen)
             saved = 0.0
         else:
-            with hybrid(m, policy) as h:
+            with hybrid(m, policy, decode=decode) as h:
                 out = m.model.generate(**inputs, cache=h.cache(), **gen)
                 saved = h.cache_report()["saved_fraction"]
     new = out[0, inputs["input_ids"].shape[1] :]
@@ -135,9 +138,7 @@ def _table(
                 "ci_low": low,
                 "ci_high": high,
                 "mean_tokens": tokens,
-                "ideal_speedup": ideal_speedup(round(tokens), full / total_heads, sink, window)
-                if n
-                else float("nan"),
+                "ideal_speedup": pooled_speedup(got["tokens"], full / total_heads, sink, window),
                 "cache_saved_fraction": float(got["saved"].mean()) if n else float("nan"),
             }
         )
@@ -168,6 +169,7 @@ def curve(
     seed: int = 0,
     sink: str | int = 128,
     window: str | int = 1024,
+    decode: str = "full",
     scorer: str = "auto",
     max_new_tokens: int = 8,
     limit: int | None = None,
@@ -179,6 +181,8 @@ def curve(
 ) -> HybridCurve:
     """Evaluate `data` under hybrid attention with top / random / bottom full sets of `heads` at each kept share."""
     keeps = parse_k(keeps)
+    if decode not in DECODES:
+        raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
     unknown = set(sets) - {"top", "bottom", "random", "layer-matched"}
     if unknown:
         raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
@@ -208,6 +212,7 @@ def curve(
             "seed": seed,
             "sink": str(sink),
             "window": str(window),
+            "decode": decode,
             "scorer": scorer,
             "max_new_tokens": max_new_tokens,
             "limit": limit,
@@ -235,7 +240,7 @@ def curve(
         for c in conds:
             if f"{c.name}|{sample.id}" in done:
                 continue
-            prediction, saved = generate_answer(m, p, max_new_tokens, c.policy)
+            prediction, saved = generate_answer(m, p, max_new_tokens, c.policy, decode)
             yield {
                 "id": f"{c.name}|{sample.id}",
                 "status": "ok",
