@@ -200,6 +200,14 @@ def test_policy_is_plain_data(tmp_path):
     assert top.full == ((0, 1), (1, 0))
     assert HybridPolicy.from_heads(heads, 1, kind="bottom").full == ((1, 1),)
     assert len(HybridPolicy.from_heads(heads, 0.5, kind="random", seed=2).full) == 2
+    # Layer-matched full sets never hold a top head; the table says how many heads they lack.
+    from corelens.experiments.hybrid import conditions
+
+    conds = conditions(heads, ["50%", "75%"], ["layer-matched", "random"], 1, 0, 8, 64)
+    got = {c.name: (c.policy.full, c.short_by) for c in conds[1:]}
+    assert got["layer-matched/50%/s0"] == (((0, 0), (1, 1)), 0)  # top: (0, 1), (1, 0)
+    assert got["layer-matched/75%/s0"] == (((1, 1),), 2)  # top adds (0, 0): layer 0 has no other head
+    assert [len(got[f"random/{k}/s0"][0]) for k in ("50%", "75%")] == [2, 3]
     path = top.save(tmp_path / "p.json")
     assert HybridPolicy.load(path) == top
     assert json.loads(path.read_text())["source"]["keep"] == "50%"

@@ -72,11 +72,12 @@ class HybridPolicy:
         seed: int | None = None,
         sink: int = DEFAULT_SINK,
         window: int = DEFAULT_WINDOW,
+        random_from: str = "all",
     ) -> HybridPolicy:
         """Return the policy whose full set is `keep` heads ("10%", 0.1 or a count) of a heads.csv table.
 
-        `kind`: "top" (the CoRe heads), "bottom", "random" or "layer-matched" (seeded), as in
-        `corelens.metrics.headsets`.
+        `kind`: "top" (the CoRe heads), "bottom", "random" (from `random_from`: "all" heads or "non-top")
+        or "layer-matched" (seeded), as in `corelens.metrics.headsets`.
         """
         source: dict[str, Any] = {"keep": str(keep), "kind": kind}
         if not isinstance(heads, pd.DataFrame):
@@ -86,7 +87,9 @@ class HybridPolicy:
         if kind in SEEDED:
             seed = 0 if seed is None else seed
             source["seed"] = seed
-        return cls(select(heads, kind, count, seed), sink, window, source)
+        if kind == "random":
+            source["random_from"] = random_from
+        return cls(select(heads, kind, count, seed, random_from=random_from), sink, window, source)
 
     def full_mask(self, layers: int, heads: int) -> torch.Tensor:
         """Return the (layers, heads) boolean full-head table for a model of that shape."""

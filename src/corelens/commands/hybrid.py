@@ -7,6 +7,7 @@ import sys
 
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
+from corelens.metrics.headsets import add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
@@ -22,6 +23,7 @@ def run(args: argparse.Namespace) -> None:
         sets=[s.strip() for s in args.sets.split(",") if s.strip()],
         seeds=args.seeds,
         seed=args.seed,
+        random_from=args.random_from,
         sink=args.sink,
         window=args.window,
         decode=args.decode,
@@ -52,7 +54,9 @@ def register(sub) -> None:
     h.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
     h.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     h.add_argument("--keep", default="5%,10%,20%,50%", help="shares (or counts) of heads kept full")
-    h.add_argument("--sets", default="top,random,bottom", help="full sets: top (CoRe), random, bottom")
+    h.add_argument(
+        "--sets", default="top,random,bottom", help="full sets: top (CoRe), random, layer-matched, bottom"
+    )
     h.add_argument(
         "--sink", default="128", help="sink tokens S: a count, or a share of the median prompt (5%%)"
     )
@@ -67,6 +71,7 @@ def register(sub) -> None:
     )
     h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
     h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
+    add_random_from(h)
     h.add_argument("--scorer", choices=SCORERS, default="auto")
     h.add_argument("--max-new-tokens", type=int, default=8)
     h.add_argument("--limit", type=int, default=None, help="use the first N samples")

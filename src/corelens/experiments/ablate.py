@@ -43,6 +43,7 @@ COLUMNS = [
     "ci_low",
     "ci_high",
     "overlap",
+    "short_by",
 ]
 
 
@@ -73,12 +74,13 @@ class Condition:
     seed: int | None
     ablation: Ablation
     overlap: int = 0
+    short_by: int = 0  # heads the set lacks to reach `count` (a layer-matched layer ran out of other heads)
 
     @classmethod
     def of(cls, hs: HeadSet, op: str, keys: str) -> Condition:
         """Return the condition ablating head set `hs` with `op`."""
         ablation = Ablation(hs.heads, op, keys, label=hs.name, seed=hs.seed)
-        return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, ablation, hs.overlap)
+        return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, ablation, hs.overlap, hs.short_by)
 
 
 def conditions(sets: Sequence[HeadSet], op: str, keys: str) -> list[Condition]:
@@ -138,6 +140,7 @@ def _summary(table: pd.DataFrame) -> pd.DataFrame:
                 "set": kind,
                 "k": k,
                 "k_heads": int(group["k_heads"].iloc[0]),
+                "short_by": int(group["short_by"].max()),
                 "seeds": int(group["seed"].notna().sum()) or 1,
                 "accuracy": float(group["accuracy"].mean()),
                 "sd": float(group["accuracy"].std(ddof=1)) if len(group) > 1 else 0.0,
@@ -168,6 +171,7 @@ def _table(records: pd.DataFrame, conds: Sequence[Condition], op: str, keys: str
                 "ci_low": low,
                 "ci_high": high,
                 "overlap": c.overlap,
+                "short_by": c.short_by,
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -195,6 +199,7 @@ def sweep(
     keys: str = "visual",
     seeds: int = 5,
     seed: int = 0,
+    random_from: str = "all",
     reference: str | Path | None = None,
     scorer: str = "auto",
     max_new_tokens: int = 8,
@@ -217,7 +222,7 @@ def sweep(
     seeded = [s for s in sets if s in ("random", "layer-matched")]
     if seeded and seeds < 1:
         raise CorelensError("--seeds must be at least 1 for random head sets")
-    conds = conditions(head_sets(table, ks, sets, seeds, base_seed=seed), op, keys)
+    conds = conditions(head_sets(table, ks, sets, seeds, base_seed=seed, random_from=random_from), op, keys)
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
@@ -249,6 +254,7 @@ def sweep(
             "keys": keys,
             "seeds": list(range(seeds)) if seeded else [],
             "seed": seed,
+            "random_from": random_from,
             "reference": str(ref_path.resolve()) if ref_path else None,
             "reference_sha256": file_hash(ref_path) if ref_path else None,
             "scorer": scorer,

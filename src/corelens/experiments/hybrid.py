@@ -1,7 +1,9 @@
 """Hybrid-attention accuracy curve: full sets of CoRe / random / bottom heads x kept fraction -> hybrid.csv + figure.
 
 For each kept fraction `k`, the full set is the top-k heads of a rank run (CoRe), k random heads (several
-seeds, drawn outside the top-k as in `corelens.metrics.headsets`) or the bottom-k heads; every other head
+seeds, drawn from all heads or, with `random_from="non-top"`, outside the top-k, as in
+`corelens.metrics.headsets`), a layer-matched set (`short_by` says where it holds fewer than k) or the
+bottom-k heads; every other head
 streams with `S` sinks and a window of `W` (METHODS §4) in the prefill. Each sample is answered greedily;
 `decode` says how: "full" (the default, as in the paper: every head attends to every cached key after the
 hybrid prefill) or "stream" (the streaming heads keep their pattern, with the trimmed hybrid cache). The
@@ -40,7 +42,7 @@ DENSE = "dense"
 SETS = ("top", "random", "bottom")
 COLUMNS = [
     "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
-    "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction",
+    "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction", "short_by",
 ]  # fmt: skip
 
 
@@ -53,6 +55,7 @@ class Condition:
     keep: str
     seed: int | None
     policy: HybridPolicy | None
+    short_by: int = 0  # heads the full set lacks to reach its kept count (a control that ran out of heads)
 
 
 def resolve_size(spec: str | int, lengths: Sequence[int]) -> int:
@@ -76,6 +79,7 @@ def conditions(
     seed: int,
     sink: int,
     window: int,
+    random_from: str = "all",
 ) -> list[Condition]:
     """Return the dense baseline followed by one hybrid condition per (kept fraction, set, seed)."""
     out = [Condition(DENSE, DENSE, "100%", None, None)]
@@ -83,11 +87,14 @@ def conditions(
         for kind in sets:
             for draw in range(seeds) if kind in SEEDED else [None]:
                 # Seeded draws are seeded by (base seed, kind, count, draw), as in the ablation sweep.
-                heads = select(table, kind, k_count(keep, len(table)), draw, base_seed=seed)
+                count = k_count(keep, len(table))
+                heads = select(table, kind, count, draw, base_seed=seed, random_from=random_from)
                 source = {"keep": keep, "kind": kind, "seed": draw, "base_seed": seed}
+                if kind == "random":
+                    source["random_from"] = random_from
                 policy = HybridPolicy(heads, sink, window, source)
                 name = f"{kind}/{keep}" + (f"/s{draw}" if draw is not None else "")
-                out.append(Condition(name, kind, keep, draw, policy))
+                out.append(Condition(name, kind, keep, draw, policy, count - len(heads)))
     return out
 
 
@@ -140,6 +147,7 @@ def _table(
                 "mean_tokens": tokens,
                 "ideal_speedup": pooled_speedup(got["tokens"], full / total_heads, sink, window),
                 "cache_saved_fraction": float(got["saved"].mean()) if n else float("nan"),
+                "short_by": c.short_by,
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -167,6 +175,7 @@ def curve(
     sets: Sequence[str] = SETS,
     seeds: int = 3,
     seed: int = 0,
+    random_from: str = "all",
     sink: str | int = 128,
     window: str | int = 1024,
     decode: str = "full",
@@ -210,6 +219,7 @@ def curve(
             "sets": list(sets),
             "seeds": seeds,
             "seed": seed,
+            "random_from": random_from,
             "sink": str(sink),
             "window": str(window),
             "decode": decode,
@@ -224,7 +234,7 @@ def curve(
     lengths = [n for n in measured.values() if n is not None]
     median = float(statistics.median(lengths)) if lengths else float("nan")
     sink_n, window_n = resolve_size(sink, lengths), resolve_size(window, lengths)
-    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n)
+    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n, random_from)
     total = m.num_layers * m.num_heads
     if run is not None and run.dist.main:
         run.manifest.update(sink_tokens=sink_n, window_tokens=window_n, median_prompt_tokens=median)
