@@ -66,10 +66,28 @@ def test_conventions_on_one_row():
     logits = rebuild_rows(scores, visual, prior, "logits")[0, 0, 0]
     torch.testing.assert_close(logits, torch.softmax(torch.tensor([2.0, 0.25, 0.75, 1.0, float("-inf")]), -1))
     mean = rebuild_rows(scores, visual, prior, "mean_logits")[0, 0, 0]
-    rescaled = prior * 2 * (-0.25)  # π · |V| · mean(s_V)
-    want = torch.softmax(torch.tensor([2.0, float(rescaled[0]), float(rescaled[1]), 1.0, float("-inf")]), -1)
+    # m = mean(s_V) = -0.25 < 0: m + |m| (|V| π - 1) = -0.25 + 0.25 * ([0.5, 1.5] - 1) = [-0.375, -0.125]
+    want = torch.softmax(torch.tensor([2.0, -0.375, -0.125, 1.0, float("-inf")]), -1)
     torch.testing.assert_close(mean, want)
+    assert mean[2] > mean[1]  # the favoured key (π = 0.75) gets the larger share
     torch.testing.assert_close(rebuild_rows(scores, visual, None, "mass"), probs)  # 'own' prior: no-op
+
+
+@pytest.mark.parametrize(
+    ("row", "want"),
+    [
+        # issue 17's row: π = [0.9, 0.1] over scores [-1, -3] (m = -2); π·|V|·m gave the favoured key 0.039
+        ([-1.0, -3.0], [-2 + 2 * 0.8, -2 + 2 * -0.8]),
+        ([2.0, -1.0], [0.5 + 0.5 * 0.8, 0.5 + 0.5 * -0.8]),  # mixed signs, m = 0.5
+        ([-2.0, 2.0], [0.8, -0.8]),  # mixed signs, m = 0: unit scale
+        ([1.0, 3.0], [2 * 1.8, 2 * 0.2]),  # m = 2 > 0: exactly π·|V|·m
+    ],
+)
+def test_mean_logits_keeps_the_priors_order(row, want):
+    scores = torch.tensor([[[row]]])
+    got = rebuild_rows(scores, torch.tensor([0, 1]), torch.tensor([0.9, 0.1]), "mean_logits")[0, 0, 0]
+    torch.testing.assert_close(got, torch.softmax(torch.tensor(want), -1))
+    assert got[0] > 0.5  # the favoured key gets the most mass, whatever the sign of the scores
 
 
 def test_row_scores_match_row_probabilities(tiny_dir, data):

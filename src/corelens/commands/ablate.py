@@ -8,7 +8,7 @@ import sys
 from corelens.attention.interventions import KEY_SETS, OPS
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
-from corelens.metrics.headsets import OPTIONAL, SETS, STABLE_P
+from corelens.metrics.headsets import OPTIONAL, SETS, STABLE_P, add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> None:
         keys=args.keys,
         seeds=args.seeds,
         seed=args.seed,
+        random_from=args.random_from,
         reference=args.reference,
         scorer=args.scorer,
         max_new_tokens=args.max_new_tokens,
@@ -74,6 +75,7 @@ def register(sub) -> None:
     a.add_argument("--keys", choices=KEY_SETS, default="visual", help="knockout key set")
     a.add_argument("--seeds", type=int, default=5, help="draws per random / layer-matched set")
     a.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
+    add_random_from(a)
     a.add_argument(
         "--reference", default=None, help="op mean: reference samples (default: the rank run's data)"
     )

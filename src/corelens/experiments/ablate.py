@@ -44,6 +44,7 @@ COLUMNS = [
     "ci_low",
     "ci_high",
     "overlap",
+    "short_by",
 ]
 
 
@@ -74,12 +75,13 @@ class Condition:
     seed: int | None
     ablation: Ablation
     overlap: int = 0
+    short_by: int = 0  # heads the set lacks to reach `count` (a layer-matched layer ran out of other heads)
 
     @classmethod
     def of(cls, hs: HeadSet, op: str, keys: str) -> Condition:
         """Return the condition ablating head set `hs` with `op`."""
         ablation = Ablation(hs.heads, op, keys, label=hs.name, seed=hs.seed)
-        return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, ablation, hs.overlap)
+        return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, ablation, hs.overlap, hs.short_by)
 
 
 def conditions(sets: Sequence[HeadSet], op: str, keys: str) -> list[Condition]:
@@ -168,6 +170,7 @@ def _summary(table: pd.DataFrame) -> pd.DataFrame:
                 "set": kind,
                 "k": k,
                 "k_heads": int(group["k_heads"].iloc[0]),
+                "short_by": int(group["short_by"].max()),
                 "seeds": int(group["seed"].notna().sum()) or 1,
                 "accuracy": float(group["accuracy"].mean()),
                 "sd": float(group["accuracy"].std(ddof=1)) if len(group) > 1 else 0.0,
@@ -198,6 +201,7 @@ def _table(records: pd.DataFrame, conds: Sequence[Condition], op: str, keys: str
                 "ci_low": low,
                 "ci_high": high,
                 "overlap": c.overlap,
+                "short_by": c.short_by,
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -226,6 +230,7 @@ def sweep(
     keys: str = "visual",
     seeds: int = 5,
     seed: int = 0,
+    random_from: str = "all",
     reference: str | Path | None = None,
     scorer: str = "auto",
     max_new_tokens: int = 8,
@@ -256,7 +261,7 @@ def sweep(
     seeded = [s for s in sets if s in ("random", "layer-matched")]
     if seeded and seeds < 1:
         raise CorelensError("--seeds must be at least 1 for random head sets")
-    chosen = head_sets(table, ks, sets, seeds, base_seed=seed, stable_p=stable_p)
+    chosen = head_sets(table, ks, sets, seeds, base_seed=seed, random_from=random_from, stable_p=stable_p)
     if rank_resamples:
         chosen += resampled_sets(heads, ks, rank_resamples, seed, resample=resample)
     conds = conditions(chosen, op, keys)
@@ -291,6 +296,7 @@ def sweep(
             "keys": keys,
             "seeds": list(range(seeds)) if seeded else [],
             "seed": seed,
+            "random_from": random_from,
             "reference": str(ref_path.resolve()) if ref_path else None,
             "reference_sha256": file_hash(ref_path) if ref_path else None,
             "scorer": scorer,
