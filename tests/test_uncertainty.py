@@ -231,3 +231,21 @@ def test_hybrid_with_rank_resamples_writes_the_resampled_summary(ranked, tmp_pat
     assert summary["resamples"].tolist() == [3] and 1 <= summary["distinct_sets"].item() <= 3
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["rank_resamples"] == 3 and manifest["settings"]["stable_p"] == 0.5
+
+
+def test_hybrid_figure_takes_equal_accuracies_of_sets_with_one_size(tmp_path):
+    from corelens.report.hybrid import accuracy_vs_kept
+
+    # Three stable sets (kept 2, 3, 5) of the same 2 heads: the mean of 3 x 0.675 rounds above 0.675.
+    table = pd.DataFrame(
+        {
+            "set": ["dense", "stable", "stable", "stable"],
+            "fraction": [1.0, 0.0625, 0.0625, 0.0625],
+            "accuracy": [1.0, 0.675, 0.675, 0.675],
+            "ci_low": [0.9, 0.5, 0.5, 0.5],
+            "ci_high": [1.0, 0.8, 0.8, 0.8],
+            "n": [40, 40, 40, 40],
+        }
+    )
+    assert table.query("set == 'stable'")["accuracy"].mean() > table["accuracy"].iloc[1:].max()
+    assert accuracy_vs_kept(table, tmp_path / "h.png").stat().st_size > 5000

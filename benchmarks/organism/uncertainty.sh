@@ -7,7 +7,8 @@
 #   hybrid  hybrid.sh's question-row curve (24 seed-1 documents ranked, 60 seed-3 evaluated, S = 4, W = 16)
 #           with the same resamples and stable set;
 #   case    the issue's case: documents ranked on 24 seed-11 or 24 seed-1 samples, top-8 kept full
-#           (S = 4, W = 16) on 40 seed-12 documents, each with 20 resamples.
+#           (S = 4, W = 16) on 40 seed-12 documents, each with 20 resamples; decoding full (the default)
+#           and stream (the trimmed cache, the only mode when the issue was filed).
 # Results: results/uncertainty-*.csv (ablate.sh / hybrid.sh / queries.sh keep their own CSVs).
 set -euo pipefail
 OUT=runs/uncertainty
@@ -62,9 +63,11 @@ if want case; then
   gen document $OUT/case-data 40 12
   for seed in 11 1; do
     [ -f $OUT/rank-docs-$seed/heads.csv ] || rank_docs $seed
-    .venv/bin/corelens hybrid --model $M --data $OUT/case-data/document.jsonl --heads $OUT/rank-docs-$seed/heads.csv \
-      --keep 8 --sets top,random,bottom,stable --seeds 5 --sink 4 --window 16 --rank-resamples 20 \
-      --out $OUT/case-rank$seed
+    for decode in full stream; do
+      .venv/bin/corelens hybrid --model $M --data $OUT/case-data/document.jsonl --heads $OUT/rank-docs-$seed/heads.csv \
+        --keep 8 --sets top,random,bottom,stable --seeds 5 --sink 4 --window 16 --rank-resamples 20 \
+        --decode $decode --out $OUT/case-rank$seed-$decode
+    done
   done
   .venv/bin/python - "$OUT" "$RES/uncertainty-case.csv" <<'PY'
 import sys
@@ -73,15 +76,15 @@ from pathlib import Path
 import pandas as pd
 
 out, rows = Path(sys.argv[1]), []
-for seed in (11, 1):
+for seed, decode in ((11, "full"), (1, "full"), (11, "stream"), (1, "stream")):
     heads = pd.read_csv(out / f"rank-docs-{seed}" / "heads.csv").sort_values("rank")
-    table = pd.read_csv(out / f"case-rank{seed}" / "hybrid.csv").query("set != 'dense'")
-    resampled = pd.read_csv(out / f"case-rank{seed}" / "resampled.csv").iloc[0]
+    table = pd.read_csv(out / f"case-rank{seed}-{decode}" / "hybrid.csv").query("set != 'dense'")
+    resampled = pd.read_csv(out / f"case-rank{seed}-{decode}" / "resampled.csv").iloc[0]
     acc = table.groupby("set")["accuracy"]
     name = lambda r: f"L{int(r['layer'])}H{int(r['head'])}"  # noqa: E731
     eighth, ninth = heads.iloc[7], heads.iloc[8]
     rows.append({
-        "ranked_on": f"24 seed-{seed} documents", "top8": " ".join(name(r) for _, r in heads.head(8).iterrows()),
+        "ranked_on": f"24 seed-{seed} documents", "decode": decode, "top8": " ".join(name(r) for _, r in heads.head(8).iterrows()),
         "rank8": name(eighth), "rank8_mass": eighth.mass, "rank8_p_top8": eighth.p_top8,
         "rank9": name(ninth), "rank9_mass": ninth.mass, "rank9_p_top8": ninth.p_top8,
         "top": acc.mean()["top"], "random_min": acc.min()["random"], "random_max": acc.max()["random"],
