@@ -1,8 +1,13 @@
-"""Rank heads by Retrieval Attention Mass: samples -> per-head RAM -> ram.parquet, heads.csv, heatmap."""
+"""Rank heads by Retrieval Attention Mass: samples -> per-head RAM -> ram.parquet, heads.csv, heatmap.
+
+ram.parquet has one row per (sample, layer, head); its `views` column lists, per view of the prompt (base
+view, tile, thumbnail, page, frame group: `Layout.views()`), the head's mass on the view, its mass on
+Ω ∩ view, their ratio (the view's Ω share) and the view's token counts.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -24,13 +29,21 @@ from corelens.runs.driver import Loop, drive
 
 @dataclass
 class SampleRam:
-    """RAM of one sample: (layers, heads) arrays of mass, visual share and lift, and the set sizes."""
+    """RAM of one sample: (layers, heads) arrays of mass, visual share and lift, and the set sizes.
+
+    Per view (`views`: labels of `Layout.views()`): `view_mass` (layers, heads, views, 2) holds each view's
+    mass and its mass on Ω; `view_tokens` / `view_omega` count the view's tokens in V and in Ω.
+    """
 
     mass: np.ndarray
     share: np.ndarray
     lift: np.ndarray
     n_omega: int
     n_visual: int
+    views: list[str] = field(default_factory=list)
+    view_mass: np.ndarray | None = None
+    view_tokens: list[int] = field(default_factory=list)
+    view_omega: list[int] = field(default_factory=list)
 
 
 def measure_sample(
@@ -51,6 +64,7 @@ def measure_sample(
         raise InputError(
             "the targets cover no visual token", file=sample.source, line=sample.line, sample=sample.id
         )
+    views = prepared.layout.views()
     probe = RamProbe(
         m.num_layers,
         m.num_heads,
@@ -58,6 +72,7 @@ def measure_sample(
         torch.from_numpy(omega),
         torch.from_numpy(visual),
         prepared.seq_len,
+        views=[torch.from_numpy(tokens) for _, tokens in views],
     )
     inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     with torch.no_grad(), activate(m.layer_modules(), probe):
@@ -67,7 +82,17 @@ def measure_sample(
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(vis > 0, mass / vis, np.nan)
     lift = share / (len(omega) / len(visual))
-    return SampleRam(mass, share, lift, len(omega), len(visual))
+    return SampleRam(
+        mass,
+        share,
+        lift,
+        len(omega),
+        len(visual),
+        [label for label, _ in views],
+        probe.view_mass.double().numpy(),
+        [len(tokens) for _, tokens in views],
+        [int(np.isin(tokens, omega).sum()) for _, tokens in views],
+    )
 
 
 @dataclass
@@ -92,6 +117,10 @@ def _record(sample: Sample, result: SampleRam) -> dict:
         "mass": result.mass.tolist(),
         "share": result.share.tolist(),
         "lift": result.lift.tolist(),
+        "views": result.views,
+        "view_mass": result.view_mass.tolist() if result.view_mass is not None else [],
+        "view_tokens": result.view_tokens,
+        "view_omega": result.view_omega,
     }
 
 
