@@ -136,9 +136,11 @@ def stability_curve(
     rng = np.random.default_rng(seed)
     rows = []
     for n in sizes:
-        order = np.argsort(rng.random((pairs, total)), axis=1)  # one random permutation per pair
-        a = matrix[order[:, :n]].mean(axis=1)
-        b = matrix[order[:, n : 2 * n]].mean(axis=1)
+        # One random permutation per pair; subset a = the samples at positions < n, b = positions n..2n-1.
+        # Means as (pairs x samples) selection @ (samples x heads): memory grows with pairs x samples only.
+        position = np.argsort(np.argsort(rng.random((pairs, total)), axis=1), axis=1)
+        a = (position < n) @ matrix / n
+        b = ((position >= n) & (position < 2 * n)) @ matrix / n
         ra, rb = ranks_of(a), ranks_of(b)
         # Spearman = Pearson of average ranks; a constant subset (no spread) gives nan.
         sa, sb = stats.rankdata(a, axis=1), stats.rankdata(b, axis=1)
