@@ -156,6 +156,12 @@ def test_rank_writes_intervals_and_the_curve_reaches_the_report(ranked, tmp_path
     assert heads["p_top1"].sum() == pytest.approx(1.0) and heads["p_top2"].sum() == pytest.approx(2.0)
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["uncertainty"] == {"k": ["1", "25%"], "counts": [1, 2], "n_boot": 300, "seed": 0}
+    model, data = ranked[0], manifest["settings"]["data"]
+    capsys.readouterr()
+    assert (
+        main(["rank", "--model", str(model), "--data", data, "--out", str(run), "--k", "1,25%"]) == 0
+    )  # resumed
+    assert "top-2 membership uncertain (0.2 < P < 0.8): " in capsys.readouterr().out
     assert main(["stability", "--curve", str(run), "--k", "2", "--pairs", "50"]) == 0
     assert "top-2 Jaccard" in capsys.readouterr().out
     curve = pd.read_csv(run / "stability_curve.csv")
