@@ -365,15 +365,40 @@ def test_head_sets_have_equal_size_and_are_deterministic():
     for hs in sets:
         assert len(set(hs.heads)) == hs.count == (4 if hs.k == "25%" else 6)
         if hs.kind == "random":
-            assert not set(hs.heads) & top[hs.k] and hs.overlap == 0
+            assert hs.overlap == len(set(hs.heads) & top[hs.k])  # drawn from all heads
         if hs.kind == "layer-matched":
             per_layer = lambda s: sorted(layer for layer, _ in s)  # noqa: E731
-            assert per_layer(hs.heads) == per_layer(top[hs.k])
+            assert per_layer(hs.heads) == per_layer(top[hs.k]) and hs.overlap == hs.short_by == 0
     bottom = select(t, "bottom", 4)
     assert set(bottom) == set(map(tuple, t.nlargest(4, "rank")[["layer", "head"]].to_numpy().tolist()))
     draws = {select(t, "random", 4, s) for s in range(5)}
     assert len(draws) > 1 and select(t, "random", 4, 3) == select(t, "random", 4, 3)
     assert head_sets(t, ["25%"], seeds=5) == head_sets(t, ["25%"], seeds=5)
+
+
+def test_controls_random_from_all_heads_and_layer_matched_without_top_heads():
+    # Two layers of three heads, ranked L0H0 > L0H1 > L0H2 > L1H0 > L1H1 > L1H2.
+    t = pd.DataFrame({"layer": [0, 0, 0, 1, 1, 1], "head": [0, 1, 2, 0, 1, 2], "rank": [1, 2, 3, 4, 5, 6]})
+    everything = {(layer, h) for layer in range(2) for h in range(3)}
+    # Layer-matched: each layer's count of top heads, from that layer's other heads only.
+    assert select(t, "layer-matched", 2, 0) == ((0, 2),)  # layer 0 has one other head for two top heads
+    assert select(t, "layer-matched", 3, 0) == ()  # every layer-0 head is a top head
+    assert {select(t, "layer-matched", 4, s) for s in range(4)} == {((1, 2),)}
+    assert {select(t, "layer-matched", 1, s) for s in range(8)} == {((0, 1),), ((0, 2),)}
+    short = {(hs.k, hs.seed): hs.short_by for hs in head_sets(t, ["1", "2", "3", "4"], ["layer-matched"], 2)}
+    assert short == {("1", 0): 0, ("1", 1): 0, ("2", 0): 1, ("2", 1): 1, ("3", 0): 3, ("3", 1): 3,
+                     ("4", 0): 3, ("4", 1): 3}  # fmt: skip
+    # Random from all heads: at k = N/2 it is not the bottom set, and top heads come up by chance.
+    draws = [select(t, "random", 3, s) for s in range(4)]
+    assert draws == [((0, 0), (0, 2), (1, 0)), ((0, 0), (1, 0), (1, 1)), ((1, 0), (1, 1), (1, 2)),
+                     ((0, 0), (0, 2), (1, 2))]  # fmt: skip
+    assert set().union(*(select(t, "random", 3, s) for s in range(8))) == everything
+    # Outside the top-k only (the old rule): at k = N/2 every draw is the bottom set.
+    outside = {select(t, "random", 3, s, random_from="non-top") for s in range(4)}
+    assert outside == {select(t, "bottom", 3)} == {((1, 0), (1, 1), (1, 2))}
+    assert select(t, "random", 4, 0, random_from="non-top") == ((1, 1), (1, 2))  # two heads short
+    with pytest.raises(corelens.CorelensError, match="random-from"):
+        select(t, "random", 2, 0, random_from="bottom")
 
 
 def test_cli_sweep_writes_table_and_figure_resumes_and_warns(tiny_dir, tmp_path, capsys, monkeypatch):
@@ -398,7 +423,8 @@ def test_cli_sweep_writes_table_and_figure_resumes_and_warns(tiny_dir, tmp_path,
     assert "warning" not in capsys.readouterr().err
     table = pd.read_csv(out / "ablation.csv")
     assert list(table.columns) == [
-        "set", "k", "k_heads", "seed", "op", "keys", "accuracy", "n", "correct", "ci_low", "ci_high", "overlap"
+        "set", "k", "k_heads", "seed", "op", "keys", "accuracy", "n", "correct", "ci_low", "ci_high", "overlap",
+        "short_by",
     ]  # fmt: skip
     assert len(table) == 1 + 2 * (1 + 1 + 2 + 2) and (table["n"] == 2).all() and (table["op"] == "zero").all()
     assert sorted(table.loc[table["set"] == "top", "k_heads"]) == [1, 2]

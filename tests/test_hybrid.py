@@ -89,9 +89,9 @@ def test_greedy_decoding_with_the_trimmed_cache(tiny_dir, groups):
     policy = [(0, h) for h in range(groups)] + [(1, 0)]
     gen = {"max_new_tokens": 9, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
     with torch.no_grad():
-        with corelens.hybrid(m, policy, sink=3, window=8, kernel="reference") as ref_session:
+        with corelens.hybrid(m, policy, sink=3, window=8, kernel="reference", decode="stream") as ref_session:
             ref = m.model.generate(input_ids=ids, attention_mask=mask, **gen)  # DynamicCache, every key kept
-        with corelens.hybrid(m, policy, sink=3, window=8) as h:
+        with corelens.hybrid(m, policy, sink=3, window=8, decode="stream") as h:
             cache = h.cache()
             out = m.model.generate(input_ids=ids, attention_mask=mask, cache=cache, **gen)
         # Teacher-forced dense reference over the whole generated sequence.
@@ -119,10 +119,69 @@ def test_greedy_decoding_with_the_trimmed_cache(tiny_dir, groups):
     assert report["saved_bytes"] == want and report["saved_fraction"] > 0
 
 
+def test_full_decoding_after_a_hybrid_prefill(tiny_dir):
+    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[2]))
+    ids, mask = _prompt(61, 1, 0, seed=7)
+    policy = [(0, 0), (1, 3)]
+    steps = 6
+    gen = {
+        "max_new_tokens": steps,
+        "do_sample": False,
+        "output_scores": True,
+        "return_dict_in_generate": True,
+    }
+    with torch.no_grad():
+        with corelens.hybrid(m, policy, sink=3, window=8) as h:  # decode="full" is the default
+            full = m.model.generate(input_ids=ids, attention_mask=mask, cache=h.cache(), **gen)
+        with corelens.hybrid(m, policy, sink=3, window=8, decode="stream") as s:
+            stream = m.model.generate(input_ids=ids, attention_mask=mask, cache=s.cache(), **gen)
+        # The oracle: a hybrid prefill (dense reference kernel), then the stock model decodes from its cache.
+        with corelens.hybrid(m, policy, sink=3, window=8, kernel="reference"):
+            out = m.model(input_ids=ids, attention_mask=mask, use_cache=True)
+        cache, scores = out.cache, [out.logits[:, -1]]
+        for _ in range(steps - 1):
+            at = torch.tensor([ids.shape[1] + len(scores) - 1])
+            step = {
+                "cache": cache,
+                "cache_position": at,
+                "position_ids": at.expand(3, 1, 1),
+                "use_cache": True,
+            }
+            out = m.model(input_ids=scores[-1].argmax(-1)[:, None], **step)
+            scores.append(out.logits[:, -1])
+    want = torch.cat([ids, torch.stack([x.argmax(-1) for x in scores], dim=1)], dim=1)
+    assert torch.equal(full.sequences, want)
+    assert max((a - b).abs().max().item() for a, b in zip(full.scores, scores)) <= 1e-4
+    # Streaming in decoding moves the logits of every step after the first (the prefill is shared).
+    assert (stream.scores[0] - scores[0]).abs().max().item() <= 1e-4
+    assert min((a - b).abs().max().item() for a, b in zip(stream.scores[1:], scores[1:])) > 1e-3
+    assert h.stats["masked"] == h.stats["trimmed"] == 0 and h.cache_report()["saved_fraction"] == 0
+    assert s.cache_report()["saved_fraction"] > 0
+    with pytest.raises(CorelensError, match="decode mode"):
+        corelens.hybrid(m, policy, decode="half").__enter__()
+
+
+def test_pooled_ideal_speedup_counts_the_kept_pairs():
+    from corelens.attention.kernels import pooled_speedup
+
+    lengths, sink, window, fraction = [5, 12, 40], 2, 6, 0.25
+
+    def kept(n):  # the streaming rule, pair by pair
+        return sum(1 for i in range(n) for j in range(i + 1) if j < sink or i - j < window)
+
+    dense = sum(n * (n + 1) // 2 for n in lengths)  # 15 + 78 + 820
+    stream = sum(kept(n) for n in lengths)  # 15 + (36 + 4 * 8) + (36 + 32 * 8): rows past S + W keep 8
+    assert (dense, stream) == (913, 375)
+    want = dense / (fraction * dense + (1 - fraction) * stream)
+    assert pooled_speedup(lengths, fraction, sink, window) == pytest.approx(want, rel=1e-12)
+    at_mean = corelens.attention.kernels.ideal_speedup(19, fraction, sink, window)
+    assert abs(pooled_speedup(lengths, fraction, sink, window) - at_mean) > 0.1
+
+
 def test_trimmed_cache_refuses_to_leave_its_block(tiny_dir):
     m = corelens.load(tiny_dir("qwen2_5_vl"))
     ids, mask = _prompt(40, 1, 0)
-    with corelens.hybrid(m, [(0, 0)], sink=2, window=4) as h:
+    with corelens.hybrid(m, [(0, 0)], sink=2, window=4, decode="stream") as h:
         cache = h.cache()
         with torch.no_grad():
             m.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
@@ -141,6 +200,14 @@ def test_policy_is_plain_data(tmp_path):
     assert top.full == ((0, 1), (1, 0))
     assert HybridPolicy.from_heads(heads, 1, kind="bottom").full == ((1, 1),)
     assert len(HybridPolicy.from_heads(heads, 0.5, kind="random", seed=2).full) == 2
+    # Layer-matched full sets never hold a top head; the table says how many heads they lack.
+    from corelens.experiments.hybrid import conditions
+
+    conds = conditions(heads, ["50%", "75%"], ["layer-matched", "random"], 1, 0, 8, 64)
+    got = {c.name: (c.policy.full, c.short_by) for c in conds[1:]}
+    assert got["layer-matched/50%/s0"] == (((0, 0), (1, 1)), 0)  # top: (0, 1), (1, 0)
+    assert got["layer-matched/75%/s0"] == (((1, 1),), 2)  # top adds (0, 0): layer 0 has no other head
+    assert [len(got[f"random/{k}/s0"][0]) for k in ("50%", "75%")] == [2, 3]
     path = top.save(tmp_path / "p.json")
     assert HybridPolicy.load(path) == top
     assert json.loads(path.read_text())["source"]["keep"] == "50%"
@@ -166,14 +233,15 @@ def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
     from corelens.organism.tasks import generate
 
     model = tiny_dir("qwen2_5_vl")
-    data = generate("document", tmp_path / "data", n=2, seed=1)
+    data = generate("document", tmp_path / "data", n=2, seed=7)  # 6 and 5 pages: two prompt lengths
     rows = [(layer, head, 8 - (4 * layer + head)) for layer in range(2) for head in range(4)]
     heads = tmp_path / "rank" / "heads.csv"
     heads.parent.mkdir()
     pd.DataFrame(rows, columns=["layer", "head", "rank"]).assign(mass=0.0).to_csv(heads, index=False)
     out = tmp_path / "run"
     argv = ["hybrid", "--model", str(model), "--data", str(data), "--heads", str(heads), "--out", str(out),
-            "--keep", "25%", "--seeds", "2", "--sink", "2", "--window", "10%", "--max-new-tokens", "2"]  # fmt: skip
+            "--keep", "25%", "--seeds", "2", "--sink", "2", "--window", "10%", "--max-new-tokens", "2",
+            "--decode", "stream"]  # fmt: skip
     assert main(argv) == 0
     table = pd.read_csv(out / "hybrid.csv")
     assert list(table["set"]) == ["dense", "top", "random", "random", "bottom"]
@@ -183,6 +251,14 @@ def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
         0.1 * manifest["median_prompt_tokens"]
     )
     assert (table.loc[table["set"] != "dense", "cache_saved_fraction"] > 0).all()
+    # The ideal speed-up pools the pairs of every prompt: count them here, pair by pair.
+    tokens = pd.read_parquet(out / "records.parquet").drop_duplicates("sample")["tokens"].tolist()
+    sink, window = 2, manifest["window_tokens"]
+    dense = sum(n * (n + 1) // 2 for n in tokens)
+    stream = sum(1 for n in tokens for i in range(n) for j in range(i + 1) if j < sink or i - j < window)
+    speedup = dense / (0.25 * dense + 0.75 * stream)
+    assert table["ideal_speedup"].iloc[1:].tolist() == pytest.approx([speedup] * 4, rel=1e-12)
+    assert table["ideal_speedup"].iloc[0] == pytest.approx(1.0)
     assert (out / "figures" / "hybrid.png").stat().st_size > 0
     logged = (out / "samples.jsonl").read_text()
     assert main(argv) == 0  # resumed: nothing is answered twice

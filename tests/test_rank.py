@@ -120,3 +120,63 @@ def test_missing_data_file_is_a_clear_error(setup, tmp_path, capsys):
     model, _ = setup
     assert _rank(model, tmp_path / "nope.jsonl", tmp_path / "run") == 2
     assert "nope.jsonl" in capsys.readouterr().err
+
+
+def test_ram_per_view_on_internvl_tiles(tiny_dir, tmp_path):
+    """ram.parquet's per-view masses against eager attention, views and Ω read from the token ids."""
+    import numpy as np
+    import torch
+    from helpers import noise_image
+
+    import corelens
+    from corelens.data.sample import Sample, Target
+    from corelens.experiments.rank import rank
+    from corelens.models.tiny import load_tiny
+
+    path = tiny_dir("internvl")
+    wide, square = tmp_path / "wide.png", tmp_path / "square.png"
+    noise_image(224, 112, seed=1).save(wide)  # two 112 px tiles side by side, plus a thumbnail
+    noise_image(100, 100, seed=2).save(square)  # one tile
+    box = Target("box", image=0, box=(0.0, 0.0, 112.0, 112.0))  # exactly the left tile
+    sample = Sample(
+        "v", "image", "what is the colour of the cup ?", images=(wide, square),
+        image_sizes=((224, 112), (100, 100)), targets=(box,), answer="red",
+    )  # fmt: skip
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps(sample.to_json(tmp_path)) + "\n")
+    ranking = rank(corelens.load(path), data, query="last", out=tmp_path / "run")
+
+    # Independent: the tiles are runs of 16 image-context ids (4 x 4 cells) in the processor's order.
+    m = corelens.load(path)
+    inputs = corelens.prepare(m, corelens.read_samples(data)[0][0]).inputs
+    ids = inputs["input_ids"][0].numpy()
+    context = np.flatnonzero(ids == m.processor.image_token_id)
+    assert len(context) == 4 * 16
+    tiles = context.reshape(4, 16)  # left tile, right tile, thumbnail of image 0; image 1
+    # Ω: the whole left tile, and in the 4 x 4 thumbnail (56 x 28 px cells) the two left columns.
+    omega = np.concatenate([tiles[0], tiles[2].reshape(4, 4)[:, :2].ravel()])
+    eager, _ = load_tiny(path, attn_implementation="eager")
+    with torch.no_grad():
+        att = eager(**inputs, output_attentions=True, use_cache=False).attentions
+    last = np.stack([a[0, :, -1].double().numpy() for a in att])  # (layers, heads, keys)
+
+    frame = pd.read_parquet(tmp_path / "run" / "ram.parquet")
+    assert len(frame) == len(ranking.ram) == 2 * 4
+    for row in frame.itertuples():
+        views = list(row.views)
+        assert [v["view"] for v in views] == [
+            "image 0:tile 0,0", "image 0:tile 0,1", "image 0:thumbnail", "image 1"
+        ]  # fmt: skip
+        assert [v["tokens"] for v in views] == [16] * 4 and [v["omega_tokens"] for v in views] == [
+            16,
+            0,
+            8,
+            0,
+        ]
+        a = last[row.layer, row.head]
+        for view, tokens in zip(views, tiles):
+            inside = np.intersect1d(tokens, omega)
+            assert view["mass"] == pytest.approx(a[tokens].sum(), rel=1e-5, abs=1e-9)
+            assert view["omega_mass"] == pytest.approx(a[inside].sum(), rel=1e-5, abs=1e-9)
+            assert view["omega_share"] == pytest.approx(a[inside].sum() / a[tokens].sum(), rel=1e-5)
+        assert sum(v["omega_mass"] for v in views) == pytest.approx(row.mass, rel=1e-5)

@@ -66,10 +66,28 @@ def test_conventions_on_one_row():
     logits = rebuild_rows(scores, visual, prior, "logits")[0, 0, 0]
     torch.testing.assert_close(logits, torch.softmax(torch.tensor([2.0, 0.25, 0.75, 1.0, float("-inf")]), -1))
     mean = rebuild_rows(scores, visual, prior, "mean_logits")[0, 0, 0]
-    rescaled = prior * 2 * (-0.25)  # π · |V| · mean(s_V)
-    want = torch.softmax(torch.tensor([2.0, float(rescaled[0]), float(rescaled[1]), 1.0, float("-inf")]), -1)
+    # m = mean(s_V) = -0.25 < 0: m + |m| (|V| π - 1) = -0.25 + 0.25 * ([0.5, 1.5] - 1) = [-0.375, -0.125]
+    want = torch.softmax(torch.tensor([2.0, -0.375, -0.125, 1.0, float("-inf")]), -1)
     torch.testing.assert_close(mean, want)
+    assert mean[2] > mean[1]  # the favoured key (π = 0.75) gets the larger share
     torch.testing.assert_close(rebuild_rows(scores, visual, None, "mass"), probs)  # 'own' prior: no-op
+
+
+@pytest.mark.parametrize(
+    ("row", "want"),
+    [
+        # issue 17's row: π = [0.9, 0.1] over scores [-1, -3] (m = -2); π·|V|·m gave the favoured key 0.039
+        ([-1.0, -3.0], [-2 + 2 * 0.8, -2 + 2 * -0.8]),
+        ([2.0, -1.0], [0.5 + 0.5 * 0.8, 0.5 + 0.5 * -0.8]),  # mixed signs, m = 0.5
+        ([-2.0, 2.0], [0.8, -0.8]),  # mixed signs, m = 0: unit scale
+        ([1.0, 3.0], [2 * 1.8, 2 * 0.2]),  # m = 2 > 0: exactly π·|V|·m
+    ],
+)
+def test_mean_logits_keeps_the_priors_order(row, want):
+    scores = torch.tensor([[[row]]])
+    got = rebuild_rows(scores, torch.tensor([0, 1]), torch.tensor([0.9, 0.1]), "mean_logits")[0, 0, 0]
+    torch.testing.assert_close(got, torch.softmax(torch.tensor(want), -1))
+    assert got[0] > 0.5  # the favoured key gets the most mass, whatever the sign of the scores
 
 
 def test_row_scores_match_row_probabilities(tiny_dir, data):
@@ -125,20 +143,66 @@ def test_mass_preserving_prior_keeps_visual_mass(tiny_dir, data):
     assert not torch.allclose(ours[0, -1], stock[0, -1], atol=1e-4)
 
 
-def test_priors_are_distributions_over_visual_tokens(tiny_dir, data):
+def _one_image(tmp_path, pixels, targets=()):
+    """Return a sample of one grey image (rows of pixel values) and the layout of one 1 x 2 or 2 x 2 grid."""
+    from PIL import Image
+
+    from corelens.data.sample import Sample
+    from corelens.layout import Layout, Segment
+
+    path = tmp_path / "im.png"
+    Image.fromarray(np.asarray(pixels, dtype=np.uint8), mode="L").save(path)
+    h, w = np.asarray(pixels).shape
+    sample = Sample("s", "image", "q", images=(path,), image_sizes=((w, h),), targets=tuple(targets))
+    return sample, Layout((Segment("image", 0, 3, h // 2, w // 2, (w, h)),), seq_len=3 + h * w // 4 + 2)
+
+
+def test_key_prior_is_a_tempered_softmax_of_iou():
+    from corelens.data.sample import Sample, Target
+    from corelens.experiments.sap import prior_key
+    from corelens.layout import Layout, Segment
+
+    # A 20 x 20 image in 2 x 2 cells of 10 px; a box over the top-left cell and half of its right neighbour.
+    box = Target("box", image=0, box=(0.0, 0.0, 15.0, 10.0))
+    sample = Sample("s", "image", "q", image_sizes=((20, 20),), targets=(box,))
+    layout = Layout((Segment("image", 0, 3, 2, 2, (20, 20)),), seq_len=9)
+    iou = np.array([100 / 150, 50 / 200, 0.0, 0.0])  # cell ∩ box over cell ∪ box, in reading order
+    for t in (1.0, 0.1):
+        want = np.exp(iou / t) / np.exp(iou / t).sum()
+        np.testing.assert_allclose(prior_key(layout, sample, t), want, rtol=1e-12)
+    flat = prior_key(layout, sample, 1.0)
+    assert flat.max() / flat.min() < np.e  # inputs in [0, 1]: at T = 1 the prior is close to uniform
+
+
+def test_complexity_prior_is_a_tempered_softmax_of_cell_complexity(tmp_path):
+    from types import SimpleNamespace
+
+    from corelens.experiments.sap import prior_complexity
+
+    # Three 2 x 2-pixel cells (grey levels 0 / 1): flat (complexity 0); a checkerboard, mean |dx| = 1,
+    # mean |dy| = 1, variance 1/4: 2.25; a dark row over a light one, 0 + 1 + 1/4 = 1.25. Min-max: 0, 1, 5/9.
+    pixels = [[9, 9, 0, 255, 0, 0], [9, 9, 255, 0, 255, 255]]
+    sample, layout = _one_image(tmp_path, pixels)
+    m = SimpleNamespace(
+        processor=SimpleNamespace(image_processor=SimpleNamespace(patch_size=1, merge_size=2))
+    )
+    for t in (1.0, 0.1):
+        want = np.exp(np.array([0.0, 1.0, 5 / 9]) / t) / np.exp(np.array([0.0, 1.0, 5 / 9]) / t).sum()
+        np.testing.assert_allclose(prior_complexity(m, layout, sample, t), want, rtol=1e-12)
+    with pytest.raises(CorelensError, match="positive"):
+        build_prior(m, sample, None, "complexity", temperature=0.0)
+
+
+def test_noise_prior_is_the_seeded_dirichlet_draw(tiny_dir, data):
+    from corelens.experiments.flow import sample_seed
+
     m = corelens.load(tiny_dir("qwen2_5_vl"))
-    for task, path in data.items():
-        sample = _sample(path)
-        p = prepare(m, sample)
-        n = len(p.layout.visual)
-        for kind in ("vis_attn", "complexity", "noise", "key"):
-            prior = build_prior(m, sample, p, kind, seed=1)
-            assert prior.shape == (n,) and (prior > 0).all(), (task, kind)
-            assert prior.sum() == pytest.approx(1.0), (task, kind)
-        if task == "image":
-            key = build_prior(m, sample, p, "key")
-            omega = p.layout.omega(sample.targets)
-            assert p.layout.visual[int(np.argmax(key))] in omega
+    sample = _sample(data["image"])
+    p = prepare(m, sample)
+    n = len(p.layout.visual)
+    want = np.random.default_rng(sample_seed(1, sample.id)).dirichlet(np.ones(n))
+    np.testing.assert_array_equal(build_prior(m, sample, p, "noise", seed=1), want)
+    assert not np.array_equal(build_prior(m, sample, p, "noise", seed=2), want)
     assert build_prior(m, sample, p, "own") is None
 
 
@@ -196,6 +260,16 @@ def test_sap_run_and_cli(tiny_dir, data, tmp_path):
     assert regions["group"].tolist() == ["correct", "incorrect", "all"] and regions["n"].iloc[-1] == 2
     assert (out / "figures" / "sap_accuracy.png").stat().st_size > 1000
     assert result.accuracy["n"].tolist() == [2] * 5
+    # priors.csv: each prior's mass on Ω beside the area share and the model's own share (key_region.csv).
+    table = pd.read_csv(out / "priors.csv")
+    assert table["prior"].tolist() == ["noise"] and table["n"].tolist() == [2]
+    allrow = regions.iloc[-1]
+    assert table["area_share"].iloc[0] == pytest.approx(allrow["area_prior"])
+    assert table["model_share"].iloc[0] == pytest.approx(allrow["key_ratio"])
+    sharp = sap(m, data["image"], priors=("key",), layers=("1",), prior_temperature=0.05, max_new_tokens=2)
+    assert sharp.priors["omega_mass"].iloc[0] > 0.9 and sharp.priors["temperature"].iloc[0] == 0.05
+    flat = sap(m, data["image"], priors=("key",), layers=("1",), max_new_tokens=2).priors.iloc[0]
+    assert flat["lift"] < sharp.priors["lift"].iloc[0] and flat["spread"] <= np.e + 1e-9
     args = ["sap", "--model", str(path), "--data", str(data["image"]), "--max-new-tokens", "2"]
     assert (
         main([*args, "--out", str(tmp_path / "cli"), "--prior", "key", "--layers", "0", "--limit", "1"]) == 0

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Organism residual geometry and attention priors (issue 6): Table-1 analogue on 20 seed-3 samples per
-# task (all three baselines; TME sharpening α = 16 and α = 1), then the SAP sweep (four priors, late and
-# all layers) on 60 per task.
+# Organism residual geometry (issue 6): Table-1 analogue on 20 seed-3 samples per task (all three
+# baselines; TME sharpening α = 16 and α = 1; ε_RoPE on Δ and on X + Δ). The SAP sweep is in sap.sh.
 set -euo pipefail
 for task in image video document; do
   .venv/bin/python -c "from corelens.organism.tasks import generate; generate('$task', 'runs/flow-data', 60, seed=3)"
@@ -13,12 +12,7 @@ for task in image video document; do
     --limit 20 --alpha 1 --out runs/flow-$task-alpha1
   .venv/bin/corelens flow --model src/corelens/organism/checkpoint --data runs/flow-data/$task.jsonl \
     --limit 20 --baseline none --rope-on residual --out runs/flow-$task-rope-residual
-  .venv/bin/corelens sap --model src/corelens/organism/checkpoint --data runs/flow-data/$task.jsonl \
-    --layers late --layers all --out runs/sap-$task
   cp runs/flow-$task/table1.csv benchmarks/organism/results/flow-$task-table1.csv
   cp runs/flow-$task-alpha1/table1.csv benchmarks/organism/results/flow-$task-table1-alpha1.csv
   cp runs/flow-$task-rope-residual/table1.csv benchmarks/organism/results/flow-$task-table1-rope-residual.csv
-  for part in accuracy key_region; do
-    cp runs/sap-$task/$part.csv benchmarks/organism/results/sap-$task-$part.csv
-  done
 done

@@ -181,6 +181,24 @@ class Layout:
             return np.zeros(0, dtype=np.int64)
         return np.unique(np.concatenate([s.tokens(self.padding) for s in self.segments]))
 
+    def views(self) -> list[tuple[str, np.ndarray]]:
+        """Return each view's label and its tokens in V, in prompt order (METHODS §2, RAM per view).
+
+        A view is one segment: "image I" for an image shown whole (a page of a document is an image),
+        "image I:VIEW" for one view of a tiled image (base, grid, tile R,C, thumbnail) and "video:frames A-B"
+        for a frame group. Segments with the same label (none in the supported families) are merged.
+        """
+        tiled = {s.source for s in self.segments if s.kind == "image" and s.view != "full"}
+        found: dict[str, list[np.ndarray]] = {}
+        visual = self.visual
+        for seg in sorted(self.segments, key=lambda s: s.start):
+            if seg.kind == "video":
+                label = f"video:frames {seg.frames[0]}-{seg.frames[-1]}" if seg.frames else "video"
+            else:
+                label = f"image {seg.source}" + (f":{seg.view}" if seg.source in tiled else "")
+            found.setdefault(label, []).append(np.intersect1d(seg.all_tokens(), visual))
+        return [(label, np.unique(np.concatenate(parts))) for label, parts in found.items()]
+
     def of(self, kind: str, source: int) -> list[Segment]:
         """Return the segments showing image (or video) `source`."""
         return [s for s in self.segments if s.kind == kind and s.source == source]

@@ -10,8 +10,10 @@ activates it on one model for the duration of a `with` block:
 
 Inside the block every decoder attention call goes through the hybrid kernels (`corelens.attention.kernels`):
 a whole-prompt prefill runs the chosen kernel (`auto`: FlexAttention on CUDA, the blocked CPU path
-otherwise); any other call (decoding steps, cache extensions) runs the exact masked path over the keys at
-hand. With `h.cache()` passed to `generate`, streaming KV heads keep only their sinks and window.
+otherwise). Decoding follows `decode`: "full" (the default, as in the paper, which streams in prefill only)
+runs every decoding step with the model's own attention over every cached key; "stream" runs the exact
+masked path over the keys at hand, and with `h.cache()` passed to `generate`, streaming KV heads keep only
+their sinks and window.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from corelens.metrics.headsets import SEEDED, k_count, select
 FORMAT = "corelens.hybrid-policy/1"
 DEFAULT_SINK = 128
 DEFAULT_WINDOW = 1024
+DECODES = ("full", "stream")
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,12 @@ class HybridPolicy:
         seed: int | None = None,
         sink: int = DEFAULT_SINK,
         window: int = DEFAULT_WINDOW,
+        random_from: str = "all",
     ) -> HybridPolicy:
         """Return the policy whose full set is `keep` heads ("10%", 0.1 or a count) of a heads.csv table.
 
-        `kind`: "top" (the CoRe heads), "bottom", "random" or "layer-matched" (seeded), as in
-        `corelens.metrics.headsets`.
+        `kind`: "top" (the CoRe heads), "bottom", "random" (from `random_from`: "all" heads or "non-top")
+        or "layer-matched" (seeded), as in `corelens.metrics.headsets`.
         """
         source: dict[str, Any] = {"keep": str(keep), "kind": kind}
         if not isinstance(heads, pd.DataFrame):
@@ -83,7 +87,9 @@ class HybridPolicy:
         if kind in SEEDED:
             seed = 0 if seed is None else seed
             source["seed"] = seed
-        return cls(select(heads, kind, count, seed), sink, window, source)
+        if kind == "random":
+            source["random_from"] = random_from
+        return cls(select(heads, kind, count, seed, random_from=random_from), sink, window, source)
 
     def full_mask(self, layers: int, heads: int) -> torch.Tensor:
         """Return the (layers, heads) boolean full-head table for a model of that shape."""
@@ -188,14 +194,19 @@ def _model_shape(m: Any) -> tuple[list[tuple[int, torch.nn.Module]], int, int, i
 class Hybrid:
     """An active hybrid policy on one model: its hook, its caches, and what ran (`stats`)."""
 
-    def __init__(self, m: Any, policy: HybridPolicy, kernel: str = "auto") -> None:
+    def __init__(self, m: Any, policy: HybridPolicy, kernel: str = "auto", decode: str = "full") -> None:
         if kernel not in kernels.KERNELS:
             raise ValueError(f"unknown hybrid kernel {kernel!r}; expected one of {kernels.KERNELS}")
+        if decode not in DECODES:
+            raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
         self.modules, self.layers, self.heads, self.kv_heads = _model_shape(m)
         self.policy = policy
         self.kernel = kernel
+        self.decode = decode
         self.full = policy.full_mask(self.layers, self.heads)
-        self.stream_kv = policy.streaming_kv(self.layers, self.heads, self.kv_heads)
+        # Full decoding reads every cached key, so no KV head may be trimmed.
+        stream_kv = policy.streaming_kv(self.layers, self.heads, self.kv_heads)
+        self.stream_kv = stream_kv if decode == "stream" else torch.zeros_like(stream_kv)
         self.stats: Counter[str] = Counter()
         self.fallbacks: list[str] = []
         self.active = False
@@ -204,7 +215,10 @@ class Hybrid:
         self.hook = HybridHook(self)
 
     def cache(self) -> HybridCache:
-        """Return a new cache for one `generate` call: streaming KV heads keep only sinks + window."""
+        """Return a new cache for one `generate` call: streaming KV heads keep only sinks + window.
+
+        Under `decode="full"` no KV head streams in decoding, so the cache keeps every key (nothing saved).
+        """
         layers = [
             HybridCacheLayer(
                 i,
@@ -274,6 +288,8 @@ class HybridHook(AttentionHook):
             call.kernel = partial(self._trimmed, call.layer, full, layer)
         elif q_len == kv_len:
             call.kernel = partial(self._prefill, full, layer)
+        elif s.decode == "full":
+            pass  # decoding with the model's own attention over every cached key
         elif not bool(full.all()):
             call.kernel = partial(self._masked, full)
         self._owed = call.kernel is not None
@@ -358,14 +374,17 @@ def hybrid(
     window: int | None = None,
     keep: int | float | str | None = None,
     kernel: str = "auto",
+    decode: str = "full",
 ) -> Iterator[Hybrid]:
     """Run `m` with hybrid attention inside the block: `full` heads keep causal attention, the rest stream.
 
     `full`: a HybridPolicy, a policy .json, a heads.csv path / head table / Ranking (with `keep`: a count, a
     fraction or "10%"), or (layer, head) pairs. `sink` / `window` default to the policy's (128 / 1024).
-    `kernel`: "auto", "blocked", "flex" or "reference" (prefill only; decoding is always exact-masked).
+    `kernel`: "auto", "blocked", "flex" or "reference" (prefill only; streamed decoding is exact-masked).
+    `decode`: "full" (every head attends to every cached key after the hybrid prefill, as in the paper) or
+    "stream" (the streaming heads keep their pattern in decoding; `h.cache()` then trims their KV heads).
     """
-    session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel)
+    session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel, decode)
     with activate(session.modules, session.hook):
         session.active = True
         try:

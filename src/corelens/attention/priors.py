@@ -10,7 +10,8 @@ outputs overwritten. Conventions **[decision: mass]**:
 - `logits` (the authors' code): the visual pre-softmax scores are replaced by π itself (probabilities
   written as logits), text scores kept, then softmax — every prior becomes near-uniform attention;
 - `mean_logits` (the authors' rescaled variant, as read here): the visual scores are replaced by π scaled to
-  the mean of the row's original visual scores, π_j·|V|·mean(s_V), then softmax.
+  the row's mean visual score m = mean(s_V), m + |m|·(|V|·π_j − 1) (= π_j·|V|·m when m > 0; |m| is taken
+  as 1 when m = 0), then softmax: the new visual scores keep their mean m and follow the order of π.
 
 `prior=None` is the control "own": π is the row's own visual distribution, an exact no-op under `mass`.
 
@@ -132,8 +133,12 @@ def rebuild_rows(
     if convention == "logits":
         new_scores[..., visual] = pi
     elif convention == "mean_logits":
-        mean_scores = scores[..., visual].mean(-1, keepdim=True)
-        new_scores[..., visual] = pi * pi.shape[-1] * mean_scores
+        # The authors' intent: put π on the scale of the row's own visual scores, keeping their mean m (so
+        # the row's visual / text balance stays near the model's) while the prior sets their order. Their
+        # π·|V|·m inverts that order when m < 0; m + |m|·(|V|π − 1) is the same for m > 0 and keeps it.
+        m = scores[..., visual].mean(-1, keepdim=True)
+        scale = torch.where(m == 0, torch.ones_like(m), m.abs())  # m = 0: unit scale, not a flat prior
+        new_scores[..., visual] = m + scale * (pi * pi.shape[-1] - 1)
     else:
         raise ValueError(f"unknown SAP convention {convention!r}; expected one of {CONVENTIONS}")
     return torch.softmax(new_scores, dim=-1)

@@ -50,7 +50,11 @@ def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
 
 
 class RamProbe(AttentionHook):
-    """Records, per layer and query head, the mean mass of `rows` on `omega` and on `visual` (fp32)."""
+    """Records, per layer and query head, the mean mass of `rows` on `omega` and on `visual` (fp32).
+
+    With `views` (token positions of each view, e.g. `Layout.views()`), `view_mass` (layers, heads, views, 2)
+    also holds each view's mass and its mass on Ω ∩ view.
+    """
 
     def __init__(
         self,
@@ -60,21 +64,30 @@ class RamProbe(AttentionHook):
         omega: torch.Tensor,
         visual: torch.Tensor,
         seq_len: int,
+        views: list[torch.Tensor] | None = None,
     ) -> None:
         self.rows = rows.long()
         self.omega = omega.long()
         self.visual = visual.long()
+        self.views = [v.long() for v in views or []]
         self.seq_len = seq_len
         self.mass = torch.full((num_layers, num_heads), float("nan"))
         self.visual_mass = torch.full((num_layers, num_heads), float("nan"))
+        self.view_mass = torch.full((num_layers, num_heads, len(self.views), 2), float("nan"))
         self._indicator: torch.Tensor | None = None
 
     def _indicators(self, kv_len: int, device: torch.device) -> torch.Tensor:
-        # (kv_len, 2) 0/1 columns marking Omega and V: one matmul reduces a block of rows to both masses.
+        # 0/1 columns marking Omega, V, then each view and Omega ∩ view: one matmul reduces a block of rows
+        # to every mass.
         if self._indicator is None or self._indicator.device != device:
-            indicator = torch.zeros(kv_len, 2)
+            indicator = torch.zeros(kv_len, 2 + 2 * len(self.views))
             indicator[self.omega, 0] = 1.0
             indicator[self.visual, 1] = 1.0
+            in_omega = torch.zeros(kv_len, dtype=torch.bool)
+            in_omega[self.omega] = True
+            for i, view in enumerate(self.views):
+                indicator[view, 2 + 2 * i] = 1.0
+                indicator[view[in_omega[view]], 3 + 2 * i] = 1.0
             self._indicator = indicator.to(device)
         return self._indicator
 
@@ -87,13 +100,14 @@ class RamProbe(AttentionHook):
         heads, kv_len = call.query.shape[1], call.key.shape[2]
         step = max(1, _CHUNK_ELEMENTS // (heads * kv_len))
         indicator = self._indicators(kv_len, call.key.device)
-        totals = torch.zeros(heads, 2, device=call.key.device)
+        totals = torch.zeros(heads, indicator.shape[1], device=call.key.device)
         for start in range(0, len(self.rows), step):
             probs = row_probabilities(call, self.rows[start : start + step])[0]  # (heads, rows, kv)
             totals += (probs @ indicator).sum(dim=1)
         totals = totals.cpu() / len(self.rows)
         self.mass[call.layer] = totals[:, 0]
         self.visual_mass[call.layer] = totals[:, 1]
+        self.view_mass[call.layer] = totals[:, 2:].reshape(heads, len(self.views), 2)
 
 
 class KeyMapProbe(AttentionHook):

@@ -8,6 +8,7 @@ import sys
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
 from corelens.heads import resolve_heads
+from corelens.metrics.headsets import STABLE_P, add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
@@ -23,12 +24,16 @@ def run(args: argparse.Namespace) -> None:
         sets=[s.strip() for s in args.sets.split(",") if s.strip()],
         seeds=args.seeds,
         seed=args.seed,
+        random_from=args.random_from,
         sink=args.sink,
         window=args.window,
+        decode=args.decode,
         scorer=args.scorer,
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        rank_resamples=args.rank_resamples,
+        stable_p=args.stable_p,
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
@@ -37,7 +42,13 @@ def run(args: argparse.Namespace) -> None:
         return
     cols = ["set", "keep", "full_heads", "seed", "accuracy", "n", "ci_low", "ci_high", "cache_saved_fraction"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"S = {result.sink}, W = {result.window} tokens; median prompt {result.median_tokens:.0f} tokens")
+    if result.resampled is not None:
+        print(f"top-k over {args.rank_resamples} resamples of the ranking (median, 90 % interval):")
+        print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(
+        f"S = {result.sink}, W = {result.window} tokens, decode {args.decode}; "
+        f"median prompt {result.median_tokens:.0f} tokens"
+    )
     print(f"wrote {args.out}/hybrid.csv, records.parquet, policies.json, figures/hybrid.png")
 
 
@@ -53,15 +64,33 @@ def register(sub) -> None:
     )
     h.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     h.add_argument("--keep", default="5%,10%,20%,50%", help="shares (or counts) of heads kept full")
-    h.add_argument("--sets", default="top,random,bottom", help="full sets: top (CoRe), random, bottom")
+    h.add_argument(
+        "--sets",
+        default="top,random,bottom",
+        help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p)",
+    )
+    h.add_argument("--stable-p", type=float, default=STABLE_P, help="P(top-k) threshold of the stable set")
+    h.add_argument(
+        "--rank-resamples",
+        type=int,
+        default=0,
+        help="also keep full the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
+    )
     h.add_argument(
         "--sink", default="128", help="sink tokens S: a count, or a share of the median prompt (5%%)"
     )
     h.add_argument(
         "--window", default="1024", help="window W: a count, or a share of the median prompt (25%%)"
     )
+    h.add_argument(
+        "--decode",
+        choices=("full", "stream"),
+        default="full",
+        help="decoding after the hybrid prefill: full attention (the paper) or the streaming pattern",
+    )
     h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
     h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
+    add_random_from(h)
     h.add_argument("--scorer", choices=SCORERS, default="auto")
     h.add_argument("--max-new-tokens", type=int, default=8)
     h.add_argument("--limit", type=int, default=None, help="use the first N samples")

@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> None:
         layers=args.layers or ["late"],
         heads=args.heads,
         convention=args.convention,
+        prior_temperature=args.prior_temperature,
         scorer=args.scorer,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
@@ -42,8 +43,10 @@ def run(args: argparse.Namespace) -> None:
     fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
     print(result.accuracy.to_string(**fmt))
     print(result.key_region.to_string(**fmt))
+    print(result.priors.to_string(**fmt))
     print(
-        f"wrote {args.out}/sap.parquet, accuracy.csv, key_region.csv, manifest.json, figures/sap_accuracy.png"
+        f"wrote {args.out}/sap.parquet, accuracy.csv, key_region.csv, priors.csv, manifest.json, "
+        "figures/sap_accuracy.png"
     )
 
 
@@ -65,6 +68,12 @@ def register(sub) -> None:
     )
     s.add_argument("--heads", default="all", help="all, 0-3,7, or band:P0-P1 (percentiles of visual mass)")
     s.add_argument("--convention", choices=CONVENTIONS, default="mass", help="how the prior is written")
+    s.add_argument(
+        "--prior-temperature",
+        type=float,
+        default=1.0,
+        help="T of the key and complexity priors, softmax(x / T) of values in [0, 1]: lower is sharper",
+    )
     s.add_argument("--scorer", choices=("auto", "exact", "choice", "yesno"), default="auto")
     s.add_argument("--max-new-tokens", type=int, default=8)
     s.add_argument("--seed", type=int, default=0, help="seed of the noise prior")

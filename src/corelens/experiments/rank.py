@@ -1,8 +1,13 @@
-"""Rank heads by Retrieval Attention Mass: samples -> per-head RAM -> ram.parquet, heads.csv, heatmap."""
+"""Rank heads by Retrieval Attention Mass: samples -> per-head RAM -> ram.parquet, heads.csv, heatmap.
+
+ram.parquet has one row per (sample, layer, head); its `views` column lists, per view of the prompt (base
+view, tile, thumbnail, page, frame group: `Layout.views()`), the head's mass on the view, its mass on
+Ω ∩ view, their ratio (the view's Ω share) and the view's token counts.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -13,7 +18,9 @@ import torch
 from corelens.attention import RamProbe, activate
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import InputError
+from corelens.metrics.headsets import k_count, parse_k
 from corelens.metrics.ram import head_table, sample_frame, top_heads
+from corelens.metrics.uncertainty import bootstrap_heads, uncertain_heads
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare, prompt_length
 from corelens.runs import Run, current, model_data_settings
@@ -22,13 +29,21 @@ from corelens.runs.driver import Loop, drive
 
 @dataclass
 class SampleRam:
-    """RAM of one sample: (layers, heads) arrays of mass, visual share and lift, and the set sizes."""
+    """RAM of one sample: (layers, heads) arrays of mass, visual share and lift, and the set sizes.
+
+    Per view (`views`: labels of `Layout.views()`): `view_mass` (layers, heads, views, 2) holds each view's
+    mass and its mass on Ω; `view_tokens` / `view_omega` count the view's tokens in V and in Ω.
+    """
 
     mass: np.ndarray
     share: np.ndarray
     lift: np.ndarray
     n_omega: int
     n_visual: int
+    views: list[str] = field(default_factory=list)
+    view_mass: np.ndarray | None = None
+    view_tokens: list[int] = field(default_factory=list)
+    view_omega: list[int] = field(default_factory=list)
 
 
 def measure_sample(
@@ -49,6 +64,7 @@ def measure_sample(
         raise InputError(
             "the targets cover no visual token", file=sample.source, line=sample.line, sample=sample.id
         )
+    views = prepared.layout.views()
     probe = RamProbe(
         m.num_layers,
         m.num_heads,
@@ -56,6 +72,7 @@ def measure_sample(
         torch.from_numpy(omega),
         torch.from_numpy(visual),
         prepared.seq_len,
+        views=[torch.from_numpy(tokens) for _, tokens in views],
     )
     inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     with torch.no_grad(), activate(m.layer_modules(), probe):
@@ -65,7 +82,17 @@ def measure_sample(
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(vis > 0, mass / vis, np.nan)
     lift = share / (len(omega) / len(visual))
-    return SampleRam(mass, share, lift, len(omega), len(visual))
+    return SampleRam(
+        mass,
+        share,
+        lift,
+        len(omega),
+        len(visual),
+        [label for label, _ in views],
+        probe.view_mass.double().numpy(),
+        [len(tokens) for _, tokens in views],
+        [int(np.isin(tokens, omega).sum()) for _, tokens in views],
+    )
 
 
 @dataclass
@@ -90,6 +117,10 @@ def _record(sample: Sample, result: SampleRam) -> dict:
         "mass": result.mass.tolist(),
         "share": result.share.tolist(),
         "lift": result.lift.tolist(),
+        "views": result.views,
+        "view_mass": result.view_mass.tolist() if result.view_mass is not None else [],
+        "view_tokens": result.view_tokens,
+        "view_omega": result.view_omega,
     }
 
 
@@ -105,10 +136,15 @@ def rank(
     skip_bad: bool = False,
     progress: bool = False,
     overlays: int = 0,
+    ks: str | list[str] | None = "1%,5%,10%",
+    n_boot: int = 1000,
+    boot_seed: int = 0,
     argv: list[str] | None = None,
 ) -> Ranking:
     """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir.
 
+    The head table also carries `n_boot` seeded bootstrap intervals of each head's mass and rank and its
+    probability of being in the top-k for each of `ks` (counts or shares; column `p_top{k}`; None: none).
     `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples.
     Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
 
@@ -146,6 +182,13 @@ def rank(
     logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
     records = [r for r in logged if r["status"] == "ok"]
     ranking = _ranking(records)
+    uncertainty = None
+    if ks is not None and len(ranking.heads):
+        # Post-processing of the logged samples, not a run setting: a resume may ask for other k values.
+        ks = parse_k(ks)
+        counts = sorted({k_count(k, len(ranking.heads)) for k in ks})
+        ranking.heads = bootstrap_heads(ranking.ram, counts, n_boot=n_boot, seed=boot_seed)
+        uncertainty = {"k": ks, "counts": counts, "n_boot": n_boot, "seed": boot_seed}
     if run is None or not run.dist.main:
         if run is not None:
             run.finish()
@@ -154,13 +197,20 @@ def rank(
     ranking.heads.to_csv(run.path / "heads.csv", index=False)
     from corelens.report.heatmap import head_heatmap
 
-    head_heatmap(ranking.heads, run.path / "figures" / "heads_mass.png", title=f"Mean RAM ({query} queries)")
+    head_heatmap(
+        ranking.heads,
+        run.path / "figures" / "heads_mass.png",
+        title=f"Mean RAM ({query} queries)",
+        marked=uncertain_heads(ranking.heads) if uncertainty else None,
+    )
     if overlays > 0:
         from corelens.experiments.overlay import write_overlays
 
         ranked = {r["id"] for r in records}
         chosen = [s for s in samples if s.id in ranked][:overlays]
         write_overlays(m, chosen, ranking.heads, run.path / "figures", query=query)
+    if uncertainty:
+        run.manifest["uncertainty"] = uncertainty
     run.finish(samples=len(records), skipped=sum(1 for r in logged if r["status"] == "skipped"))
     return ranking
 

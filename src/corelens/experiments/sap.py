@@ -9,11 +9,16 @@ over the prompt's visual tokens V (in position order):
   chunk: image, frame group or window) and heads, pooled over each 2 x 2 merge group (Qwen2.5-VL's window
   order undone);
 - `complexity`: per visual-token cell of the processed (resized) image, grey-level mean |horizontal
-  difference| + mean |vertical difference| + variance, min-max normalised, then softmax;
+  difference| + mean |vertical difference| + variance, min-max normalised to [0, 1], then softmax(x / T);
 - `noise`: a Dirichlet(1, ..., 1) draw (seeded per sample);
-- `key`: softmax of each cell's IoU with the target boxes (max over targets; video: over the group's frames);
+- `key`: softmax(x / T) of each cell's IoU x with the target boxes (max over targets; video: over the
+  group's frames);
 - `own` (control): the row's own visual distribution (a no-op under the mass convention).
-Writes sap.parquet, accuracy.csv, key_region.csv and a figure.
+
+The temperature T (`prior_temperature`, default 1) sets the strength of `key` and `complexity`: their inputs
+lie in [0, 1], so at T = 1 the largest and smallest weights differ by at most e and the prior is close to
+uniform; T = 0.1 allows e^10. Writes sap.parquet, accuracy.csv, key_region.csv, priors.csv (each prior's
+mass on Ω against the area share |Ω| / |V| and the model's own share Σ_Ω A / Σ_V A) and a figure.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from corelens.runs import Run, current, model_data_settings
 from corelens.runs.driver import Loop, drive
 
 PRIORS = ("vis_attn", "complexity", "noise", "key")
+TEMPERED = ("key", "complexity")  # priors that are a softmax of values in [0, 1]: the temperature applies
 CONTROLS = ("own",)
 _VIS_CHUNK = 1 << 24  # score elements materialised at once in the vision-attention prior
 
@@ -82,8 +88,8 @@ def _iou(cells: tuple[np.ndarray, np.ndarray], box) -> np.ndarray:
     return inter / (cell + (x1 - x0) * (y1 - y0) - inter)
 
 
-def prior_key(layout: Layout, sample: Sample) -> np.ndarray:
-    """Return softmax over visual tokens of each cell's IoU with the sample's target boxes."""
+def prior_key(layout: Layout, sample: Sample, temperature: float = 1.0) -> np.ndarray:
+    """Return softmax(IoU / T) over visual tokens of each cell's IoU with the sample's target boxes."""
     parts = []
     for seg in layout.segments:
         iou = np.zeros((seg.rows, seg.cols))
@@ -100,7 +106,7 @@ def prior_key(layout: Layout, sample: Sample) -> np.ndarray:
             for box in boxes:
                 iou = np.maximum(iou, _iou(seg.cell_spans(), box))
         parts.append((seg, iou))
-    return _softmax(_place(layout, parts))
+    return _softmax(_place(layout, parts) / temperature)
 
 
 def _cell_complexity(image: Image.Image, rows: int, cols: int, cell: int) -> np.ndarray:
@@ -111,8 +117,8 @@ def _cell_complexity(image: Image.Image, rows: int, cols: int, cell: int) -> np.
     return dx + dy + blocks.var(axis=(2, 3))
 
 
-def prior_complexity(m: Loaded, layout: Layout, sample: Sample) -> np.ndarray:
-    """Return softmax of min-max normalised per-cell complexity of the processed image(s) or frames."""
+def prior_complexity(m: Loaded, layout: Layout, sample: Sample, temperature: float = 1.0) -> np.ndarray:
+    """Return softmax(x / T) of the min-max normalised per-cell complexity x of the processed images / frames."""
     ip = m.processor.image_processor
     cell = int(ip.patch_size) * int(ip.merge_size)
     images = load_images(sample) if sample.images else []
@@ -128,7 +134,7 @@ def prior_complexity(m: Loaded, layout: Layout, sample: Sample) -> np.ndarray:
         parts.append((seg, grid))
     values = _place(layout, parts)
     span = values.max() - values.min()
-    return _softmax((values - values.min()) / span if span > 0 else np.zeros_like(values))
+    return _softmax((values - values.min()) / span / temperature if span > 0 else np.zeros_like(values))
 
 
 def _vision_tower(m: Loaded) -> torch.nn.Module:
@@ -209,9 +215,14 @@ def prior_vis_attn(m: Loaded, prepared: Prepared) -> np.ndarray:
 
 
 def build_prior(
-    m: Loaded, sample: Sample, prepared: Prepared, kind: str, *, seed: int = 0
+    m: Loaded, sample: Sample, prepared: Prepared, kind: str, *, seed: int = 0, temperature: float = 1.0
 ) -> np.ndarray | None:
-    """Return prior `kind` over the visual tokens of `prepared` (None for the 'own' control)."""
+    """Return prior `kind` over the visual tokens of `prepared` (None for the 'own' control).
+
+    `temperature` divides the inputs of the `key` and `complexity` softmaxes (the others ignore it).
+    """
+    if not temperature > 0:
+        raise CorelensError(f"--prior-temperature must be positive, got {temperature}")
     if kind == "own":
         return None
     if kind == "noise":
@@ -221,9 +232,9 @@ def build_prior(
             raise InputError(
                 "the key prior needs targets", file=sample.source, line=sample.line, sample=sample.id
             )
-        return prior_key(prepared.layout, sample)
+        return prior_key(prepared.layout, sample, temperature)
     if kind == "complexity":
-        return prior_complexity(m, prepared.layout, sample)
+        return prior_complexity(m, prepared.layout, sample, temperature)
     if kind == "vis_attn":
         return prior_vis_attn(m, prepared)
     raise ValueError(f"unknown prior {kind!r}; expected one of {PRIORS + CONTROLS}")
@@ -297,8 +308,12 @@ def measure_sample(
     scorer: str = "auto",
     max_new_tokens: int = 8,
     seed: int = 0,
+    temperature: float = 1.0,
 ) -> dict:
-    """Return one sample's record: vanilla answer, key-region ratio, area prior, answers per condition."""
+    """Return one sample's record: vanilla answer, key-region ratio, area prior, answers per condition.
+
+    `prior_omega` holds each prior's mass on Ω and `prior_spread` its largest / smallest weight.
+    """
     if sample.answer is None:
         raise InputError(
             "SAP needs an answer to score", file=sample.source, line=sample.line, sample=sample.id
@@ -310,17 +325,29 @@ def measure_sample(
     answers = {}
     for cond in conditions:
         if cond.prior not in priors:
-            priors[cond.prior] = build_prior(m, sample, prepared, cond.prior, seed=seed)
+            priors[cond.prior] = build_prior(
+                m, sample, prepared, cond.prior, seed=seed, temperature=temperature
+            )
         pred = answer_with(m, sample, prepared, priors[cond.prior], cond, max_new_tokens)
         answers[cond.name] = {
             "prediction": pred,
             "correct": score(pred, sample.answer, sample.choices, scorer),
         }
+    in_omega = (
+        np.isin(prepared.layout.visual, prepared.layout.omega(sample.targets, sample=sample.id))
+        if sample.targets
+        else None
+    )
+    shown = {k: v for k, v in priors.items() if v is not None}
     return {
         "id": sample.id,
         "task": sample.task,
         "status": "ok",
         "gold": sample.answer,
+        "prior_omega": {
+            k: float(v[in_omega].sum()) if in_omega is not None else float("nan") for k, v in shown.items()
+        },
+        "prior_spread": {k: float(v.max() / v.min()) for k, v in shown.items()},
         "vanilla": {"prediction": vanilla, "correct": score(vanilla, sample.answer, sample.choices, scorer)},
         "key_ratio": ratio,
         "area": area,
@@ -330,11 +357,45 @@ def measure_sample(
 
 @dataclass
 class SapResult:
-    """SAP tables: per sample and condition, accuracy per condition, key-region ratio by correctness."""
+    """SAP tables: per sample and condition, accuracy per condition, key-region ratio by correctness, priors."""
 
     frame: pd.DataFrame
     accuracy: pd.DataFrame
     key_region: pd.DataFrame
+    priors: pd.DataFrame
+
+
+PRIOR_COLUMNS = ["prior", "temperature", "n", "omega_mass", "area_share", "model_share", "lift", "spread"]
+
+
+def prior_table(records: Sequence[dict], temperature: float) -> pd.DataFrame:
+    """Return, per prior, its mean mass on Ω beside the area share |Ω| / |V| and the model's own Ω share.
+
+    `model_share` is the key-region ratio Σ_Ω A / Σ_V A of the unmodified model (answer position, mean over
+    layers and heads); `lift` = omega_mass / area_share, 1 for a uniform prior; `spread` is the median over
+    samples of the prior's largest / smallest weight. Samples without targets are left out.
+    """
+    rows = []
+    kinds = list(dict.fromkeys(k for r in records for k in r.get("prior_omega", {})))
+    for kind in kinds:
+        got = [r for r in records if kind in r["prior_omega"] and not np.isnan(r["prior_omega"][kind])]
+        mass = np.array([r["prior_omega"][kind] for r in got])
+        area = np.array([r["area"] for r in got])
+        rows.append(
+            {
+                "prior": kind,
+                "temperature": temperature if kind in TEMPERED else float("nan"),
+                "n": len(got),
+                "omega_mass": float(mass.mean()) if len(got) else float("nan"),
+                "area_share": float(area.mean()) if len(got) else float("nan"),
+                "model_share": float(np.mean([r["key_ratio"] for r in got])) if len(got) else float("nan"),
+                "lift": float((mass / area).mean()) if len(got) else float("nan"),
+                "spread": float(np.median([r["prior_spread"][kind] for r in got]))
+                if len(got)
+                else float("nan"),
+            }
+        )
+    return pd.DataFrame(rows, columns=PRIOR_COLUMNS)
 
 
 def sap_frame(records: Sequence[dict], conditions: Sequence[Condition]) -> pd.DataFrame:
@@ -412,6 +473,7 @@ def sap(
     layers: Sequence[str] = ("late",),
     heads: str = "all",
     convention: str = "mass",
+    prior_temperature: float = 1.0,
     scorer: str = "auto",
     max_new_tokens: int = 8,
     seed: int = 0,
@@ -427,6 +489,8 @@ def sap(
             raise CorelensError(f"unknown prior {p!r}; expected one of {PRIORS + CONTROLS}")
     if convention not in CONVENTIONS:
         raise CorelensError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
+    if not prior_temperature > 0:
+        raise CorelensError(f"--prior-temperature must be positive, got {prior_temperature}")
     for spec in layers:
         parse_layers(spec, m.num_layers)  # fail before any sample runs
     parse_heads(heads, m.num_heads)
@@ -440,6 +504,7 @@ def sap(
             "layers": list(layers),
             "heads": heads,
             "convention": convention,
+            "prior_temperature": prior_temperature,
             "scorer": scorer,
             "max_new_tokens": max_new_tokens,
             "limit": limit,
@@ -449,21 +514,29 @@ def sap(
         run = Run(out, "sap", settings, argv, dist=current(), device=m.device)
 
     def step(sample: Sample, done: set[str]) -> list[dict]:
-        return [
-            measure_sample(m, sample, conditions, scorer=scorer, max_new_tokens=max_new_tokens, seed=seed)
-        ]
+        record = measure_sample(
+            m,
+            sample,
+            conditions,
+            scorer=scorer,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            temperature=prior_temperature,
+        )
+        return [record]
 
     loop = Loop("sap", step, length=partial(prompt_length, m))
     records = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
     ok = [r for r in records if r.get("status") == "ok"]
     frame = sap_frame(ok, conditions)
-    result = SapResult(frame, accuracy_table(frame), key_region_table(ok))
+    result = SapResult(frame, accuracy_table(frame), key_region_table(ok), prior_table(ok, prior_temperature))
     if run is not None and not run.dist.main:
         run.finish()
     elif run is not None:
         frame.to_parquet(run.path / "sap.parquet", index=False)
         result.accuracy.to_csv(run.path / "accuracy.csv", index=False)
         result.key_region.to_csv(run.path / "key_region.csv", index=False)
+        result.priors.to_csv(run.path / "priors.csv", index=False)
         from corelens.report.geometry import sap_accuracy
 
         sap_accuracy(result.accuracy, run.path / "figures" / "sap_accuracy.png")

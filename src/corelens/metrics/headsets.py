@@ -2,10 +2,18 @@
 
 `k` is a count ("12") or a share of all L x H query heads ("5%", or a fraction like "0.05"); a share rounds to
 the nearest count, at least 1. Random draws are deterministic: seeded by (base seed, set, count, seed).
-Control sets are drawn from the heads outside the top-k set **[decision]**, so that a control never ablates a
-CoRe head; a layer-matched draw that cannot fill a layer from non-top heads takes the rest from that layer's
-top heads (the per-layer count is the definition), and `overlap` reports how many heads a set shares with the
-top-k set.
+
+- random-k is drawn from all heads (METHODS §3), so that it may contain CoRe heads as often as chance says;
+  `random_from="non-top"` draws outside the top-k set instead (where fewer than k heads are outside it, the
+  set is all of them, smaller than k).
+- layer-matched-k takes, in each layer, as many heads as the top-k set has there, drawn from that layer's
+  heads outside the top-k set; it never contains a top head. A layer with too few other heads gives all it
+  has, so the set is smaller than k: `HeadSet.short_by` says by how many, and the sweeps write it to their
+  tables.
+
+`overlap` reports how many heads a set shares with the top-k set.
+The optional "stable" set is not of equal size: the heads whose bootstrap probability of being in the top-k
+(`p_top{k}`, written by `corelens rank --k`) is at least p (`short_by` says how many fewer than k).
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ from corelens.errors import CorelensError
 
 SETS = ("top", "bottom", "random", "layer-matched")
 SEEDED = ("random", "layer-matched")
+RANDOM_FROM = ("all", "non-top")
+OPTIONAL = ("stable",)  # asked for by name only: its size varies with the ranking's uncertainty
+STABLE_P = 0.9
 
 Head = tuple[int, int]
 
@@ -34,6 +45,11 @@ class HeadSet:
     seed: int | None
     heads: tuple[Head, ...]
     overlap: int  # heads shared with the top-k set of the same count
+
+    @property
+    def short_by(self) -> int:
+        """Return how many heads fewer than `count` the set holds (a control that ran out of heads)."""
+        return self.count - len(self.heads)
 
     @property
     def name(self) -> str:
@@ -85,13 +101,39 @@ def _rng(seed: int, kind: str, count: int, draw: int) -> np.random.Generator:
     return np.random.default_rng([seed, SETS.index(kind), count, draw])
 
 
+def stable(table: pd.DataFrame, count: int, p: float = STABLE_P) -> tuple[Head, ...]:
+    """Return the heads whose P(top-`count`) is at least `p` (column `p_top{count}` of the head table)."""
+    column = f"p_top{count}"
+    if column not in table.columns:
+        raise CorelensError(f"the head table has no {column} column: rank with --k {count} to write it")
+    if not 0 < p <= 1:
+        raise CorelensError(f"--stable-p must be in (0, 1], got {p}")
+    chosen = table[table[column] >= p]
+    return tuple(sorted(zip(chosen["layer"].astype(int), chosen["head"].astype(int))))
+
+
 def select(
-    table: pd.DataFrame, kind: str, count: int, seed: int | None = None, *, base_seed: int = 0
+    table: pd.DataFrame,
+    kind: str,
+    count: int,
+    seed: int | None = None,
+    *,
+    base_seed: int = 0,
+    random_from: str = "all",
+    p: float = STABLE_P,
 ) -> tuple[Head, ...]:
-    """Return `count` heads of `kind` from a head table (rank 1 = best); seeded kinds need `seed`."""
+    """Return up to `count` heads of `kind` from a head table (rank 1 = best); seeded kinds need `seed`.
+
+    top / bottom / random from all heads hold exactly `count`; layer-matched and random from non-top heads
+    may hold fewer (see the module docstring). Kind "stable" returns the heads with P(top-`count`) >= `p`.
+    """
+    if kind == "stable":
+        return stable(table, count, p)
     order = _ordered(table)
     if not 0 <= count <= len(order):
         raise CorelensError(f"cannot pick {count} heads out of {len(order)}")
+    if random_from not in RANDOM_FROM:
+        raise CorelensError(f"unknown --random-from {random_from!r}; expected one of {RANDOM_FROM}")
     top = order[:count]
     if kind == "top":
         return tuple(sorted(top))
@@ -105,19 +147,15 @@ def select(
     top_set = set(top)
     rest = [h for h in sorted(order) if h not in top_set]
     if kind == "random":
-        pool = rest if len(rest) >= count else sorted(order)
-        picks = rng.choice(len(pool), size=count, replace=False)
+        pool = sorted(order) if random_from == "all" else rest
+        picks = rng.choice(len(pool), size=min(count, len(pool)), replace=False)
         return tuple(sorted(pool[i] for i in picks))
     chosen: list[Head] = []
     for layer in sorted({h[0] for h in top}):
         need = sum(1 for h in top if h[0] == layer)
         free = [h for h in rest if h[0] == layer]
-        if len(free) >= need:
-            chosen += [free[i] for i in rng.choice(len(free), size=need, replace=False)]
-        else:
-            cored = sorted(h for h in top if h[0] == layer)
-            extra = rng.choice(len(cored), size=need - len(free), replace=False)
-            chosen += free + [cored[i] for i in extra]
+        # A layer with fewer non-top heads than it has top heads gives all it has: the set comes up short.
+        chosen += [free[i] for i in rng.choice(len(free), size=min(need, len(free)), replace=False)]
     return tuple(sorted(chosen))
 
 
@@ -128,11 +166,13 @@ def head_sets(
     seeds: int = 5,
     *,
     base_seed: int = 0,
+    random_from: str = "all",
+    stable_p: float = STABLE_P,
 ) -> list[HeadSet]:
     """Return every head set of the sweep: for each k, each kind (seeded kinds once per seed 0..seeds-1)."""
-    unknown = [k for k in kinds if k not in SETS]
+    unknown = [k for k in kinds if k not in SETS + OPTIONAL]
     if unknown:
-        raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS}")
+        raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS + OPTIONAL}")
     total = len(table)
     out = []
     for k in ks:
@@ -140,6 +180,18 @@ def head_sets(
         top = set(select(table, "top", count))
         for kind in kinds:
             for seed in range(seeds) if kind in SEEDED else [None]:
-                heads = select(table, kind, count, seed, base_seed=base_seed)
+                heads = select(
+                    table, kind, count, seed, base_seed=base_seed, random_from=random_from, p=stable_p
+                )
                 out.append(HeadSet(kind, str(k), count, seed, heads, len(top & set(heads))))
     return out
+
+
+def add_random_from(parser) -> None:
+    """Add `--random-from all|non-top` (the pool of the random control) to a command's parser."""
+    parser.add_argument(
+        "--random-from",
+        choices=RANDOM_FROM,
+        default="all",
+        help="pool of the random-k control: all heads (METHODS §3) or the heads outside the top-k set",
+    )

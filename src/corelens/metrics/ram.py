@@ -7,11 +7,41 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-RAM_COLUMNS = ("sample_id", "task", "layer", "head", "mass", "share", "lift", "n_omega", "n_visual")
+RAM_COLUMNS = ("sample_id", "task", "layer", "head", "mass", "share", "lift", "n_omega", "n_visual", "views")
+
+
+def _views(r: dict, layers: int, heads: int) -> list[list[dict]]:
+    """Return per (layer, head), in row order, the list of one struct per view of record `r`."""
+    labels = r.get("views") or []  # records logged before views were measured have none
+    if not labels:
+        return [[] for _ in range(layers * heads)]
+    masses = np.asarray(r["view_mass"], dtype=np.float64).reshape(layers * heads, len(labels), 2)
+    out = []
+    for cell in masses:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(cell[:, 0] > 0, cell[:, 1] / cell[:, 0], np.nan)
+        out.append(
+            [
+                {
+                    "view": label,
+                    "mass": float(cell[i, 0]),
+                    "omega_mass": float(cell[i, 1]),
+                    "omega_share": float(share[i]),
+                    "tokens": int(r["view_tokens"][i]),
+                    "omega_tokens": int(r["view_omega"][i]),
+                }
+                for i, label in enumerate(labels)
+            ]
+        )
+    return out
 
 
 def sample_frame(records: Iterable[dict]) -> pd.DataFrame:
-    """Return the long table (one row per sample, layer and head) from logged rank records."""
+    """Return the long table (one row per sample, layer and head) from logged rank records.
+
+    `views` holds one struct per view of the prompt: view, mass, omega_mass, omega_share (= omega_mass /
+    mass), tokens and omega_tokens (the view's token counts in V and in Ω).
+    """
     frames = []
     for r in records:
         mass = np.asarray(r["mass"], dtype=np.float64)
@@ -29,6 +59,7 @@ def sample_frame(records: Iterable[dict]) -> pd.DataFrame:
                     "lift": np.asarray(r["lift"], dtype=np.float64).ravel(),
                     "n_omega": r["n_omega"],
                     "n_visual": r["n_visual"],
+                    "views": _views(r, layers, heads),
                 }
             )
         )

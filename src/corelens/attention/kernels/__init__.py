@@ -18,7 +18,13 @@ import torch
 
 from corelens.attention.kernels.dense import masked_attention, policy_allowed, reference
 from corelens.attention.kernels.flexattn import flex
-from corelens.attention.kernels.semantics import ideal_speedup, pairs, row_starts, streaming_keep
+from corelens.attention.kernels.semantics import (
+    ideal_speedup,
+    pairs,
+    pooled_speedup,
+    row_starts,
+    streaming_keep,
+)
 from corelens.attention.kernels.tiles import blocked
 
 KERNELS = ("auto", "reference", "blocked", "flex")
@@ -70,6 +76,7 @@ __all__ = [
     "masked_attention",
     "pairs",
     "policy_allowed",
+    "pooled_speedup",
     "prefill",
     "reference",
     "row_starts",

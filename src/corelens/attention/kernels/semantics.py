@@ -9,6 +9,8 @@ always applies on top.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -57,3 +59,16 @@ def ideal_speedup(n: int, full_fraction: float, sink: int, window: int) -> float
     """Return the ideal attention speed-up (docs/methods.md#hybrid): P_full / (f P_full + (1 - f) P_stream)."""
     p_full, p_stream = pairs(n, sink, window)
     return p_full / (full_fraction * p_full + (1 - full_fraction) * p_stream)
+
+
+def pooled_speedup(lengths: Sequence[int], full_fraction: float, sink: int, window: int) -> float:
+    """Return the ideal speed-up over a set of prompts: all their causal pairs / all the pairs the policy keeps.
+
+    Pooling the pairs (not evaluating `ideal_speedup` at the mean length) weights each prompt by its cost,
+    since the pair count grows with the square of the length.
+    """
+    counts = np.array([pairs(int(n), sink, window) for n in lengths], dtype=np.float64).reshape(-1, 2)
+    if not len(counts):
+        return float("nan")
+    p_full, p_stream = counts.sum(axis=0)
+    return float(p_full / (full_fraction * p_full + (1 - full_fraction) * p_stream))
