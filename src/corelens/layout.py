@@ -182,7 +182,7 @@ class Layout:
         return np.unique(np.concatenate([s.tokens(self.padding) for s in self.segments]))
 
     def views(self) -> list[tuple[str, np.ndarray]]:
-        """Return each view's label and its tokens in V, in prompt order (METHODS §2, RAM per view).
+        """Return each view's label and its tokens in V, in prompt order (docs/methods.md#ram, RAM per view).
 
         A view is one segment: "image I" for an image shown whole (a page of a document is an image),
         "image I:VIEW" for one view of a tiled image (base, grid, tile R,C, thumbnail) and "video:frames A-B"

@@ -3,7 +3,7 @@
 `k` is a count ("12") or a share of all L x H query heads ("5%", or a fraction like "0.05"); a share rounds to
 the nearest count, at least 1. Random draws are deterministic: seeded by (base seed, set, count, seed).
 
-- random-k is drawn from all heads (METHODS §3), so that it may contain CoRe heads as often as chance says;
+- random-k is drawn from all heads (docs/methods.md#interventions), so that it may contain CoRe heads as often as chance says;
   `random_from="non-top"` draws outside the top-k set instead (where fewer than k heads are outside it, the
   set is all of them, smaller than k).
 - layer-matched-k takes, in each layer, as many heads as the top-k set has there, drawn from that layer's
@@ -193,5 +193,5 @@ def add_random_from(parser) -> None:
         "--random-from",
         choices=RANDOM_FROM,
         default="all",
-        help="pool of the random-k control: all heads (METHODS §3) or the heads outside the top-k set",
+        help="pool of the random-k control: all heads (docs/methods.md#interventions) or the heads outside the top-k set",
     )
