@@ -211,3 +211,14 @@ def test_rid_large_side_tridiagonal_route(case):
     assert got.route == "gram" and got.rank == want["rank"] < min(x.shape)
     for key in RID_KEYS:
         assert getattr(got, key) == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+
+
+def test_top_heads_rounds_a_share_to_at_least_one_head():
+    import pandas as pd
+
+    from corelens.metrics.ram import top_heads
+
+    table = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "rank": [3, 1, 4, 2]})
+    assert top_heads(table, 0.01) == [(0, 1)]  # 1 % of 4 heads rounds to 0: one head, as head sets do
+    assert top_heads(table, 0.5) == [(0, 1), (1, 1)]
+    assert top_heads(table, 3) == [(0, 1), (1, 1), (0, 0)]
