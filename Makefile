@@ -10,10 +10,11 @@ DOCTESTS := src/corelens/runs src/corelens/models/hub.py src/corelens/models/loa
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-extras.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
 	$(BIN)/python -m pip install -q -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps -r requirements-extras.lock  # kvpress, lmms-eval: see that file
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

@@ -1,4 +1,4 @@
-"""Causal interventions (METHODS §3): each operator against an independent reference, head sets, the CLI."""
+"""Causal interventions (docs/methods.md#interventions): each operator against an independent reference, head sets, the CLI."""
 
 from __future__ import annotations
 

@@ -1,18 +1,19 @@
-"""Residual capture, ε_RoPE, noise baselines and `corelens flow` (METHODS §5) on tiny Qwen-VL checkpoints."""
+"""Residual capture, ε_RoPE, noise baselines and `corelens flow` (docs/methods.md#geometry) on tiny Qwen-VL checkpoints."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 import torch
 
 import corelens
 from corelens.capture import ResidualCapture, decoder_layers
 from corelens.cli import main
 from corelens.experiments.flow import FlowOptions, flow, measure_flow, noise_delta, noised_qkv
-from corelens.metrics import rid_terms, tme
 from corelens.models.prepare import prepare
 from corelens.organism.tasks import generate
 
@@ -91,10 +92,10 @@ def test_norope_equals_identity_rotation(tiny_dir, family, data):
     finally:
         handle.remove()
     # Layer 0 sees the same input in both runs: its rotation-free output is the no-RoPE model's.
+    torch.testing.assert_close(got[0].delta_norope, plain[0].delta, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[0].x_mid_norope, plain[0].x_mid, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(got[0].x_mid, plain[0].x_mid, atol=1e-4)  # RoPE does change the output
-    eps = rid_terms(got[0].x_mid_norope, got[0].x_mid)
-    assert 0.0 < eps.rid < 1.0
+    assert not torch.allclose(got[0].delta, plain[0].delta, atol=1e-4)  # RoPE does change the output
+    torch.testing.assert_close(got[0].delta, got[0].x_mid - got[0].x_in, rtol=1e-5, atol=1e-5)
 
 
 def test_noise_baselines_and_weight_restore(tiny_dir, data):
@@ -122,26 +123,100 @@ def test_noise_baselines_and_weight_restore(tiny_dir, data):
         assert torch.equal(w, before[n]), n
 
 
-def test_flow_rows_equal_metrics_of_captured_states(tiny_dir, data):
-    m = corelens.load(tiny_dir("qwen3_vl"))  # deepstack: layer inputs are not layer outputs
+def _direct_rid(x: torch.Tensor, x_new: torch.Tensor) -> float:
+    """RID (docs/methods.md#erank-and-rid) by a full numpy SVD: |ΔeRank| / min(S, H) + the share of X' outside X's support."""
+    x, x_new = x.double().numpy(), x_new.double().numpy()
+    u, sigma, vt = np.linalg.svd(x)
+    r = int((sigma > max(x.shape) * np.finfo(np.float32).eps * sigma[0]).sum())
+    u_r, v_r = u[:, :r], vt[:r].T
+
+    def erank(s):
+        p = s / s.sum()
+        p = p[p > 0]
+        return np.exp(-(p * np.log(p)).sum())
+
+    d_s = abs(erank(np.linalg.svd(x_new, compute_uv=False)) - erank(sigma)) / min(x.shape)
+    cols = np.linalg.norm(x_new - u_r @ (u_r.T @ x_new))
+    rows = np.linalg.norm(x_new - (x_new @ v_r) @ v_r.T)
+    return d_s + (cols + rows) / (2 * np.linalg.norm(x_new))
+
+
+def _direct_tme(x: torch.Tensor, alpha: float) -> float:
+    """Mean row entropy of P ∝ ((cos + 1) / 2)^α over log S, from the dense S x S cosine matrix."""
+    n = x.double().numpy()
+    n = n / np.linalg.norm(n, axis=1, keepdims=True)
+    w = ((np.clip(n @ n.T, -1, 1) + 1) / 2) ** alpha
+    return float(scipy.stats.entropy(w, axis=1).mean() / np.log(len(n)))
+
+
+def _modules(m, p, identity_rope_at: int | None = None) -> dict:
+    """Each layer's input, attention output Δ and output, read by hooks on the layer and its `self_attn`.
+
+    `identity_rope_at`: that layer's attention gets the identity rotation (cos 1, sin 0); the layers before
+    it run as usual, so its Δ is the RoPE-free attention output on the real input.
+    """
+    seen: dict = {"in": {}, "delta": {}, "out": {}}
+    handles = []
+
+    def no_rope(mod, args, kwargs):
+        cos, sin = kwargs["position_embeddings"]
+        return args, {**kwargs, "position_embeddings": (torch.ones_like(cos), torch.zeros_like(sin))}
+
+    for i, layer in enumerate(decoder_layers(m)):
+        handles.append(
+            layer.register_forward_pre_hook(
+                lambda mod, a, kw, i=i: seen["in"].__setitem__(i, (a[0] if a else kw["hidden_states"])[0]),
+                with_kwargs=True,
+            )
+        )
+        handles.append(
+            layer.self_attn.register_forward_hook(
+                lambda mod, a, out, i=i: seen["delta"].__setitem__(i, out[0][0])
+            )
+        )
+        handles.append(
+            layer.register_forward_hook(
+                lambda mod, a, out, i=i: seen["out"].__setitem__(
+                    i, out[0][0] if isinstance(out, tuple) else out[0]
+                )
+            )
+        )
+        if i == identity_rope_at:
+            handles.append(layer.self_attn.register_forward_pre_hook(no_rope, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            m.model(**p.inputs, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def test_flow_rows_against_a_direct_computation(tiny_dir, data):
+    m = corelens.load(tiny_dir("qwen3_vl"))  # deepstack: layer inputs are not layer outputs; q_norm / k_norm
     sample, p = _inputs(m, data)
-    states = []
-    with torch.no_grad(), ResidualCapture(m, states.append, norope=True):
-        m.model(**p.inputs, use_cache=False)
-    for reference in ("module", "layer"):
-        rows, tokens = measure_flow(m, sample, "none", FlowOptions(reference=reference))
+    seen = _modules(m, p)
+    for opts in (FlowOptions(), FlowOptions(reference="layer", alpha=1.0, rope_on="residual")):
+        rows, tokens = measure_flow(m, sample, "none", opts)
         assert tokens == p.seq_len
         by = {(r["layer"], r["module"]): r for r in rows}
-        for s in states:
-            for module in ("attn", "ffn"):
-                x, x_new = s.module(module, reference)
-                want = rid_terms(x, x_new)
-                got = by[(s.layer, module)]
-                assert got["rid"] == pytest.approx(want.rid, rel=1e-9)
-                assert got["mixig"] == pytest.approx(tme(x_new) - tme(x), rel=1e-9, abs=1e-12)
-            assert by[(s.layer, "rope")]["rid"] == pytest.approx(
-                rid_terms(s.x_mid_norope, s.x_mid).rid, rel=1e-9
-            )
+        for layer in range(m.num_layers):
+            x_in, delta = seen["in"][layer], seen["delta"][layer]
+            x_mid, x_out = x_in + delta, seen["out"][layer]  # the layer's own residual add
+            plain = _modules(m, p, identity_rope_at=layer)["delta"][layer]
+            pairs = {
+                "attn": (x_in, x_mid),
+                "ffn": (x_in if opts.reference == "layer" else x_mid, x_out),
+                "rope": (plain, delta) if opts.rope_on == "delta" else (x_in + plain, x_mid),
+            }
+            for module, (x, x_new) in pairs.items():
+                got = by[(layer, module)]
+                assert got["rid"] == pytest.approx(_direct_rid(x.float(), x_new.float()), rel=1e-6), module
+                if module != "rope":
+                    t_in, t_out = _direct_tme(x.float(), opts.alpha), _direct_tme(x_new.float(), opts.alpha)
+                    assert got["tme_in"] == pytest.approx(t_in, rel=1e-9)
+                    assert got["mixig"] == pytest.approx(t_out - t_in, rel=1e-6, abs=1e-12)
+    assert FlowOptions().alpha == 16.0  # the documented default (docs/methods.md, results/tme-alpha.csv)
 
 
 def test_flow_run_dir_resume_and_cli(tiny_dir, data, tmp_path):
@@ -157,7 +232,9 @@ def test_flow_run_dir_resume_and_cli(tiny_dir, data, tmp_path):
     assert len(frame) == 2 * m.num_layers * (
         3 + 2 + 2
     )  # none: attn, ffn, rope; two noise baselines: attn, ffn
-    assert ((frame["rid"] >= 0) & (frame["rid"] <= 2)).all()
+    rope = frame[frame["module"] == "rope"].groupby("sample_id")["rid"].mean().mean()
+    assert table.set_index("row").loc["ε_RoPE", "rid"] == pytest.approx(rope, rel=1e-12)
+    assert (table["alpha"] == 16.0).all() and (table["rope_on"] == "delta").all()  # the settings, recorded
     assert (out / "figures" / "flow_layers.png").stat().st_size > 1000
     lines = (out / "samples.jsonl").read_text().splitlines()
     again = flow(m, data, out=out)  # resumed: nothing is redone
@@ -166,8 +243,12 @@ def test_flow_run_dir_resume_and_cli(tiny_dir, data, tmp_path):
     assert json.loads((out / "manifest.json").read_text())["resumed"] == 1
     cli_out = tmp_path / "cli"
     args = ["flow", "--model", str(path), "--data", str(data), "--out", str(cli_out), "--baseline", "none"]
-    assert main([*args, "--limit", "1", "--positions", "visual", "--rank", "energy"]) == 0
+    assert (
+        main([*args, "--limit", "1", "--positions", "visual", "--rank", "energy", "--rope-on", "residual"])
+        == 0
+    )
     frame = pd.read_parquet(cli_out / "flow.parquet")
+    assert json.loads((cli_out / "manifest.json").read_text())["settings"]["rope_on"] == "residual"
     assert set(frame["baseline"]) == {"none"} and frame["sample_id"].nunique() == 1
     assert main([*args, "--limit", "1"]) == 2  # other settings on the same run dir: refused
 

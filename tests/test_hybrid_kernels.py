@@ -1,4 +1,4 @@
-"""Hybrid attention kernels against the dense masked reference (METHODS §4), at the kernel interface."""
+"""Hybrid attention kernels against the dense masked reference (docs/methods.md#hybrid), at the kernel interface."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _left_padded(pads, n):
     return torch.ones(n, n, dtype=torch.bool).tril()[None, None] & keep[:, None, None, :]
 
 
-def test_rule_is_methods_4_and_pairs_count_it():
+def test_streaming_rule_is_the_documented_one_and_pairs_count_it():
     q = torch.arange(40)[None]
     k = torch.arange(40)[None]
     keep = streaming_keep(q, k, torch.zeros(1, dtype=torch.long), 3, 5)[0]

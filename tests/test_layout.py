@@ -1,4 +1,4 @@
-"""Layouts against the real processors, with position-encoded images (METHODS §1)."""
+"""Layouts against the real processors, with position-encoded images (docs/methods.md#layout)."""
 
 from __future__ import annotations
 

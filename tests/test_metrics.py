@@ -74,7 +74,10 @@ def test_rid_matches_full_svd(name, method):
 def test_rid_special_values():
     x, same = CASES["all-zero update"]
     t = rid_terms(x, same)
-    assert t.dS == 0.0 and t.dD == 0.0 and t.rid == 0.0  # full rank, zero update: exactly nothing new
+    # Full rank, zero update: nothing new. dD is exactly 0 (no direction leaves the support); dS compares two
+    # eRanks of the same matrix reached by two eigen routines (SymEig for the input, eigvalsh for the output),
+    # which agree to rounding (seen: 5.3e-16).
+    assert t.dD == 0.0 and t.dS == pytest.approx(0.0, abs=1e-12) and t.rid == pytest.approx(0.0, abs=1e-12)
     inside = CASES["update inside the row space"]
     assert rid_terms(*inside, eps=FP32_EPS).dD_hidden == pytest.approx(0.0, abs=1e-9)
     zero = np.zeros((20, 10))
@@ -84,18 +87,25 @@ def test_rid_special_values():
     assert rid_terms(zero, zero).rid == 0.0
 
 
-@pytest.mark.parametrize("rule", ["numerical", "energy"])
-def test_rank_rules_and_eps(rule):
+# Kept rank of a rank-12 70 x 50 matrix plus 1e-9 noise (σ_13 / σ_1 = 1.6e-10): the fp32 threshold
+# 70 · 1.19e-7 drops the noise, the fp64 one (70 · 2.2e-16) keeps all 50 directions; 90 % of Σσ²: 9.
+RANKS = {("numerical", "fp32"): 12, ("numerical", "fp64"): 50, ("energy", "fp32"): 9, ("energy", "fp64"): 9}
+
+
+@pytest.mark.parametrize(("rule", "precision"), sorted(RANKS))
+def test_rank_rules_and_eps(rule, precision):
     x, x_new = CASES["rank-deficient tall"]
     x = x + 1e-9 * _rng(5).standard_normal(x.shape)  # tiny, real (not rounding) directions
-    for eps in (FP32_EPS, float(np.finfo(np.float64).eps)):
-        want = direct_metrics(x, x_new, rank=rule, eps=eps, energy=0.9)
-        got = rid_terms(x, x_new, rank=rule, eps=eps, energy=0.9)
-        assert got.rank == want["rank"]
-        assert got.rid == pytest.approx(want["rid"], rel=1e-6, abs=1e-9)
-    numpy_rank = np.linalg.matrix_rank(x.astype(np.float32))
-    assert kept_rank(torch.from_numpy(np.linalg.svd(x, compute_uv=False)), x.shape) in (12, numpy_rank)
+    eps = FP32_EPS if precision == "fp32" else float(np.finfo(np.float64).eps)
+    got = rid_terms(x, x_new, rank=rule, eps=eps, energy=0.9)
+    assert got.rank == RANKS[rule, precision]
+    want = direct_metrics(x, x_new, rank=rule, eps=eps, energy=0.9)
+    assert got.rid == pytest.approx(want["rid"], rel=1e-6, abs=1e-9)
+    sigma = torch.from_numpy(np.linalg.svd(x, compute_uv=False))
+    assert kept_rank(sigma, x.shape) == 12 == np.linalg.matrix_rank(x.astype(np.float32))  # numpy's rule
     assert rid_terms(x.astype(np.float32), x_new.astype(np.float32)).rank == 12  # eps from the input dtype
+    # σ_2 = 7e-6 lies between 50 · eps (5.96e-6) and 70 · eps (8.34e-6): the threshold takes max(S, H).
+    assert kept_rank(torch.tensor([1.0, 7e-6], dtype=torch.float64), (50, 70)) == 1
 
 
 def test_inputs_numpy_or_torch_and_erank_definition():
@@ -201,3 +211,14 @@ def test_rid_large_side_tridiagonal_route(case):
     assert got.route == "gram" and got.rank == want["rank"] < min(x.shape)
     for key in RID_KEYS:
         assert getattr(got, key) == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+
+
+def test_top_heads_rounds_a_share_to_at_least_one_head():
+    import pandas as pd
+
+    from corelens.metrics.ram import top_heads
+
+    table = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "rank": [3, 1, 4, 2]})
+    assert top_heads(table, 0.01) == [(0, 1)]  # 1 % of 4 heads rounds to 0: one head, as head sets do
+    assert top_heads(table, 0.5) == [(0, 1), (1, 1)]
+    assert top_heads(table, 3) == [(0, 1), (1, 1), (0, 0)]

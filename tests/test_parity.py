@@ -1,4 +1,4 @@
-"""Parity with the stock model: logits (sdpa) and RAM (eager attention weights), METHODS §2."""
+"""Parity with the stock model: logits (sdpa) and RAM (eager attention weights), docs/methods.md#ram."""
 
 from __future__ import annotations
 
@@ -59,26 +59,125 @@ def _eager_ram(eager_model, inputs, rows, omega, visual):
     return torch.stack(mass).numpy(), torch.stack(vis).numpy()
 
 
+# The oracle below reads only token ids and the processor's grids; it shares no code with corelens.layout
+# or prepare's row logic. (Omega of every family's box geometry: tests/test_omega_oracle.py.)
+
+
+def _ids(inputs) -> np.ndarray:
+    return inputs["input_ids"][0].numpy()
+
+
+def _oracle_rows(m, sample, query: str, prompt_ids: np.ndarray, full_ids: np.ndarray) -> np.ndarray:
+    """Question: the last occurrence of the question's own tokens; last: the last prompt id; answer: the ids
+    after the longest common prefix of the prompt and the prompt + answer."""
+    if query == "last":
+        return np.array([len(prompt_ids) - 1])
+    if query == "answer":
+        same = prompt_ids == full_ids[: len(prompt_ids)]
+        common = len(same) if same.all() else int(np.argmin(same))
+        return np.arange(common, len(full_ids))
+    needle = m.processor.tokenizer(sample.question, add_special_tokens=False)["input_ids"]
+    windows = np.lib.stride_tricks.sliding_window_view(prompt_ids, len(needle))
+    start = np.flatnonzero((windows == needle).all(1))[-1]
+    return np.arange(start, start + len(needle))
+
+
+def _visual_ids(m) -> set[int]:
+    config = m.model.config
+    names = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+    return {int(getattr(config, n)) for n in names if getattr(config, n, None) is not None}
+
+
+def _oracle_visual(m, ids: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(np.isin(ids, list(_visual_ids(m))))
+
+
+def _cells_in_box(grid_h: int, grid_w: int, cell: int, size: tuple[int, int], box) -> np.ndarray:
+    """Row-major indices of the cells whose original-pixel rectangle overlaps the box with positive area."""
+    w, h = size
+    sx, sy = grid_w * cell / w, grid_h * cell / h  # processed pixels per original pixel
+    x0, y0, x1, y1 = box
+    cols = [j for j in range(grid_w) if j * cell / sx < x1 and (j + 1) * cell / sx > x0]
+    rows = [i for i in range(grid_h) if i * cell / sy < y1 and (i + 1) * cell / sy > y0]
+    return np.array([i * grid_w + j for i in rows for j in cols], dtype=np.int64)
+
+
+def _qwen_omega(m, sample, inputs) -> np.ndarray:
+    """Omega from the image / video grids (t, h, w) in patches: merged cells in row-major order, each image's
+    (t·h·w / merge²) image tokens in turn; a video's frame group g holds frames 2g and 2g + 1."""
+    ids, vision = _ids(inputs), m.model.config.vision_config
+    merge, patch, t_patch = vision.spatial_merge_size, vision.patch_size, vision.temporal_patch_size
+    cell = merge * patch
+    image_pos = np.flatnonzero(ids == m.model.config.image_token_id)
+    video_pos = np.flatnonzero(ids == m.model.config.video_token_id)
+    chunks, at = [], 0
+    for t, gh, gw in inputs.get("image_grid_thw", torch.zeros(0, 3)).tolist():
+        n = t * gh * gw // merge**2
+        chunks.append((image_pos[at : at + n], gh // merge, gw // merge))
+        at += n
+    omega = []
+    for target in sample.targets:
+        if target.kind == "image":
+            omega.append(chunks[target.image][0])
+        elif target.kind == "box":
+            pos, gh, gw = chunks[target.image]
+            omega.append(pos[_cells_in_box(gh, gw, cell, sample.image_sizes[target.image], target.box)])
+        else:  # a tube over video frames
+            t, gh, gw = inputs["video_grid_thw"][0].tolist()
+            per_group = gh * gw // merge**2
+            for frame, box in zip(target.frames, target.boxes):
+                group = video_pos[(frame // t_patch) * per_group : (frame // t_patch + 1) * per_group]
+                hit = _cells_in_box(gh // merge, gw // merge, cell, sample.frame_sizes[frame], box)
+                omega.append(group[hit])
+    return np.unique(np.concatenate(omega))
+
+
 @pytest.mark.parametrize("kind", ["one", "several", "video"])
 @pytest.mark.parametrize("kv_heads", [2, 1])  # GQA groups of 2 and 4 query heads
-def test_ram_equals_eager_attention(tiny_dir, any_family, kind, kv_heads, tmp_path):
-    skip_video(any_family, kind)
-    path = tiny_dir(any_family, kv_heads=kv_heads)
+def test_ram_equals_eager_attention(tiny_dir, family, kind, kv_heads, tmp_path):
+    """The whole pipeline (prepare, layout, probe) against eager weights on rows and Omega from the oracle."""
+    path = tiny_dir(family, kv_heads=kv_heads)
     m = corelens.load(path)
     eager, _ = load_tiny(path, attn_implementation="eager")
     sample = make_sample(tmp_path, kind)
+    prompt = prepare(m, sample).inputs
+    full = prepare(m, sample, answer=sample.answer).inputs
     for query in ("question", "last", "answer"):
         result = corelens.measure_sample(m, sample, query=query)
-        prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None)
-        omega = prepared.layout.omega(sample.targets)
-        visual = prepared.layout.visual
-        ref_mass, ref_vis = _eager_ram(eager, prepared.inputs, prepared.rows(query), omega, visual)
+        inputs = full if query == "answer" else prompt
+        rows = _oracle_rows(m, sample, query, _ids(prompt), _ids(full))
+        omega, visual = _qwen_omega(m, sample, inputs), _oracle_visual(m, _ids(inputs))
+        assert 0 < len(omega) < len(visual)
+        ref_mass, ref_vis = _eager_ram(eager, inputs, rows, omega, visual)
         assert result.mass.shape == (2, 4)
         np.testing.assert_allclose(result.mass, ref_mass, atol=1e-5, rtol=0)
         np.testing.assert_allclose(result.share, ref_mass / ref_vis, atol=1e-5, rtol=1e-5)
         lift = ref_mass / ref_vis / (len(omega) / len(visual))
         np.testing.assert_allclose(result.lift, lift, atol=1e-5, rtol=1e-5)
         assert result.n_omega == len(omega) and result.n_visual == len(visual)
+
+
+@pytest.mark.parametrize("kind", ["one", "several"])
+def test_probe_and_rows_on_every_family(tiny_dir, any_family, kind, tmp_path):
+    """Every family: query rows and V from the oracle; the probe against eager on an Omega drawn from V."""
+    path = tiny_dir(any_family, kv_heads=1)
+    m = corelens.load(path)
+    eager, _ = load_tiny(path, attn_implementation="eager")
+    sample = make_sample(tmp_path, kind)
+    prepared = prepare(m, sample, answer=sample.answer)
+    prompt_ids, full_ids = _ids(prepare(m, sample).inputs), _ids(prepared.inputs)
+    visual = _oracle_visual(m, full_ids)
+    np.testing.assert_array_equal(prepared.layout.visual, visual)
+    omega = visual[np.random.default_rng(0).random(len(visual)) < 0.3]
+    for query in ("question", "last", "answer"):
+        rows = _oracle_rows(m, sample, query, prompt_ids, full_ids)
+        np.testing.assert_array_equal(prepared.rows(query), rows)
+        probe = RamProbe(2, 4, *(torch.from_numpy(a) for a in (rows, omega, visual)), len(full_ids))
+        with torch.no_grad(), activate(m.layer_modules(), probe):
+            m.model(**prepared.inputs, use_cache=False)
+        ref_mass, ref_vis = _eager_ram(eager, prepared.inputs, rows, omega, visual)
+        np.testing.assert_allclose(probe.mass.numpy(), ref_mass, atol=1e-5)
+        np.testing.assert_allclose(probe.visual_mass.numpy(), ref_vis, atol=1e-5)
 
 
 def test_ram_probe_with_padding_mask(tiny_dir, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import datasets
+import dataset_fixtures as datasets
 import numpy as np
 import pandas as pd
 import pytest

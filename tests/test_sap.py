@@ -1,4 +1,4 @@
-"""SAP (METHODS §6): the prior hook, its conventions, the priors, the key-region ratio and `corelens sap`."""
+"""SAP (docs/methods.md#sap): the prior hook, its conventions, the priors, the key-region ratio and `corelens sap`."""
 
 from __future__ import annotations
 
@@ -191,6 +191,42 @@ def test_complexity_prior_is_a_tempered_softmax_of_cell_complexity(tmp_path):
         np.testing.assert_allclose(prior_complexity(m, layout, sample, t), want, rtol=1e-12)
     with pytest.raises(CorelensError, match="positive"):
         build_prior(m, sample, None, "complexity", temperature=0.0)
+
+
+def test_complexity_prior_follows_the_image_in_every_family(tiny_dir, any_family, tmp_path):
+    """Left half flat grey, right half noise: every cell wholly on the right outweighs every cell on the left,
+    in every family's layout (tiles, crops, thumbnails and bilinear footprints included)."""
+    from PIL import Image
+
+    from corelens.data.sample import Sample
+    from corelens.experiments.sap import prior_complexity
+    from tests.helpers import noise_image
+
+    width, height = 320, 240
+    image = Image.new("RGB", (width, height), (120, 120, 120))
+    image.paste(noise_image(width // 2, height, seed=3), (width // 2, 0))
+    image.save(tmp_path / "half.png")
+    sample = Sample(
+        id="half", task="image", question="colour?", answer="red", images=[str(tmp_path / "half.png")]
+    )
+    m = corelens.load(tiny_dir(any_family))
+    layout = prepare(m, sample).layout
+    prior = prior_complexity(m, layout, sample)
+    where = {int(pos): i for i, pos in enumerate(layout.visual)}
+    left, right = [], []
+    for seg in layout.segments:
+        xs, ys = seg.cell_spans()
+        for r, (y0, y1) in enumerate(ys):
+            for c, (x0, x1) in enumerate(xs):
+                if y0 < 0 or y1 > height:
+                    continue  # padding rows
+                value = prior[where[int(seg.token(r, c))]]
+                if x0 >= 0 and x1 <= width // 2 - 1:
+                    left.append(value)
+                elif x0 >= width // 2 + 1 and x1 <= width:
+                    right.append(value)
+    assert left and right
+    assert min(right) > max(left)
 
 
 def test_noise_prior_is_the_seeded_dirichlet_draw(tiny_dir, data):

@@ -1,4 +1,4 @@
-"""Head topology and cross-task stability statistics (METHODS §2), and `corelens stability` on rank runs."""
+"""Head topology and cross-task stability statistics (docs/methods.md#ram), and `corelens stability` on rank runs."""
 
 from __future__ import annotations
 

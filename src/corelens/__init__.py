@@ -7,12 +7,14 @@ from corelens.attention.interventions import Ablation, ablate  # noqa: E402
 from corelens.data import Sample, read_samples  # noqa: E402
 from corelens.errors import CorelensError, InputError, UnsupportedModelError  # noqa: E402
 from corelens.experiments.rank import Ranking, measure_sample, rank  # noqa: E402
+from corelens.heads import HeadSet  # noqa: E402
 from corelens.models import Loaded, load  # noqa: E402
 from corelens.models.prepare import prepare  # noqa: E402
 
 __all__ = [
     "Ablation",
     "CorelensError",
+    "HeadSet",
     "InputError",
     "Loaded",
     "Ranking",

@@ -14,9 +14,10 @@ has run and then dropped: one layer of one prompt is in memory at a time, never 
 Optional, in the same forward:
 - `attn_delta(layer, delta) -> delta`: replaces the attention update ΔX_attn (the noise-Δ baseline); the
   stream propagates with the replacement;
+- every layer also hands over its attention output ΔX_attn itself (`delta`), not only X + ΔX_attn;
 - `norope=True`: the attention output recomputed with rotary position encoding disabled (identity rotation),
   from the pre-RoPE queries and keys read at the q/k projections (after q_norm / k_norm where the family has
-  them), with the same values, mask, kernel and `o_proj` (for ε_RoPE, METHODS §5).
+  them), with the same values, mask, kernel and `o_proj` (for ε_RoPE, docs/methods.md#geometry).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class LayerStates:
     x_in: torch.Tensor  # layer input = attention input
     x_mid: torch.Tensor  # after the attention add = FFN input
     x_out: torch.Tensor  # layer output = FFN output
-    x_mid_norope: torch.Tensor | None = None  # x_in + attention output without RoPE (norope=True)
+    delta: torch.Tensor | None = None  # the attention output ΔX_attn added to x_in (after `attn_delta`)
+    delta_norope: torch.Tensor | None = None  # the attention output recomputed without RoPE (norope=True)
+    x_mid_norope: torch.Tensor | None = None  # x_in + delta_norope (norope=True)
 
     def module(self, name: str, reference: str = "module") -> tuple[torch.Tensor, torch.Tensor]:
         """Return (X, X') of 'attn' or 'ffn'; reference 'layer' compares the FFN output to the layer input."""
@@ -132,6 +135,7 @@ class ResidualCapture:
         self._stack: ExitStack | None = None
         self._x_in: dict[int, torch.Tensor] = {}
         self._x_mid: dict[int, torch.Tensor] = {}
+        self._delta: dict[int, torch.Tensor] = {}
         self._norope_hook: _NoRope | None = None
 
     def _select(self, states: torch.Tensor) -> torch.Tensor:
@@ -173,6 +177,7 @@ class ResidualCapture:
     def __exit__(self, *exc) -> None:
         self._x_in.clear()
         self._x_mid.clear()
+        self._delta.clear()
         if self._stack is not None:
             self._stack.close()
             self._stack = None
@@ -195,6 +200,7 @@ class ResidualCapture:
             delta = _first(output)
             replaced = delta if self.attn_delta is None else self.attn_delta(i, delta)
             self._x_mid[i] = self._x_in[i] + replaced  # the layer's own `residual + hidden_states`
+            self._delta[i] = replaced
             if replaced is delta:
                 return None
             return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
@@ -203,13 +209,20 @@ class ResidualCapture:
 
     def _post(self, i: int):
         def hook(module, args, output):
-            x_in, x_mid = self._x_in.pop(i), self._x_mid.pop(i)
-            x_norope = None
+            x_in, x_mid, delta = self._x_in.pop(i), self._x_mid.pop(i), self._delta.pop(i)
+            d_norope = x_norope = None
             if self._norope_hook is not None:
-                x_norope = self._select(x_in + self._norope_hook.output.pop(i))
+                plain = self._norope_hook.output.pop(i)
+                d_norope, x_norope = self._select(plain), self._select(x_in + plain)
             self.on_layer(
                 LayerStates(
-                    i, self._select(x_in), self._select(x_mid), self._select(_first(output)), x_norope
+                    i,
+                    self._select(x_in),
+                    self._select(x_mid),
+                    self._select(_first(output)),
+                    delta=self._select(delta),
+                    delta_norope=d_norope,
+                    x_mid_norope=x_norope,
                 )
             )
 

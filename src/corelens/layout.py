@@ -1,4 +1,4 @@
-"""Where visual evidence sits in the prompt: segments of visual tokens and the target set Omega (METHODS §1).
+"""Where visual evidence sits in the prompt: segments of visual tokens and the target set Omega (docs/methods.md#layout).
 
 A `Segment` is one grid of visual tokens (an image, a tile, a view, a video frame group, a page) with its
 token span and the geometry that maps original pixels to grid cells. A `Layout` is all segments of one
@@ -182,7 +182,7 @@ class Layout:
         return np.unique(np.concatenate([s.tokens(self.padding) for s in self.segments]))
 
     def views(self) -> list[tuple[str, np.ndarray]]:
-        """Return each view's label and its tokens in V, in prompt order (METHODS §2, RAM per view).
+        """Return each view's label and its tokens in V, in prompt order (docs/methods.md#ram, RAM per view).
 
         A view is one segment: "image I" for an image shown whole (a page of a document is an image),
         "image I:VIEW" for one view of a tiled image (base, grid, tile R,C, thumbnail) and "video:frames A-B"
@@ -206,7 +206,7 @@ class Layout:
     def omega(
         self, targets: Sequence[Target], rule: str = "any", tau: float = 0.5, *, sample: str | None = None
     ) -> np.ndarray:
-        """Return the sorted token positions of the target set Omega for `targets` (METHODS §1)."""
+        """Return the sorted token positions of the target set Omega for `targets` (docs/methods.md#layout)."""
         parts = [np.zeros(0, dtype=np.int64)]
         for i, target in enumerate(targets):
             field = f"targets[{i}]"

@@ -71,11 +71,15 @@ def corelens_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Attention as transformers' sdpa computes it, with the active corelens hooks applied."""
+    """Attention as transformers' sdpa computes it, with the active corelens hooks applied.
+
+    The parameters come in `sdpa_attention_forward`'s order, so a wrapper that passes `dropout` by position
+    (kvpress's head-wise key masking does) calls it correctly.
+    """
     entry = _active.get(id(module))
     if entry is None:
         return sdpa_attention_forward(

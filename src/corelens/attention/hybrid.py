@@ -1,4 +1,4 @@
-"""CoRe-guided hybrid attention (METHODS §4): a full set of heads keeps causal attention, the rest stream.
+"""CoRe-guided hybrid attention (docs/methods.md#hybrid): a full set of heads keeps causal attention, the rest stream.
 
 A `HybridPolicy` is plain data: the full set of (layer, query head) pairs, the sink count `S` and the window
 `W`, plus where the set came from; it saves to and loads from JSON. `hybrid(m, full=..., sink=S, window=W)`
@@ -111,7 +111,7 @@ class HybridPolicy:
         return len(self.full) / (layers * heads)
 
     def ideal_speedup(self, tokens: int, layers: int, heads: int) -> float:
-        """Return METHODS §4's ideal attention speed-up for an unpadded prompt of `tokens` tokens."""
+        """Return the ideal attention speed-up (docs/methods.md#hybrid) for an unpadded prompt of `tokens` tokens."""
         return kernels.ideal_speedup(tokens, self.fraction(layers, heads), self.sink, self.window)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Causal interventions on attention heads (METHODS §3): `zero`, `mean`, `uniform` and `knockout`.
+"""Causal interventions on attention heads (docs/methods.md#interventions): `zero`, `mean`, `uniform` and `knockout`.
 
 An `Ablation` is plain data (heads, operator, key set) that serialises to JSON. `ablate(m, ...)` activates it on
 a loaded model for the duration of a block, through the corelens attention function, in the prefill and at

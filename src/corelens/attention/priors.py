@@ -1,4 +1,4 @@
-"""Shared attention priors (SAP, METHODS §6): replace the visual part of the current query row's attention.
+"""Shared attention priors (SAP, docs/methods.md#sap): replace the visual part of the current query row's attention.
 
 `SapHook` runs inside the corelens attention function. The kernel computes every row as usual; then, for the
 current query rows only (the last prompt position in the prefill, each new token when decoding), the chosen

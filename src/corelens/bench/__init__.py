@@ -1,4 +1,4 @@
-"""Benchmarks of corelens's performance targets (docs/DESIGN.md, "Performance targets")."""
+"""Benchmarks of corelens's performance targets (benchmarks/README.md)."""
 
 from corelens.bench.memory import PeakRSS, max_rss_mb, rss_bytes
 

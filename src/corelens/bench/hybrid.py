@@ -12,7 +12,7 @@ default, `--device cuda --dtype bfloat16` for a GPU table, every time taken afte
 - **prefill**: a random-weight Qwen2.5-VL text decoder (default 2 layers, hidden 2048, intermediate 5632),
   stock "sdpa" attention vs corelens' attention under `corelens.hybrid` with round(F L H) full heads
   (seeded random) over the whole model; ``prefill_flop_speedup`` is what the FLOP count predicts
-  (projections, MLP and attention pairs; METHODS §4 pair counts for the attention).
+  (projections, MLP and attention pairs; the pair counts of docs/methods.md#hybrid for the attention).
 
 Every time is the median of `repeats` runs after one warm-up run of the same shape (the flex warm-up is its
 compilation, timed apart as ``flex_compile_s``); variants are interleaved so load drift affects all alike,

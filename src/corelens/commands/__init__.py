@@ -15,4 +15,5 @@ COMMANDS = (
     "stability",
     "report",
     "data",
+    "export",
 )

@@ -8,7 +8,8 @@ import sys
 from corelens.attention.interventions import KEY_SETS, OPS
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
-from corelens.metrics.headsets import SETS, add_random_from
+from corelens.heads import resolve_heads
+from corelens.metrics.headsets import OPTIONAL, SETS, STABLE_P, add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
@@ -18,7 +19,7 @@ def run(args: argparse.Namespace) -> None:
     result = sweep_path(
         args.model,
         args.data,
-        args.heads,
+        resolve_heads(args.heads),
         args.out,
         ks=args.k,
         sets=[s.strip() for s in args.sets.split(",") if s.strip()],
@@ -32,6 +33,8 @@ def run(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        rank_resamples=args.rank_resamples,
+        stable_p=args.stable_p,
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
@@ -40,7 +43,13 @@ def run(args: argparse.Namespace) -> None:
         return
     summary = result.summary.copy()
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"wrote {args.out}/ablation.csv, ablation_summary.csv, records.parquet, figures/dose_response.png")
+    if result.resampled is not None:
+        print(f"top-k over {args.rank_resamples} resamples of the ranking (median, 90 % interval):")
+        print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    extra = ", resampled.csv" if result.resampled is not None else ""
+    print(
+        f"wrote {args.out}/ablation.csv, ablation_summary.csv{extra}, records.parquet, figures/dose_response.png"
+    )
 
 
 def register(sub) -> None:
@@ -48,11 +57,26 @@ def register(sub) -> None:
     a = sub.add_parser("ablate", help="ablate top / bottom / random head sets and measure accuracy")
     add_model_options(a)
     a.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
-    a.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
+    a.add_argument(
+        "--heads",
+        required=True,
+        help="heads.csv of a rank run, an exported head-set folder or its hub id (found on other data)",
+    )
     a.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     a.add_argument("--k", default="1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8")
-    a.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
-    a.add_argument("--op", choices=OPS, default="zero", help="ablation operator (METHODS §3)")
+    a.add_argument(
+        "--sets",
+        default=",".join(SETS),
+        help=f"comma-separated, of {', '.join(SETS + OPTIONAL)} (stable: heads with P(top-k) >= --stable-p)",
+    )
+    a.add_argument("--stable-p", type=float, default=STABLE_P, help="P(top-k) threshold of the stable set")
+    a.add_argument(
+        "--rank-resamples",
+        type=int,
+        default=0,
+        help="also ablate the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
+    )
+    a.add_argument("--op", choices=OPS, default="zero", help="operator: docs/methods.md#interventions")
     a.add_argument("--keys", choices=KEY_SETS, default="visual", help="knockout key set")
     a.add_argument("--seeds", type=int, default=5, help="draws per random / layer-matched set")
     a.add_argument("--seed", type=int, default=0, help="base seed of the random draws")

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from corelens.commands.common import add_model_options, load_options, main_process
-from corelens.experiments.flow import BASELINES, POSITION_SETS, REFERENCES
+from corelens.experiments.flow import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
 
 
 def run(args: argparse.Namespace) -> None:
@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> None:
         alpha=args.alpha,
         mixig_of=args.mixig_of,
         rope=not args.no_rope,
+        rope_on=args.rope_on,
         seed=args.seed,
     )
     result = flow_path(
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
 
 def register(sub) -> None:
     """Add the `flow` parser."""
-    f = sub.add_parser("flow", help="RID / MixIG of every attention and FFN module (METHODS §5)")
+    f = sub.add_parser("flow", help="RID / MixIG of every attention and FFN module: docs/methods.md#geometry")
     add_model_options(f)
     f.add_argument("--data", required=True, help="samples (JSONL)")
     f.add_argument("--out", required=True, help="run directory (resumed if it exists)")
@@ -65,9 +66,20 @@ def register(sub) -> None:
     f.add_argument("--rank-eps", type=float, default=None, help="epsilon of the rank threshold (fp32's)")
     f.add_argument("--energy", type=float, default=0.99, help="share of Σσ² kept by --rank energy")
     f.add_argument("--tme-rows", choices=("mean", "last"), default="mean")
-    f.add_argument("--alpha", type=float, default=1.0, help="TME sharpening exponent (authors' code: 8)")
+    f.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help="TME sharpening exponent (1: the unsharpened W; authors' code: 8)",
+    )
     f.add_argument("--mixig-of", choices=("output", "delta"), default="output")
     f.add_argument("--no-rope", action="store_true", help="skip the ε_RoPE measurement")
+    f.add_argument(
+        "--rope-on",
+        choices=ROPE_ON,
+        default="delta",
+        help="ε_RoPE between attention outputs Δ (default) or residual states X + Δ",
+    )
     f.add_argument("--seed", type=int, default=0, help="seed of the noise baselines")
     f.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     f.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")

@@ -1,4 +1,4 @@
-"""`corelens hybrid`: accuracy vs heads kept full under CoRe-guided hybrid attention (METHODS §4)."""
+"""`corelens hybrid`: accuracy vs heads kept full under CoRe-guided hybrid attention (docs/methods.md#hybrid)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.evaluate import SCORERS
-from corelens.metrics.headsets import add_random_from
+from corelens.heads import resolve_heads
+from corelens.metrics.headsets import STABLE_P, add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
@@ -17,7 +18,7 @@ def run(args: argparse.Namespace) -> None:
     result = curve_path(
         args.model,
         args.data,
-        args.heads,
+        resolve_heads(args.heads),
         args.out,
         keeps=args.keep,
         sets=[s.strip() for s in args.sets.split(",") if s.strip()],
@@ -31,6 +32,8 @@ def run(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        rank_resamples=args.rank_resamples,
+        stable_p=args.stable_p,
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
@@ -39,6 +42,9 @@ def run(args: argparse.Namespace) -> None:
         return
     cols = ["set", "keep", "full_heads", "seed", "accuracy", "n", "ci_low", "ci_high", "cache_saved_fraction"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if result.resampled is not None:
+        print(f"top-k over {args.rank_resamples} resamples of the ranking (median, 90 % interval):")
+        print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(
         f"S = {result.sink}, W = {result.window} tokens, decode {args.decode}; "
         f"median prompt {result.median_tokens:.0f} tokens"
@@ -51,11 +57,24 @@ def register(sub) -> None:
     h = sub.add_parser("hybrid", help="accuracy vs heads kept full under hybrid (full + streaming) attention")
     add_model_options(h)
     h.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
-    h.add_argument("--heads", required=True, help="heads.csv of a rank run (identified on other data)")
+    h.add_argument(
+        "--heads",
+        required=True,
+        help="heads.csv of a rank run, an exported head-set folder or its hub id (found on other data)",
+    )
     h.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     h.add_argument("--keep", default="5%,10%,20%,50%", help="shares (or counts) of heads kept full")
     h.add_argument(
-        "--sets", default="top,random,bottom", help="full sets: top (CoRe), random, layer-matched, bottom"
+        "--sets",
+        default="top,random,bottom",
+        help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p)",
+    )
+    h.add_argument("--stable-p", type=float, default=STABLE_P, help="P(top-k) threshold of the stable set")
+    h.add_argument(
+        "--rank-resamples",
+        type=int,
+        default=0,
+        help="also keep full the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
     )
     h.add_argument(
         "--sink", default="128", help="sink tokens S: a count, or a share of the median prompt (5%%)"

@@ -23,6 +23,9 @@ def run(args: argparse.Namespace) -> None:
         skip_bad=args.skip_bad,
         progress=True,
         overlays=args.overlays,
+        ks=args.k,
+        n_boot=args.n_boot,
+        boot_seed=args.seed,
         argv=sys.argv,
         load_options=load_options(args),
     )
@@ -30,6 +33,11 @@ def run(args: argparse.Namespace) -> None:
         return
     best = ", ".join(f"L{layer}H{head}" for layer, head in ranking.top(5))
     print(f"ranked {ranking.ram['sample_id'].nunique()} samples; top heads: {best}")
+    for column in [c for c in ranking.heads.columns if c.startswith("p_top")]:
+        edge = ranking.heads[(ranking.heads[column] > 0.2) & (ranking.heads[column] < 0.8)]
+        rows = edge[["layer", "head", column]].to_numpy()
+        names = ", ".join(f"L{int(layer)}H{int(head)} ({p:.2f})" for layer, head, p in rows) or "none"
+        print(f"top-{column.removeprefix('p_top')} membership uncertain (0.2 < P < 0.8): {names}")
     print(f"wrote {args.out}/heads.csv, ram.parquet, manifest.json, figures/heads_mass.png")
 
 
@@ -52,4 +60,11 @@ def register(sub) -> None:
     r.add_argument(
         "--overlays", type=int, default=2, help="draw top/bottom heads' attention on the first N samples"
     )
+    r.add_argument(
+        "--k",
+        default="1%,5%,10%",
+        help="top-k sizes for the bootstrap P(top-k) columns of heads.csv: counts or shares, e.g. 1%%,5%% or 8",
+    )
+    r.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the samples (heads.csv)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
     r.set_defaults(func=run)

@@ -1,4 +1,4 @@
-"""`corelens sap`: accuracy with shared attention priors in place of learned visual attention (METHODS §6)."""
+"""`corelens sap`: accuracy with shared attention priors in place of learned visual attention (docs/methods.md#sap)."""
 
 from __future__ import annotations
 

@@ -6,9 +6,29 @@ import argparse
 import sys
 
 
+def curve(args: argparse.Namespace) -> None:
+    """Write the stability curve of one rank run into it and print where the top-k settles."""
+    from corelens.experiments.stability import CURVE, curve_of_run
+
+    _, info = curve_of_run(args.curve, k=args.k, pairs=args.pairs, seed=args.seed, argv=sys.argv)
+    half = info["samples"] // 2
+    for name, n in info["first_n_at_0.9"].items():
+        label = name.replace("jaccard_top", "top-") + (" Jaccard" if name != "spearman" else "")
+        print(f"{label} >= 0.9 from n = {n}" if n else f"{label} < 0.9 up to n = {half} (half the samples)")
+    print(f"wrote {args.curve}/{CURVE}.csv, {CURVE}.json, figures/{CURVE}.png")
+
+
 def run(args: argparse.Namespace) -> None:
-    """Compare rank runs and write the stability run directory."""
+    """Compare rank runs and write the stability run directory (or, with --curve, one run's curve)."""
+    from corelens.errors import CorelensError
     from corelens.experiments.stability import stability
+
+    if args.curve:
+        if args.runs:
+            raise CorelensError("--curve takes one rank run; give no other run directories")
+        return curve(args)
+    if args.out is None:
+        raise CorelensError("--out is required to compare rank runs")
 
     result = stability(args.runs, args.out, k=args.k, n_boot=args.n_boot, seed=args.seed, argv=sys.argv)
     for row in result.spearman.itertuples():
@@ -28,9 +48,20 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `stability` parser."""
     s = sub.add_parser("stability", help="cross-task / cross-model stability of rank runs")
-    s.add_argument("runs", nargs="+", help="rank run directories (two or more)")
-    s.add_argument("--out", required=True, help="run directory to write")
-    s.add_argument("--k", default="5%", help="top-k for Jaccard / universal heads / depth: a count or N%%")
+    s.add_argument("runs", nargs="*", help="rank run directories (two or more)")
+    s.add_argument("--out", default=None, help="run directory to write (not with --curve)")
+    s.add_argument(
+        "--curve",
+        default=None,
+        metavar="RUN",
+        help="write RUN's stability curve into it: top-k Jaccard and Spearman of two disjoint n-sample rankings",
+    )
+    s.add_argument(
+        "--k",
+        default="5%",
+        help="top-k for Jaccard / universal heads / depth: a count or N%% (--curve: a list)",
+    )
+    s.add_argument("--pairs", type=int, default=200, help="--curve: random subset pairs per n")
     s.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the Spearman intervals")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=run)

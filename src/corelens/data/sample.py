@@ -1,7 +1,7 @@
 """Samples in corelens' interchange format (JSON Lines) and the strict reader that checks them.
 
-One JSON object per line; paths are relative to the file's folder. See DESIGN.md, "Sample file".
-Every bad record is an error naming file, line, sample and field (METHODS.md §1): a bad target
+One JSON object per line; paths are relative to the file's folder. See README.md#sample-format.
+Every bad record is an error naming file, line, sample and field (docs/methods.md#layout): a bad target
 must never turn into a silent zero later on.
 """
 

@@ -23,7 +23,9 @@ from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, InputError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
-from corelens.metrics.headsets import SETS, HeadSet, head_sets, parse_k
+from corelens.heads import check_heads
+from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, k_count, parse_k, select
+from corelens.metrics.uncertainty import RESAMPLED, resampled_summary, resampled_tables
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare, prompt_length
 from corelens.runs import Run, current, file_hash, model_data_settings, write_json
@@ -94,6 +96,7 @@ def read_heads(path: str | Path, m: Loaded) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise CorelensError(f"{path}: no such head table (expected a rank run's heads.csv)")
+    check_heads(path, m)  # an exported head set: the model must have its config
     table = pd.read_csv(path)
     missing = {"layer", "head", "rank"} - set(table.columns)
     if missing:
@@ -105,6 +108,35 @@ def read_heads(path: str | Path, m: Loaded) -> pd.DataFrame:
             f"({m.num_layers} x {m.num_heads})"
         )
     return table
+
+
+def ranking_data(heads: str | Path) -> pd.DataFrame:
+    """Return the per-sample RAM table (`ram.parquet`) of the rank run that wrote `heads`."""
+    path = Path(heads).parent / "ram.parquet"
+    if not path.is_file():
+        raise CorelensError(f"--rank-resamples needs the rank run's ram.parquet next to {heads}")
+    return pd.read_parquet(path)
+
+
+def resampled_sets(
+    heads: str | Path, ks: Sequence[str], r: int, seed: int, *, resample: bool = True
+) -> list[HeadSet]:
+    """Return the top-k set of each of `r` bootstrap resamples of the ranking data, for each k.
+
+    The set is `RESAMPLED`, its seed the resample's index; `overlap` counts heads shared with the top-k of the
+    full ranking. `resample=False` ranks every draw on all samples (the plain top-k, for checking).
+    """
+    ram = ranking_data(heads)
+    tables = resampled_tables(ram, r, seed, resample=resample)
+    full = resampled_tables(ram, 1, seed, resample=False)[0]
+    out = []
+    for k in ks:
+        count = k_count(k, len(full))
+        top = set(select(full, "top", count))
+        for i, table in enumerate(tables):
+            chosen = select(table, "top", count)
+            out.append(HeadSet(RESAMPLED, str(k), count, i, chosen, len(top & set(chosen))))
+    return out
 
 
 def rank_manifest(heads: str | Path) -> dict:
@@ -186,6 +218,7 @@ class Sweep:
     table: pd.DataFrame
     summary: pd.DataFrame
     records: pd.DataFrame
+    resampled: pd.DataFrame | None = None
 
 
 def sweep(
@@ -209,8 +242,16 @@ def sweep(
     progress: bool = False,
     argv: list[str] | None = None,
     warn: Callable[[str], None] = default_warn,
+    rank_resamples: int = 0,
+    resample: bool = True,
+    stable_p: float = STABLE_P,
 ) -> Sweep:
-    """Ablate top / bottom / random / layer-matched head sets of `heads` at each k; evaluate on `data`."""
+    """Ablate top / bottom / random / layer-matched head sets of `heads` at each k; evaluate on `data`.
+
+    `rank_resamples` R > 0 adds the top-k set of R bootstrap resamples of the rank run's samples (set
+    "top-resampled"; `resampled.csv` holds their median and 90 % interval); `resample=False` is for checks.
+    Set "stable" ablates the heads with P(top-k) >= `stable_p`.
+    """
     ks = parse_k(ks)
     table = read_heads(heads, m)
     identified = rank_manifest(heads)
@@ -222,7 +263,10 @@ def sweep(
     seeded = [s for s in sets if s in ("random", "layer-matched")]
     if seeded and seeds < 1:
         raise CorelensError("--seeds must be at least 1 for random head sets")
-    conds = conditions(head_sets(table, ks, sets, seeds, base_seed=seed, random_from=random_from), op, keys)
+    chosen = head_sets(table, ks, sets, seeds, base_seed=seed, random_from=random_from, stable_p=stable_p)
+    if rank_resamples:
+        chosen += resampled_sets(heads, ks, rank_resamples, seed, resample=resample)
+    conds = conditions(chosen, op, keys)
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
@@ -262,6 +306,11 @@ def sweep(
             "limit": limit,
             "skip_bad": skip_bad,
         }
+        # Recorded only when used, so that runs without them resume as before.
+        if rank_resamples:
+            settings.update(rank_resamples=rank_resamples, resample=resample)
+        if "stable" in sets:
+            settings["stable_p"] = stable_p
         run = Run(out, "ablate", settings, argv, dist=current(), device=m.device)
         if warning and run.dist.main:
             run.manifest.setdefault("warnings", [])
@@ -332,12 +381,21 @@ def sweep(
     records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
     result_table = _table(records, conds, op, keys)
     summary = _summary(result_table)
+    resampled = None
+    if rank_resamples:
+        by_k: dict[str, list[tuple]] = {}
+        for c in conds:
+            if c.kind == RESAMPLED:
+                by_k.setdefault(c.k, []).append(c.ablation.heads)
+        resampled = resampled_summary(result_table, "k", by_k)
     if run and not run.dist.main:
         run.finish()
     elif run:
         records.to_parquet(run.path / "records.parquet", index=False)
         result_table.to_csv(run.path / "ablation.csv", index=False)
         summary.to_csv(run.path / "ablation_summary.csv", index=False)
+        if resampled is not None:
+            resampled.to_csv(run.path / "resampled.csv", index=False)
         from corelens.report.curves import dose_response
 
         dose_response(
@@ -348,7 +406,7 @@ def sweep(
         )
         n_skipped = sum(1 for r in logged if r["status"] == "skipped")
         run.finish(samples=len(samples), conditions=len(conds), skipped=n_skipped)
-    return Sweep(result_table, summary, records)
+    return Sweep(result_table, summary, records, resampled)
 
 
 def sweep_path(

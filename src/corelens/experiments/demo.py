@@ -29,7 +29,7 @@ HEAD_COUNTS = ("1", "3", "5")  # heads ablated in the demo's sweeps
 HYBRID_KEEPS = ("3", "8", "16")  # heads kept full (the document needs about 8 of 32 with W = 16)
 # RAM query rows per task. Image and video: the answer tokens, since the organism retrieves the asked word
 # at the restated key, its first answer token ("red" in "red circle"); the question rows find weaker, less
-# causal heads there. Document: the question rows (METHODS' default), whose top heads are as causal and
+# causal heads there. Document: the question rows (the default, docs/methods.md#ram), whose top heads are as causal and
 # are the ones a hybrid policy must keep (benchmarks/organism/queries.sh and hybrid.sh).
 DEMO_QUERY = {"image": "answer", "video": "answer", "document": "question"}
 

@@ -1,10 +1,11 @@
-"""Residual-stream geometry (METHODS §5): per sample, layer and module RID / ΔS / ΔD / eRank / TME / MixIG.
+"""Residual-stream geometry (docs/methods.md#geometry): per sample, layer and module RID / ΔS / ΔD / eRank / TME / MixIG.
 
 One prefill per sample and baseline, with the residual states streamed layer by layer (`ResidualCapture`);
 each state's spectrum and TME are computed once and shared by the two modules that meet at it. Baselines:
-`none` (the model as it is; ε_RoPE is measured in the same forward), `noise-delta` (every ΔX_attn replaced
-by Gaussian noise of its own scalar mean and std, per layer and sample, propagating) and `noise-qkv` (every
-decoder q/k/v projection weight replaced by Gaussian noise of its own mean and std, restored afterwards).
+`none` (the model as it is; ε_RoPE, between the attention outputs with and without RoPE, is measured in
+the same forward), `noise-delta` (every ΔX_attn replaced by Gaussian noise of its own scalar mean and std,
+per layer and sample, propagating) and `noise-qkv` (every decoder q/k/v projection weight replaced by
+Gaussian noise of its own mean and std, restored afterwards).
 Writes flow.parquet (long), table1.csv (the shape of the paper's Table 1), layers.csv and a figure.
 """
 
@@ -35,6 +36,8 @@ from corelens.runs.driver import Loop, drive
 BASELINES = ("none", "noise-delta", "noise-qkv")
 REFERENCES = ("module", "layer")
 POSITION_SETS = ("all", "visual", "text")
+DEFAULT_ALPHA = 16.0  # why 16: docs/methods.md, "Token mixing and ε_RoPE"
+ROPE_ON = ("delta", "residual")  # ε_RoPE on attention outputs Δ or residuals X + Δ: docs/methods.md#geometry
 METRIC_COLUMNS = (
     "rid",
     "dS",
@@ -48,7 +51,7 @@ METRIC_COLUMNS = (
     "tme_out",
     "mixig",
 )
-# Paper Table 1, means over models (METHODS §5): row -> (RID, MixIG).
+# Paper Table 1, means over models (docs/methods.md#geometry): row -> (RID, MixIG).
 PAPER_TABLE1 = {
     "attention": (0.06, 0.61),
     "FFN": (0.21, 0.02),
@@ -67,7 +70,7 @@ TABLE1_ROWS = (
 
 @dataclass(frozen=True)
 class FlowOptions:
-    """The [decision] options of METHODS §5, defaults first."""
+    """The [decision] options of docs/methods.md#geometry, defaults first."""
 
     reference: str = "module"  # 'layer': the FFN is compared to the layer input (the authors' code)
     positions: str = "all"  # prompt positions whose states are measured: all, visual or text
@@ -75,10 +78,13 @@ class FlowOptions:
     eps: float = FP32_EPS  # machine epsilon of the capture dtype (states are captured fp32)
     energy: float = 0.99
     tme_rows: str = "mean"  # 'last': TME of the last row only
-    alpha: float = 1.0  # TME sharpening exponent (the authors' code: 8)
+    # TME sharpening exponent: at 1 (the unsharpened W) TME of real states is 0.99-1.00 and MixIG cannot move; 16
+    # puts the median TME of the organism's layer inputs at 0.69 (results/tme-alpha.csv). Authors' code: 8.
+    alpha: float = DEFAULT_ALPHA
     mixig_of: str = "output"  # 'delta': TME of ΔX instead of X'
     method: str = "auto"  # spectrum route: auto, gram, svd
     rope: bool = True  # measure ε_RoPE (baseline 'none' only)
+    rope_on: str = "delta"  # 'residual': RID(X + Δ_noRoPE → X + Δ_RoPE) instead of RID(Δ_noRoPE → Δ_RoPE)
     seed: int = 0
 
     def check(self) -> None:
@@ -89,6 +95,7 @@ class FlowOptions:
             "rank": RANK_RULES,
             "tme_rows": TME_ROWS,
             "mixig_of": MIXIG_OF,
+            "rope_on": ROPE_ON,
             "method": SPECTRUM_METHODS,
         }
         for name, allowed in choices.items():
@@ -232,10 +239,15 @@ def measure_flow(
         rows.append({"layer": states.layer, "module": "attn", **module_metrics(x_in, mid, opts)})
         ffn_in = x_in if opts.reference == "layer" else mid
         rows.append({"layer": states.layer, "module": "ffn", **module_metrics(ffn_in, out, opts)})
-        if states.x_mid_norope is not None:
-            plain = _State(states.x_mid_norope, opts)
+        if states.delta_norope is not None:
+            # docs/methods.md#geometry: RID between the attention outputs with and without RoPE; 'residual' adds X to both
+            # (the residual states the attention row compares), so the same change is a smaller share of the state.
+            if opts.rope_on == "delta":
+                plain, rotated = _State(states.delta_norope, opts), _State(states.delta, opts)
+            else:
+                plain, rotated = _State(states.x_mid_norope, opts), mid
             nan = {"tme_in": math.nan, "tme_out": math.nan, "mixig": math.nan}
-            rows.append({"layer": states.layer, "module": "rope", **_rid(plain, mid, opts), **nan})
+            rows.append({"layer": states.layer, "module": "rope", **_rid(plain, rotated, opts), **nan})
         prev[:] = [out]
 
     seed = sample_seed(opts.seed, sample.id)
@@ -280,8 +292,12 @@ def flow_frame(records: Sequence[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def table1(frame: pd.DataFrame) -> pd.DataFrame:
-    """Return the Table-1 analogue: mean RID / ΔS / ΔD / MixIG per row, with the paper's values beside."""
+def table1(frame: pd.DataFrame, opts: FlowOptions | None = None) -> pd.DataFrame:
+    """Return the Table-1 analogue: mean RID / ΔS / ΔD / MixIG per row, with the paper's values beside.
+
+    The TME sharpening α and the states ε_RoPE compares (`rope_on`) are written beside every row.
+    """
+    opts = opts or FlowOptions()
     out = []
     for name, baseline, module in TABLE1_ROWS:
         part = frame[(frame["baseline"] == baseline) & (frame["module"] == module)]
@@ -301,6 +317,8 @@ def table1(frame: pd.DataFrame) -> pd.DataFrame:
                 "mixig_sd": per_sample["mixig"].std() if len(part) else math.nan,
                 "paper_rid": paper_rid,
                 "paper_mixig": paper_mixig,
+                "alpha": opts.alpha,
+                "rope_on": opts.rope_on,
             }
         )
     return pd.DataFrame(out)
@@ -386,7 +404,7 @@ def flow(
     )
     n_skipped = sum(1 for r in logged.values() if r.get("status") == "skipped")
     frame = flow_frame(ok)
-    result = FlowResult(frame, table1(frame), layer_means(frame))
+    result = FlowResult(frame, table1(frame, opts), layer_means(frame))
     if run is not None and not run.dist.main:
         run.finish()
     elif run is not None:

@@ -4,7 +4,7 @@ For each kept fraction `k`, the full set is the top-k heads of a rank run (CoRe)
 seeds, drawn from all heads or, with `random_from="non-top"`, outside the top-k, as in
 `corelens.metrics.headsets`), a layer-matched set (`short_by` says where it holds fewer than k) or the
 bottom-k heads; every other head
-streams with `S` sinks and a window of `W` (METHODS §4) in the prefill. Each sample is answered greedily;
+streams with `S` sinks and a window of `W` (docs/methods.md#hybrid) in the prefill. Each sample is answered greedily;
 `decode` says how: "full" (the default, as in the paper: every head attends to every cached key after the
 hybrid prefill) or "stream" (the streaming heads keep their pattern, with the trimmed hybrid cache). The
 baseline ("dense") is the unmodified model. `ideal_speedup` pools the (query, key) pairs over the samples:
@@ -30,9 +30,10 @@ from corelens.attention.kernels import pooled_speedup
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, InputError
 from corelens.errors import warn as default_warn
-from corelens.experiments.ablate import rank_manifest, read_heads, same_file_warning
+from corelens.experiments.ablate import rank_manifest, read_heads, resampled_sets, same_file_warning
 from corelens.experiments.evaluate import interval, score
-from corelens.metrics.headsets import SEEDED, k_count, parse_k, select
+from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, parse_k, select
+from corelens.metrics.uncertainty import RESAMPLED, resampled_summary
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.runs import Run, current, file_hash, model_data_settings, write_json
@@ -80,21 +81,27 @@ def conditions(
     sink: int,
     window: int,
     random_from: str = "all",
+    resampled: Sequence[HeadSet] = (),
+    stable_p: float = STABLE_P,
 ) -> list[Condition]:
-    """Return the dense baseline followed by one hybrid condition per (kept fraction, set, seed)."""
+    """Return the dense baseline, one hybrid condition per (kept fraction, set, seed), then the `resampled` sets."""
     out = [Condition(DENSE, DENSE, "100%", None, None)]
     for keep in keeps:
         for kind in sets:
             for draw in range(seeds) if kind in SEEDED else [None]:
                 # Seeded draws are seeded by (base seed, kind, count, draw), as in the ablation sweep.
                 count = k_count(keep, len(table))
-                heads = select(table, kind, count, draw, base_seed=seed, random_from=random_from)
+                heads = select(table, kind, count, draw, base_seed=seed, random_from=random_from, p=stable_p)
                 source = {"keep": keep, "kind": kind, "seed": draw, "base_seed": seed}
                 if kind == "random":
                     source["random_from"] = random_from
                 policy = HybridPolicy(heads, sink, window, source)
                 name = f"{kind}/{keep}" + (f"/s{draw}" if draw is not None else "")
                 out.append(Condition(name, kind, keep, draw, policy, count - len(heads)))
+    for hs in resampled:
+        source = {"keep": hs.k, "kind": RESAMPLED, "resample": hs.seed, "base_seed": seed}
+        policy = HybridPolicy(hs.heads, sink, window, source)
+        out.append(Condition(hs.name, RESAMPLED, hs.k, hs.seed, policy))
     return out
 
 
@@ -164,6 +171,7 @@ class HybridCurve:
     sink: int
     window: int
     median_tokens: float
+    resampled: pd.DataFrame | None = None
 
 
 def curve(
@@ -187,12 +195,19 @@ def curve(
     progress: bool = False,
     argv: list[str] | None = None,
     warn: Callable[[str], None] = default_warn,
+    rank_resamples: int = 0,
+    resample: bool = True,
+    stable_p: float = STABLE_P,
 ) -> HybridCurve:
-    """Evaluate `data` under hybrid attention with top / random / bottom full sets of `heads` at each kept share."""
+    """Evaluate `data` under hybrid attention with top / random / bottom full sets of `heads` at each kept share.
+
+    `rank_resamples` R > 0 adds the top-k full set of R bootstrap resamples of the rank run's samples
+    ("top-resampled"; `resampled.csv`: median and 90 % interval), as in `corelens.experiments.ablate.sweep`.
+    """
     keeps = parse_k(keeps)
     if decode not in DECODES:
         raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
-    unknown = set(sets) - {"top", "bottom", "random", "layer-matched"}
+    unknown = set(sets) - {"top", "bottom", "random", "layer-matched", "stable"}
     if unknown:
         raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
     table = read_heads(heads, m)
@@ -228,13 +243,19 @@ def curve(
             "limit": limit,
             "skip_bad": skip_bad,
         }
+        # Recorded only when used, so that runs without them resume as before.
+        if rank_resamples:
+            settings.update(rank_resamples=rank_resamples, resample=resample)
+        if "stable" in sets:
+            settings["stable_p"] = stable_p
         run = Run(out, "hybrid", settings, argv, dist=dist, device=m.device)
     # S and W may be shares of the median prompt: measure every prompt once (over all ranks, cached in the run).
     measured = prompt_lengths(samples, partial(prompt_length, m), run)
     lengths = [n for n in measured.values() if n is not None]
     median = float(statistics.median(lengths)) if lengths else float("nan")
     sink_n, window_n = resolve_size(sink, lengths), resolve_size(window, lengths)
-    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n, random_from)
+    drawn = resampled_sets(heads, keeps, rank_resamples, seed, resample=resample) if rank_resamples else []
+    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n, random_from, drawn, stable_p)
     total = m.num_layers * m.num_heads
     if run is not None and run.dist.main:
         run.manifest.update(sink_tokens=sink_n, window_tokens=window_n, median_prompt_tokens=median)
@@ -247,10 +268,14 @@ def curve(
 
     def step(sample: Sample, done: set[str]) -> Iterator[dict]:
         p = prepare(m, sample)
+        answers: dict[tuple | None, tuple[str, float]] = {}  # equal full sets share one generation
         for c in conds:
             if f"{c.name}|{sample.id}" in done:
                 continue
-            prediction, saved = generate_answer(m, p, max_new_tokens, c.policy, decode)
+            full = None if c.policy is None else c.policy.full
+            if full not in answers:
+                answers[full] = generate_answer(m, p, max_new_tokens, c.policy, decode)
+            prediction, saved = answers[full]
             yield {
                 "id": f"{c.name}|{sample.id}",
                 "status": "ok",
@@ -277,11 +302,20 @@ def curve(
     ok = [r for r in logged if r.get("status") == "ok"]
     records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
     result = _table(records, conds, total, sink_n, window_n)
+    resampled = None
+    if rank_resamples:
+        by_keep: dict[str, list[tuple]] = {}
+        for c in conds:
+            if c.kind == RESAMPLED:
+                by_keep.setdefault(c.keep, []).append(c.policy.full)
+        resampled = resampled_summary(result, "keep", by_keep)
     if run and not run.dist.main:
         run.finish()
     elif run:
         records.to_parquet(run.path / "records.parquet", index=False)
         result.to_csv(run.path / "hybrid.csv", index=False)
+        if resampled is not None:
+            resampled.to_csv(run.path / "resampled.csv", index=False)
         from corelens.report.hybrid import accuracy_vs_kept
 
         accuracy_vs_kept(
@@ -291,7 +325,7 @@ def curve(
         )
         skips = sum(1 for r in logged if r.get("status") == "skipped")
         run.finish(samples=len(samples), conditions=len(conds), skipped=skips)
-    return HybridCurve(result, records, sink_n, window_n, median)
+    return HybridCurve(result, records, sink_n, window_n, median, resampled)
 
 
 def curve_path(

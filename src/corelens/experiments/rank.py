@@ -18,7 +18,9 @@ import torch
 from corelens.attention import RamProbe, activate
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import InputError
+from corelens.metrics.headsets import k_count, parse_k
 from corelens.metrics.ram import head_table, sample_frame, top_heads
+from corelens.metrics.uncertainty import bootstrap_heads, uncertain_heads
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare, prompt_length
 from corelens.runs import Run, current, model_data_settings
@@ -134,10 +136,15 @@ def rank(
     skip_bad: bool = False,
     progress: bool = False,
     overlays: int = 0,
+    ks: str | list[str] | None = "1%,5%,10%",
+    n_boot: int = 1000,
+    boot_seed: int = 0,
     argv: list[str] | None = None,
 ) -> Ranking:
     """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir.
 
+    The head table also carries `n_boot` seeded bootstrap intervals of each head's mass and rank and its
+    probability of being in the top-k for each of `ks` (counts or shares; column `p_top{k}`; None: none).
     `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples.
     Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
 
@@ -175,6 +182,13 @@ def rank(
     logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
     records = [r for r in logged if r["status"] == "ok"]
     ranking = _ranking(records)
+    uncertainty = None
+    if ks is not None and len(ranking.heads):
+        # Post-processing of the logged samples, not a run setting: a resume may ask for other k values.
+        ks = parse_k(ks)
+        counts = sorted({k_count(k, len(ranking.heads)) for k in ks})
+        ranking.heads = bootstrap_heads(ranking.ram, counts, n_boot=n_boot, seed=boot_seed)
+        uncertainty = {"k": ks, "counts": counts, "n_boot": n_boot, "seed": boot_seed}
     if run is None or not run.dist.main:
         if run is not None:
             run.finish()
@@ -183,13 +197,20 @@ def rank(
     ranking.heads.to_csv(run.path / "heads.csv", index=False)
     from corelens.report.heatmap import head_heatmap
 
-    head_heatmap(ranking.heads, run.path / "figures" / "heads_mass.png", title=f"Mean RAM ({query} queries)")
+    head_heatmap(
+        ranking.heads,
+        run.path / "figures" / "heads_mass.png",
+        title=f"Mean RAM ({query} queries)",
+        marked=uncertain_heads(ranking.heads) if uncertainty else None,
+    )
     if overlays > 0:
         from corelens.experiments.overlay import write_overlays
 
         ranked = {r["id"] for r in records}
         chosen = [s for s in samples if s.id in ranked][:overlays]
         write_overlays(m, chosen, ranking.heads, run.path / "figures", query=query)
+    if uncertainty:
+        run.manifest["uncertainty"] = uncertainty
     run.finish(samples=len(records), skipped=sum(1 for r in logged if r["status"] == "skipped"))
     return ranking
 

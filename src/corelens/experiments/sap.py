@@ -1,4 +1,4 @@
-"""SAP sweep and key-region ratio (METHODS §6): accuracy with priors in place of learned visual attention.
+"""SAP sweep and key-region ratio (docs/methods.md#sap): accuracy with priors in place of learned visual attention.
 
 Per sample: the unmodified model's greedy answer (the evaluation harness), its key-region ratio at the
 answer position (Σ_Ω A / Σ_V A, per layer and head from a RAM probe, averaged) against the area prior
@@ -117,20 +117,41 @@ def _cell_complexity(image: Image.Image, rows: int, cols: int, cell: int) -> np.
     return dx + dy + blocks.var(axis=(2, 3))
 
 
+def _segment_complexity(image: Image.Image, seg, cell: int) -> np.ndarray:
+    """Return the rows x cols complexity of the cells of one layout segment, each resampled to cell x cell."""
+    if seg.col_spans is None and seg.row_spans is None:
+        # Evenly split cells (a whole image, or a tile / crop `region` of it): one resize of the covered area.
+        if seg.region is not None:
+            image = image.crop(tuple(int(round(v)) for v in seg.region))
+        return _cell_complexity(image, seg.rows, seg.cols, cell)
+    # Cells with their own spans (bilinear footprints, which may overlap): each cell's span on its own.
+    xs, ys = seg.cell_spans()
+    out = np.empty((seg.rows, seg.cols))
+    for r, (y0, y1) in enumerate(ys):
+        for c, (x0, x1) in enumerate(xs):
+            box = (int(np.floor(x0)), int(np.floor(y0)), max(int(np.ceil(x1)), int(np.floor(x0)) + 1),
+                   max(int(np.ceil(y1)), int(np.floor(y0)) + 1))  # fmt: skip
+            out[r, c] = _cell_complexity(image.crop(box), 1, 1, cell)[0, 0]
+    return out
+
+
 def prior_complexity(m: Loaded, layout: Layout, sample: Sample, temperature: float = 1.0) -> np.ndarray:
-    """Return softmax(x / T) of the min-max normalised per-cell complexity x of the processed images / frames."""
+    """Return softmax(x / T) of the min-max normalised per-cell complexity x of the processed images / frames.
+
+    A cell is resampled to the processor's cell size (patch x merge, for Qwen-VL 28 pixels) where the processor
+    has one, else to 14 pixels (the patch of the LLaVA and InternVL vision towers); each layout segment's cells
+    are read from their own spans, so tiles, crops and thumbnails count their part of the image.
+    """
     ip = m.processor.image_processor
-    cell = int(ip.patch_size) * int(ip.merge_size)
+    cell = int(getattr(ip, "patch_size", None) or 14) * int(getattr(ip, "merge_size", None) or 1)
     images = load_images(sample) if sample.images else []
     frames = load_video(sample)[0] if sample.video is not None else []
     parts = []
     for seg in layout.segments:
         if seg.kind == "image":
-            grid = _cell_complexity(images[seg.source], seg.rows, seg.cols, cell)
+            grid = _segment_complexity(images[seg.source], seg, cell)
         else:
-            grid = np.mean(
-                [_cell_complexity(frames[f], seg.rows, seg.cols, cell) for f in seg.frames], axis=0
-            )
+            grid = np.mean([_segment_complexity(frames[f], seg, cell) for f in seg.frames], axis=0)
         parts.append((seg, grid))
     values = _place(layout, parts)
     span = values.max() - values.min()

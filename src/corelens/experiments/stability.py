@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from corelens.errors import CorelensError
-from corelens.metrics.headsets import k_count
+from corelens.metrics.headsets import k_count, parse_k
 from corelens.metrics.stability import (
     aggregate_ranking,
     head_tables,
@@ -23,7 +23,8 @@ from corelens.metrics.stability import (
     universal_heads,
 )
 from corelens.metrics.topology import depth_profile, sparsity
-from corelens.runs import Run, file_hash
+from corelens.metrics.uncertainty import first_n, stability_curve
+from corelens.runs import Run, file_hash, write_json
 
 
 @dataclass
@@ -66,7 +67,7 @@ def run_labels(paths: list[Path], rams: list[pd.DataFrame]) -> list[str]:
 def compute_stability(
     rams: dict[str, pd.DataFrame], *, k: str | int | float = "5%", n_boot: int = 1000, seed: int = 0
 ) -> Stability:
-    """Return the stability statistics of labelled long RAM tables (METHODS §2); `k` as in `k_count`."""
+    """Return the stability statistics of labelled long RAM tables (docs/methods.md#cross-task-stability); `k` as in `k_count`."""
     tables = head_tables(rams)
     k = k_count(k, len(next(iter(tables.values()))))
     layers = max(int(t["layer"].max()) + 1 for t in tables.values())
@@ -122,3 +123,43 @@ def stability(
     depth_figure(result.depth, run.path / "figures" / "depth.png")
     run.finish(labels=labels, universal=len(result.universal))
     return result
+
+
+CURVE = "stability_curve"
+
+
+def curve_summary(curve: pd.DataFrame, at: float = 0.9) -> dict[str, int | None]:
+    """Return, per k, the smallest n from which the top-k Jaccard stays >= `at`, and the same for Spearman."""
+    out: dict[str, int | None] = {
+        f"jaccard_top{k}": first_n(curve, k, at=at) for k in sorted(curve["k"].unique())
+    }
+    out["spearman"] = first_n(curve, int(curve["k"].iloc[0]), "spearman", at)
+    return out
+
+
+def curve_of_run(
+    path: str | Path, *, k: str = "5%", pairs: int = 200, seed: int = 0, argv: list[str] | None = None
+) -> tuple[pd.DataFrame, dict]:
+    """Write the stability curve of a rank run into that run (`stability_curve.csv`, `.json`, figure)."""
+    path = Path(path)
+    ram, _ = read_rank_run(path)
+    heads = ram.groupby(["layer", "head"]).ngroups
+    counts = sorted({k_count(item, heads) for item in parse_k(k)})
+    curve = stability_curve(ram, counts, pairs=pairs, seed=seed)
+    summary = curve_summary(curve)
+    curve.to_csv(path / f"{CURVE}.csv", index=False)
+    info = {
+        "k": k,
+        "counts": counts,
+        "pairs": pairs,
+        "seed": seed,
+        "samples": int(ram["sample_id"].nunique()),
+        "ram_sha256": file_hash(path / "ram.parquet"),
+        "first_n_at_0.9": summary,
+        "argv": argv,
+    }
+    write_json(path / f"{CURVE}.json", info)
+    from corelens.report.uncertainty import curve_figure
+
+    curve_figure(curve, path / "figures" / f"{CURVE}.png", title=f"{path.name}: {info['samples']} samples")
+    return curve, info

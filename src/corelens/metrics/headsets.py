@@ -1,9 +1,9 @@
-"""Head sets of equal size from a head table (METHODS §3): top-k, bottom-k, random-k, layer-matched random.
+"""Head sets of equal size from a head table (docs/methods.md#interventions): top-k, bottom-k, random-k, layer-matched random.
 
 `k` is a count ("12") or a share of all L x H query heads ("5%", or a fraction like "0.05"); a share rounds to
 the nearest count, at least 1. Random draws are deterministic: seeded by (base seed, set, count, seed).
 
-- random-k is drawn from all heads (METHODS §3), so that it may contain CoRe heads as often as chance says;
+- random-k is drawn from all heads (docs/methods.md#interventions), so that it may contain CoRe heads as often as chance says;
   `random_from="non-top"` draws outside the top-k set instead (where fewer than k heads are outside it, the
   set is all of them, smaller than k).
 - layer-matched-k takes, in each layer, as many heads as the top-k set has there, drawn from that layer's
@@ -12,6 +12,8 @@ the nearest count, at least 1. Random draws are deterministic: seeded by (base s
   tables.
 
 `overlap` reports how many heads a set shares with the top-k set.
+The optional "stable" set is not of equal size: the heads whose bootstrap probability of being in the top-k
+(`p_top{k}`, written by `corelens rank --k`) is at least p (`short_by` says how many fewer than k).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from corelens.errors import CorelensError
 SETS = ("top", "bottom", "random", "layer-matched")
 SEEDED = ("random", "layer-matched")
 RANDOM_FROM = ("all", "non-top")
+OPTIONAL = ("stable",)  # asked for by name only: its size varies with the ranking's uncertainty
+STABLE_P = 0.9
 
 Head = tuple[int, int]
 
@@ -97,6 +101,17 @@ def _rng(seed: int, kind: str, count: int, draw: int) -> np.random.Generator:
     return np.random.default_rng([seed, SETS.index(kind), count, draw])
 
 
+def stable(table: pd.DataFrame, count: int, p: float = STABLE_P) -> tuple[Head, ...]:
+    """Return the heads whose P(top-`count`) is at least `p` (column `p_top{count}` of the head table)."""
+    column = f"p_top{count}"
+    if column not in table.columns:
+        raise CorelensError(f"the head table has no {column} column: rank with --k {count} to write it")
+    if not 0 < p <= 1:
+        raise CorelensError(f"--stable-p must be in (0, 1], got {p}")
+    chosen = table[table[column] >= p]
+    return tuple(sorted(zip(chosen["layer"].astype(int), chosen["head"].astype(int))))
+
+
 def select(
     table: pd.DataFrame,
     kind: str,
@@ -105,12 +120,15 @@ def select(
     *,
     base_seed: int = 0,
     random_from: str = "all",
+    p: float = STABLE_P,
 ) -> tuple[Head, ...]:
     """Return up to `count` heads of `kind` from a head table (rank 1 = best); seeded kinds need `seed`.
 
     top / bottom / random from all heads hold exactly `count`; layer-matched and random from non-top heads
-    may hold fewer (see the module docstring).
+    may hold fewer (see the module docstring). Kind "stable" returns the heads with P(top-`count`) >= `p`.
     """
+    if kind == "stable":
+        return stable(table, count, p)
     order = _ordered(table)
     if not 0 <= count <= len(order):
         raise CorelensError(f"cannot pick {count} heads out of {len(order)}")
@@ -149,11 +167,12 @@ def head_sets(
     *,
     base_seed: int = 0,
     random_from: str = "all",
+    stable_p: float = STABLE_P,
 ) -> list[HeadSet]:
     """Return every head set of the sweep: for each k, each kind (seeded kinds once per seed 0..seeds-1)."""
-    unknown = [k for k in kinds if k not in SETS]
+    unknown = [k for k in kinds if k not in SETS + OPTIONAL]
     if unknown:
-        raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS}")
+        raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS + OPTIONAL}")
     total = len(table)
     out = []
     for k in ks:
@@ -161,7 +180,9 @@ def head_sets(
         top = set(select(table, "top", count))
         for kind in kinds:
             for seed in range(seeds) if kind in SEEDED else [None]:
-                heads = select(table, kind, count, seed, base_seed=base_seed, random_from=random_from)
+                heads = select(
+                    table, kind, count, seed, base_seed=base_seed, random_from=random_from, p=stable_p
+                )
                 out.append(HeadSet(kind, str(k), count, seed, heads, len(top & set(heads))))
     return out
 
@@ -172,5 +193,5 @@ def add_random_from(parser) -> None:
         "--random-from",
         choices=RANDOM_FROM,
         default="all",
-        help="pool of the random-k control: all heads (METHODS §3) or the heads outside the top-k set",
+        help="pool of the random-k control: all heads (docs/methods.md#interventions) or the heads outside the top-k set",
     )

@@ -1,4 +1,4 @@
-"""Token mixing (METHODS §5): TME, the mean entropy of cosine-similarity rows, and MixIG = TME(X') − TME(X).
+"""Token mixing (docs/methods.md#geometry): TME, the mean entropy of cosine-similarity rows, and MixIG = TME(X') − TME(X).
 
 With unit rows n_t, W_tj = (cos(x_t, x_j) + 1) / 2 and P_tj = W_tj / Σ_k W_tk, the entropy of row t is
 log Z_t − (Σ_j W_tj log W_tj) / Z_t with Z_t = Σ_j W_tj. Both sums are row sums of an S x S matrix that is
@@ -93,7 +93,7 @@ def tme(
 ) -> float:
     """Return the token mixing entropy of a state (S x H) in [0, 1]: mean ('mean') or last ('last') row.
 
-    `alpha` sharpens the rows (P ∝ W^alpha; the authors' code uses 8, METHODS §5 uses 1).
+    `alpha` sharpens the rows (P ∝ W^alpha; the authors' code uses 8, `corelens flow` 16).
     """
     if rows not in TME_ROWS:
         raise ValueError(f"unknown TME rows {rows!r}; expected one of {TME_ROWS}")

@@ -1,4 +1,4 @@
-"""RAM tables: per-sample long format and the per-head ranking (METHODS §2)."""
+"""RAM tables: per-sample long format and the per-head ranking (docs/methods.md#ram)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,11 @@ def head_table(ram: pd.DataFrame, by: str = "mass") -> pd.DataFrame:
 
 
 def top_heads(heads: pd.DataFrame, k: int | float) -> list[tuple[int, int]]:
-    """Return the top `k` (layer, head) pairs of a head table; a float in (0, 1) is a fraction of all heads."""
-    count = round(k * len(heads)) if isinstance(k, float) and 0 < k < 1 else int(k)
+    """Return the top `k` (layer, head) pairs of a head table; a float in (0, 1) is a fraction of all heads.
+
+    A fraction rounds to the nearest count, at least 1, as head sets of a sweep round it (1 % of 32 heads is
+    one head, not none).
+    """
+    count = max(1, round(k * len(heads))) if isinstance(k, float) and 0 < k < 1 else int(k)
     best = heads.sort_values("rank").head(max(count, 0))
     return list(zip(best["layer"].astype(int), best["head"].astype(int)))

@@ -1,4 +1,4 @@
-"""Singular spectra of residual states (METHODS §5): eRank, numerical rank, and RID = ΔS + ΔD.
+"""Singular spectra of residual states (docs/methods.md#erank-and-rid): eRank, numerical rank, and RID = ΔS + ΔD.
 
 Everything runs in float64 on the device of the input. The default route never forms an SVD: it takes the
 Gram matrix of the matrix's small side (S x S or H x H, whichever is smaller) and its eigenvalues, and
@@ -13,7 +13,7 @@ Where the Gram route is inexact it is repaired, not trusted:
   their singular values are recomputed as ‖Z v_i‖ from the eigenvectors (exact zeros stay near zero);
 - projections onto the kept column space lose about ε·κ_r² (κ_r = σ_1 / σ_r) through the Gram; when that
   exceeds `_GRAM_TOL`, 'auto' computes the input's spectrum with an SVD instead. With the fp32 rank
-  threshold of METHODS §5, κ_r ≤ 1 / (max(S, H)·1.19e-7), so captured states stay on the Gram route;
+  threshold of docs/methods.md#erank-and-rid, κ_r ≤ 1 / (max(S, H)·1.19e-7), so captured states stay on the Gram route;
 - cancellations are arranged around the update ΔX = X' − X (not around X'), so an all-zero update gives an
   exactly zero support change.
 """
@@ -92,7 +92,7 @@ class Spectrum:
         return erank_of(self.sigma)
 
     def rank(self, rule: str = "numerical", eps: float = FP32_EPS, energy: float = 0.99) -> int:
-        """Return the number of kept directions r under `rule` (METHODS §5)."""
+        """Return the number of kept directions r under `rule` (docs/methods.md#erank-and-rid)."""
         return kept_rank(self.sigma, self.shape, rule=rule, eps=eps, energy=energy)
 
     def right_vectors(self, lo: int, hi: int) -> torch.Tensor:
@@ -203,7 +203,7 @@ class Rid(NamedTuple):
 
 @dataclass(frozen=True)
 class RidTerms:
-    """RID with everything it is made of (METHODS §5)."""
+    """RID with everything it is made of (docs/methods.md#erank-and-rid)."""
 
     rid: float
     dS: float
@@ -329,6 +329,6 @@ def rid(
     energy: float = 0.99,
     method: str = "auto",
 ) -> Rid:
-    """Return (RID, ΔS, ΔD) of the update X → X' (METHODS §5); see `rid_terms` for the options."""
+    """Return (RID, ΔS, ΔD) of the update X → X' (docs/methods.md#erank-and-rid); see `rid_terms` for the options."""
     t = rid_terms(x, x_new, rank=rank, eps=eps, energy=energy, method=method)
     return Rid(t.rid, t.dS, t.dD)

@@ -1,6 +1,6 @@
 """Cross-task stability of head rankings: Spearman with bootstrap intervals, top-k Jaccard, universal heads.
 
-METHODS §2 (statistics), seed 000 §3.3. Every input is a long RAM table (`metrics.ram.sample_frame`) of one
+docs/methods.md#cross-task-stability. Every input is a long RAM table (`metrics.ram.sample_frame`) of one
 task or model; all must rank the same (layer, head) grid. Bootstrap intervals resample the samples of each
 table independently (tables of different tasks hold different samples).
 """

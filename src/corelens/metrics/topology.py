@@ -1,6 +1,6 @@
 """Where the retrieval mass sits: sparsity (share of heads holding 50 % / 80 %, Gini) and depth profiles.
 
-METHODS §2 (statistics): functional sparsity and the depth profile of the CoRe heads, per layer and per
+docs/methods.md#sparsity-and-depth: functional sparsity and the depth profile of the CoRe heads, per layer and per
 depth fraction `l / L` so that models of different depth compare.
 """
 

@@ -65,12 +65,24 @@ def offline() -> bool:
     )
 
 
-def resolve(spec: str | Path, revision: str | None = None) -> Resolved:
-    """Return the folder of checkpoint `spec`: a local folder as it is, a hub id from the cache or the hub."""
+def resolve(
+    spec: str | Path,
+    revision: str | None = None,
+    *,
+    repo_type: str = "model",
+    needs: str = "config.json",
+    patterns: list[str] | None = None,
+) -> Resolved:
+    """Return the folder of checkpoint `spec`: a local folder as it is, a hub id from the cache or the hub.
+
+    `repo_type="dataset"` with `needs="headset.json"` resolves a published head set the same way.
+    """
+    patterns = PATTERNS if patterns is None else patterns
+    what = "checkpoint" if repo_type == "model" else "head set"
     path = Path(spec).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise CorelensError(f"{path}: not a checkpoint folder (no config.json)")
+        if not (path / needs).is_file():
+            raise CorelensError(f"{path}: not a {what} folder (no {needs})")
         return Resolved(path)
     repo, at = parse_spec(str(spec))
     if revision is not None and at is not None and revision != at:
@@ -89,7 +101,12 @@ def resolve(spec: str | Path, revision: str | None = None) -> Resolved:
     cache = cache_dir()
     try:
         folder = snapshot_download(
-            repo, revision=revision, cache_dir=cache, local_files_only=True, allow_patterns=PATTERNS
+            repo,
+            revision=revision,
+            repo_type=repo_type,
+            cache_dir=cache,
+            local_files_only=True,
+            allow_patterns=patterns,
         )
     except IncompleteSnapshotError as err:
         if offline():
@@ -104,7 +121,9 @@ def resolve(spec: str | Path, revision: str | None = None) -> Resolved:
                 "(HF_HUB_OFFLINE is set, so nothing is downloaded)"
             ) from None
         try:
-            folder = snapshot_download(repo, revision=revision, cache_dir=cache, allow_patterns=PATTERNS)
+            folder = snapshot_download(
+                repo, revision=revision, repo_type=repo_type, cache_dir=cache, allow_patterns=patterns
+            )
         except (HfHubHTTPError, RepositoryNotFoundError, LocalEntryNotFoundError, OSError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise CorelensError(
@@ -112,6 +131,6 @@ def resolve(spec: str | Path, revision: str | None = None) -> Resolved:
                 f"and the download failed: {first}"
             ) from None
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise CorelensError(f"{repo}: the cached snapshot {folder} has no config.json")
+    if not (folder / needs).is_file():
+        raise CorelensError(f"{repo}: the cached snapshot {folder} has no {needs}")
     return Resolved(folder, repo, revision, folder.name)

@@ -1,7 +1,7 @@
 """Sample -> model inputs + layout + query rows, through the checkpoint's own processor and chat template.
 
 The prompt is one user turn: the visual inputs first (images in order, then the video), then the question,
-with `add_generation_prompt=True` (METHODS §2). Teacher forcing appends the answer after the prompt.
+with `add_generation_prompt=True` (docs/methods.md#layout). Teacher forcing appends the answer after the prompt.
 """
 
 from __future__ import annotations

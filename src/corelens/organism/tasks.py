@@ -1,6 +1,6 @@
-"""Synthetic grounding tasks with exact targets, written in corelens' sample format (DESIGN.md).
+"""Synthetic grounding tasks with exact targets, written in corelens' sample format (README.md#sample-format).
 
-Three domains mirror seed 000's benchmarks, each deterministic from (seed, task, index):
+Three domains mirror the CoRe-heads paper's benchmarks, each deterministic from (seed, task, index):
 - `image` (RefCOCOg-like referring expressions): 4-8 objects (shape x colour x size) on a cluttered
   background, each inside its own 28-pixel token cell; the question names one object by its colour or by
   size + colour and asks for its shape; the target is its box.

@@ -11,9 +11,16 @@ from corelens.report.figure import plt, save_figure
 
 
 def head_heatmap(
-    heads: pd.DataFrame, path: str | Path, value: str = "mass", title: str | None = None
+    heads: pd.DataFrame,
+    path: str | Path,
+    value: str = "mass",
+    title: str | None = None,
+    marked: pd.Series | None = None,
 ) -> Path:
-    """Write a layer x head heatmap of column `value` of a head table to `path` (PNG); return the path."""
+    """Write a layer x head heatmap of column `value` of a head table to `path` (PNG); return the path.
+
+    `marked` (a boolean per row of `heads`) outlines those cells in red: heads of uncertain top-k membership.
+    """
     layers = int(heads["layer"].max()) + 1
     n_heads = int(heads["head"].max()) + 1
     grid = np.full((layers, n_heads), np.nan)
@@ -24,4 +31,8 @@ def head_heatmap(
     ax.set_ylabel("layer")
     ax.set_title(title or f"mean {value} per head")
     fig.colorbar(image, ax=ax, label=value)
+    if marked is not None and marked.any():
+        for layer, head in heads.loc[marked.to_numpy(bool), ["layer", "head"]].to_numpy(int):
+            ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, ec="red", lw=2))
+        ax.set_xlabel("query head (red outline: 0.2 < P(top-k) < 0.8 for some k)")
     return save_figure(fig, path)

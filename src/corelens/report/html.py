@@ -65,6 +65,19 @@ def _figure(path: Path, run: Path) -> str:
     return f'<figure><img src="data:image/png;base64,{data}" alt="{caption}"><figcaption>{caption}</figcaption></figure>'
 
 
+def _curve_sentence(info: dict) -> str:
+    """Return where the top-k of a rank run settles, from its `stability_curve.json`."""
+    half = info["samples"] // 2
+    said = []
+    for name, n in info["first_n_at_0.9"].items():
+        label = name.replace("jaccard_top", "top-") + (" Jaccard" if name != "spearman" else "")
+        said.append(f"{label} ≥ 0.9 from n = {n}" if n else f"{label} < 0.9 up to n = {half}")
+    return (
+        f"<p>Stability curve ({info['samples']} samples, two disjoint n-sample subsets, {info['pairs']} pairs "
+        f"per n): {html.escape('; '.join(said))}.</p>"
+    )
+
+
 def run_section(run: Path) -> str:
     """Return the HTML section of one run directory."""
     manifest = _manifest(run)
@@ -88,6 +101,9 @@ def run_section(run: Path) -> str:
             f"{stats['heads_for_50pct']:.1%} of heads hold 50 % of the mass, "
             f"{stats['heads_for_80pct']:.1%} hold 80 %; Gini {stats['gini']:.3f}.</p>"
         )
+    curve = run / "stability_curve.json"
+    if curve.is_file():
+        parts.append(_curve_sentence(json.loads(curve.read_text())))
     parts += [_table(p) for p in sorted(run.glob("*.csv"))]
     parts += [_figure(p, run) for p in sorted((run / "figures").glob("**/*.png"))]
     return "<section>" + "\n".join(parts) + "</section>"

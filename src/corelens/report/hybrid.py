@@ -37,7 +37,8 @@ def accuracy_vs_kept(table: pd.DataFrame, path: str | Path, *, title: str | None
         )  # fmt: skip
         x = 100 * stats["fraction"]
         if int(stats["draws"].max()) > 1:
-            err = [stats["acc"] - stats["lo"], stats["hi"] - stats["acc"]]
+            # Clipped: a mean of equal accuracies may sit a rounding error outside their min-max.
+            err = [(stats["acc"] - stats["lo"]).clip(lower=0), (stats["hi"] - stats["acc"]).clip(lower=0)]
             ax.errorbar(x, stats["acc"], yerr=err, color=colour, marker=marker, capsize=3,
                         label=f"{label} (mean, min-max of {int(stats['draws'].max())} draws)")  # fmt: skip
         else:

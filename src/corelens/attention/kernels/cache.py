@@ -1,6 +1,6 @@
 """A KV cache for hybrid decoding: streaming KV heads keep only their sinks and recent window.
 
-A KV head is *streaming* when every query head of its group streams (METHODS §4, decoding). Its keys and
+A KV head is *streaming* when every query head of its group streams (docs/methods.md#hybrid, cache). Its keys and
 values live in a fixed buffer of `S + W` slots per batch row: slots `0..S-1` hold the row's sinks (positions
 `start + s`), slots `S..S+W-1` a ring of the `W` most recent positions (position `p` in slot `S + p % W`).
 `positions` (batch, S + W) says which absolute position each slot holds, -1 for none; a position is never

@@ -1,9 +1,9 @@
-"""The streaming pattern of METHODS §4, exact per query position, and the pair counts behind the ideal speed-up.
+"""The streaming pattern of docs/methods.md#hybrid, exact per query position, and the pair counts behind the ideal speed-up.
 
 A streaming head lets query position `i` attend key position `j` iff `j <= i` and (`j - start < S` or
 `i - j < W`): `S` sink tokens plus a window of `W` recent tokens (the query itself included). `start` is the
 first real (non-padding) position of the batch row, so a left-padded sample keeps the same sinks as when it
-runs alone; without padding it is 0 and the rule is exactly METHODS §4. The model's own mask (causal, padding)
+runs alone; without padding it is 0 and the rule is `j < S` or `i - j < W`. The model's own mask (causal, padding)
 always applies on top.
 """
 
@@ -56,7 +56,7 @@ def pairs(n: int, sink: int, window: int) -> tuple[int, int]:
 
 
 def ideal_speedup(n: int, full_fraction: float, sink: int, window: int) -> float:
-    """Return METHODS §4's ideal attention speed-up: P_full / (f P_full + (1 - f) P_stream)."""
+    """Return the ideal attention speed-up (docs/methods.md#hybrid): P_full / (f P_full + (1 - f) P_stream)."""
     p_full, p_stream = pairs(n, sink, window)
     return p_full / (full_fraction * p_full + (1 - full_fraction) * p_stream)
 

@@ -1,0 +1,51 @@
+"""`corelens export`: a rank run -> a publishable head-set folder (and DuoAttention / SparseMM files)."""
+
+from __future__ import annotations
+
+import argparse
+
+TARGETS = ("duo", "sparsemm")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Write the head-set artifact of a rank run, plus the foreign formats asked for."""
+    from corelens.errors import CorelensError
+    from corelens.heads import HeadSet
+    from corelens.heads.formats import write_duo, write_sparsemm
+    from corelens.metrics.headsets import k_count
+
+    targets = [t.strip() for t in (args.to or "").split(",") if t.strip()]
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown:
+        raise CorelensError(f"--to: unknown format(s) {unknown}; expected some of {', '.join(TARGETS)}")
+    hs = HeadSet.from_run(args.run, model=args.model)
+    if args.keep is not None:
+        hs.keep = k_count(args.keep, len(hs.heads))
+    elif targets:
+        raise CorelensError(f"--to {','.join(targets)} writes a set: give its size with --keep (e.g. 10%)")
+    out = hs.save(args.out)
+    wrote = ["headset.json", "heads.csv", "manifest.json", "README.md"]
+    if "duo" in targets:
+        write_duo(hs, out / "duo_attention", sink=args.sink, window=args.window)
+        wrote.append("duo_attention/")
+    if "sparsemm" in targets:
+        paths = write_sparsemm(hs, out)
+        wrote += [p.name for p in paths]
+    kept = f"top {hs.keep} of {len(hs.heads)} heads" if hs.keep else f"all {len(hs.heads)} heads ranked"
+    print(f"head set of {hs.model.get('id') or hs.model['model_type']}: {kept}")
+    print(f"wrote {args.out}/" + ", ".join(wrote))
+
+
+def register(sub) -> None:
+    """Add the `export` parser."""
+    e = sub.add_parser("export", help="write a rank run's heads as a publishable head-set folder")
+    e.add_argument("run", help="a `corelens rank` run directory")
+    e.add_argument(
+        "--out", required=True, help="folder to write (huggingface_hub.upload_folder publishes it)"
+    )
+    e.add_argument("--keep", default=None, help="the published set: top K heads, a count or a share (10%%)")
+    e.add_argument("--to", default="", help=f"also write these formats (needs --keep): {', '.join(TARGETS)}")
+    e.add_argument("--sink", type=int, default=128, help="duo: sink tokens S of streaming heads")
+    e.add_argument("--window", type=int, default=1024, help="duo: recent window W of streaming heads")
+    e.add_argument("--model", default=None, help="the checkpoint folder, when the run's is gone")
+    e.set_defaults(func=run)

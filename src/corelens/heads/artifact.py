@@ -1,0 +1,252 @@
+"""A head set as a portable artifact: `headset.json` + `heads.csv` + a dataset card, in one folder.
+
+`corelens export RUN --out DIR` writes the folder from a rank run; `huggingface_hub.upload_folder` publishes it
+as a dataset as it is, and `HeadSet.load(path_or_hub_id)` reads it back (a hub id from the hub cache first, as
+`--model` does; `HF_HUB_OFFLINE=1` never downloads). The format (`FORMAT`, documented in docs/headsets.md):
+
+- `model`: id, revision, commit, model type, `config_hash` (sha256 of the checkpoint config without its dtype
+  fields, so a bf16 and an fp32 load agree), layers, query heads and KV heads per layer;
+- `heads`: every (layer, head) with its rank and scores (mass, share, lift, n and any other heads.csv column);
+- `keep`: the size of the published set (the top `keep` heads), or null when the whole ranking is the product;
+- `provenance`: data file name and sha256, query rows, box rule, padding, samples, corelens version and the
+  rank run's manifest.
+
+The folder also holds the rank run's `manifest.json` beside `heads.csv`, so every command that takes a
+heads.csv (`--heads`) reads an exported folder the same way, same-data warning included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from corelens.errors import CorelensError
+
+FORMAT = "corelens.headset/1"
+FILE = "headset.json"
+TABLE = "heads.csv"
+MANIFEST = "manifest.json"
+CARD = "README.md"
+_DTYPE_KEYS = {"dtype", "torch_dtype"}
+
+
+def config_hash(config: Any) -> str:
+    """Return a short sha256 of a transformers config without its dtype fields (a bf16 load = an fp32 load)."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): strip(v) for k, v in value.items() if k not in _DTYPE_KEYS}
+        return value
+
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    text = json.dumps(strip(data), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_info(config: Any, source: dict | None = None) -> dict[str, Any]:
+    """Return what a head set records about its model: identity, config hash and head counts."""
+    text = config.get_text_config()
+    heads = int(text.num_attention_heads)
+    source = source or {}
+    return {
+        "id": source.get("id"),
+        "revision": source.get("revision"),
+        "commit": source.get("commit"),
+        "model_type": config.model_type,
+        "config_hash": config_hash(config),
+        "layers": int(text.num_hidden_layers),
+        "heads": heads,
+        "kv_heads": int(getattr(text, "num_key_value_heads", None) or heads),
+    }
+
+
+def describe(model: dict[str, Any]) -> str:
+    """Return a one-line description of a model record, e.g. "org/x (qwen2_5_vl, 4 x 8 heads, 2 KV, config ab12)"."""
+    name = model.get("id") or "a local checkpoint"
+    if model.get("commit"):
+        name += f"@{model['commit'][:12]}"
+    return (
+        f"{name} ({model.get('model_type')}, {model.get('layers')} layers x {model.get('heads')} heads, "
+        f"{model.get('kv_heads')} KV heads, config {model.get('config_hash')})"
+    )
+
+
+@dataclass
+class HeadSet:
+    """A ranked head set for one checkpoint: the model it belongs to, the ranked heads, and how they were found."""
+
+    model: dict[str, Any]
+    heads: pd.DataFrame  # one row per (layer, head): rank (1 = best) and scores
+    keep: int | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = {"layer", "head", "rank"} - set(self.heads.columns)
+        if missing:
+            raise CorelensError(f"a head set needs the columns layer, head, rank; missing {sorted(missing)}")
+        self.heads = self.heads.sort_values("rank").reset_index(drop=True)
+        shape = (self.model.get("layers"), self.model.get("heads"))
+        if len(self.heads) != shape[0] * shape[1]:
+            raise CorelensError(
+                f"a head set of {len(self.heads)} heads does not cover {shape[0]} layers x {shape[1]} heads"
+            )
+
+    def top(self, k: int | None = None) -> list[tuple[int, int]]:
+        """Return the top `k` (layer, head) pairs, best first; `k=None` is the published set (`keep`)."""
+        k = self.keep if k is None else k
+        if k is None:
+            raise CorelensError("this head set publishes a ranking, not a set: give k")
+        best = self.heads.head(int(k))
+        return list(zip(best["layer"].astype(int), best["head"].astype(int)))
+
+    def check(self, m: Any) -> None:
+        """Raise unless `m` (a `Loaded` model) has the config this head set was found on; the message names both."""
+        ours = self.model
+        theirs = model_info(m.model.config, getattr(m, "source", {}))
+        # An imported set (DuoAttention, SparseMM) may not know every field: compare those it records.
+        fields = ("layers", "heads", "kv_heads", "config_hash")
+        if any(ours.get(f) is not None and ours.get(f) != theirs.get(f) for f in fields):
+            raise CorelensError(
+                f"this head set belongs to {describe(ours)}, not to the model loaded from {m.path}: "
+                f"{describe(theirs)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON document of `headset.json`."""
+        records = json.loads(self.heads.to_json(orient="records"))
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "keep": self.keep,
+            "heads": records,
+            "provenance": self.provenance,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "headset.json") -> HeadSet:
+        """Return the head set of a `headset.json` document."""
+        if data.get("format") != FORMAT:
+            raise CorelensError(
+                f"{where}: not a corelens head set (format {data.get('format')!r}, expected {FORMAT!r})"
+            )
+        return cls(data["model"], pd.DataFrame(data["heads"]), data.get("keep"), data.get("provenance", {}))
+
+    def save(self, out: str | Path, manifest: dict | None = None) -> Path:
+        """Write the artifact folder (headset.json, heads.csv, manifest.json, README.md card); return it."""
+        from corelens.heads.card import card
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        self.heads.to_csv(out / TABLE, index=False)
+        manifest = manifest if manifest is not None else self.provenance.get("manifest")
+        if manifest:
+            (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        (out / CARD).write_text(card(self))
+        return out
+
+    @classmethod
+    def load(cls, spec: str | Path, revision: str | None = None) -> HeadSet:
+        """Read a head set: an artifact folder, its headset.json, or a hub dataset id ORG/NAME[@REVISION]."""
+        path = Path(spec).expanduser()
+        if path.is_file() and path.name == FILE:
+            path = path.parent
+        folder = artifact_folder(path if path.is_dir() else str(spec), revision)
+        try:
+            data = json.loads((folder / FILE).read_text())
+        except ValueError as err:
+            raise CorelensError(f"{folder / FILE}: not valid JSON ({err})") from None
+        return cls.from_dict(data, str(folder / FILE))
+
+    @classmethod
+    def from_run(
+        cls, run: str | Path, *, keep: int | None = None, model: str | Path | None = None
+    ) -> HeadSet:
+        """Return the head set of a `corelens rank` run directory (its heads.csv and manifest.json)."""
+        run = Path(run)
+        table_path, manifest_path = run / TABLE, run / MANIFEST
+        if not table_path.is_file() or not manifest_path.is_file():
+            raise CorelensError(f"{run}: not a rank run (needs {TABLE} and {MANIFEST})")
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("command") != "rank":
+            raise CorelensError(f"{run}: a {manifest.get('command')!r} run, not a rank run")
+        settings = manifest.get("settings", {})
+        config = _config(model or settings.get("model"), settings)
+        source = {"id": settings.get("model_id"), "commit": settings.get("model_commit")}
+        source["revision"] = _revision(manifest.get("argv") or [])
+        data = settings.get("data") or ""
+        provenance = {
+            "data": Path(data).name,
+            "data_sha256": settings.get("data_sha256"),
+            "query": settings.get("query"),
+            "rule": settings.get("rule"),
+            "padding": settings.get("padding"),
+            "samples": manifest.get("samples"),
+            "corelens_version": manifest.get("versions", {}).get("corelens"),
+            "manifest": manifest,
+        }
+        return cls(model_info(config, source), pd.read_csv(table_path), keep, provenance)
+
+
+def _config(model: str | Path | None, settings: dict) -> Any:
+    """Return the checkpoint config of a run: its folder, else its hub id from the cache."""
+    from transformers import AutoConfig
+
+    from corelens.models.hub import resolve
+
+    tries = [model] if model else []
+    if settings.get("model_id"):
+        tries.append(
+            f"{settings['model_id']}@{settings['model_commit']}"
+            if settings.get("model_commit")
+            else settings["model_id"]
+        )
+    for spec in tries:
+        try:
+            return AutoConfig.from_pretrained(resolve(spec).path, local_files_only=True)
+        except CorelensError:
+            continue
+    raise CorelensError(
+        f"cannot find the run's checkpoint config (tried {', '.join(map(str, tries)) or 'nothing'}); "
+        "give its folder with --model"
+    )
+
+
+def _revision(argv: list[str]) -> str | None:
+    """Return the --revision or ORG/NAME@REVISION a rank run was started with (None when none was given)."""
+    for i, arg in enumerate(argv):
+        if arg == "--revision" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg == "--model" and i + 1 < len(argv) and "@" in argv[i + 1]:
+            return argv[i + 1].partition("@")[2]
+    return None
+
+
+def artifact_folder(spec: str | Path, revision: str | None = None) -> Path:
+    """Return the local folder of a head-set artifact: a folder as it is, or a hub dataset id from the cache."""
+    from corelens.models.hub import resolve
+
+    return resolve(spec, revision, repo_type="dataset", needs=FILE, patterns=["*.json", "*.csv", "*.md"]).path
+
+
+def resolve_heads(spec: str | Path) -> Path:
+    """Return the heads.csv that `--heads` names: a heads.csv, an artifact folder or headset.json, or a hub id."""
+    path = Path(spec).expanduser()
+    if path.is_file() or path.suffix in (".csv", ".json"):
+        # A file (read_heads names a missing one); an exported headset.json reads as its folder's heads.csv.
+        return path.parent / TABLE if path.name == FILE else path
+    if path.is_dir() and not (path / FILE).is_file() and (path / TABLE).is_file():
+        return path / TABLE  # a rank run directory
+    return artifact_folder(path if path.is_dir() else str(spec)) / TABLE
+
+
+def check_heads(table_path: str | Path, m: Any) -> None:
+    """Raise when the heads.csv at `table_path` is part of an artifact made on another model config."""
+    folder = Path(table_path).parent
+    if (folder / FILE).is_file():
+        HeadSet.load(folder).check(m)

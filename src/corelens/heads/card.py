@@ -1,0 +1,71 @@
+"""The dataset card (README.md) of an exported head set: hub metadata, what the set is, how it was found."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corelens.heads.artifact import HeadSet
+
+_SHOWN = 10  # heads listed in the card's table
+
+
+def card(hs: HeadSet) -> str:
+    """Return the README.md of an artifact folder (YAML front matter for the hub's dataset viewer)."""
+    from corelens.heads.artifact import FORMAT
+
+    model, prov = hs.model, hs.provenance
+    name = model.get("id") or "a local checkpoint"
+    cols = [c for c in ("rank", "layer", "head", "mass", "share", "lift", "n") if c in hs.heads.columns]
+    shown = hs.heads.head(_SHOWN if hs.keep is None else max(hs.keep, 1))[cols]
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for rec in shown.itertuples(index=False):
+        rows.append("| " + " | ".join(_cell(v) for v in rec) + " |")
+    chosen = f"the top {hs.keep} heads" if hs.keep else "the whole ranking (choose k when you use it)"
+    lines = [
+        "---",
+        "tags: [corelens, attention-heads, retrieval-heads, multimodal]",
+        "configs:",
+        "- config_name: default",
+        "  data_files: heads.csv",
+        "---",
+        f"# CoRe heads of {name}",
+        "",
+        f"A corelens head set (format `{FORMAT}`): every decoder attention head of {name} ranked",
+        f"by Retrieval Attention Mass. The published set is {chosen}.",
+        "",
+        "| model | value |",
+        "|---|---|",
+        f"| id | {model.get('id')} |",
+        f"| revision / commit | {model.get('revision')} / {model.get('commit')} |",
+        f"| model type | {model.get('model_type')} |",
+        f"| config hash | {model.get('config_hash')} |",
+        f"| layers x heads (KV heads) | {model.get('layers')} x {model.get('heads')} ({model.get('kv_heads')}) |",
+        "",
+        "## How the heads were found",
+        "",
+        f"`corelens rank` on `{prov.get('data')}` (sha256 `{prov.get('data_sha256')}`), "
+        f"{prov.get('samples')} samples, query rows `{prov.get('query')}`, box rule `{prov.get('rule')}`, "
+        f"padding `{prov.get('padding')}`, corelens {prov.get('corelens_version')}. The run's manifest is "
+        "`manifest.json`.",
+        "",
+        "## Heads",
+        "",
+        *rows,
+        "",
+        "## Use",
+        "",
+        "```python",
+        "import corelens",
+        'hs = corelens.HeadSet.load("ORG/NAME")  # this dataset\'s id, or its folder',
+        "hs.check(corelens.load(MODEL))  # fails unless MODEL has the config above",
+        "```",
+        "",
+        "or `corelens ablate --heads ORG/NAME ...` / `corelens hybrid --heads ORG/NAME ...`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

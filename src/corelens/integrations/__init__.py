@@ -1,0 +1,1 @@
+"""corelens inside other tools, each behind an optional extra: kvpress (`kvpress`), lmms-eval (`lmms_eval`)."""

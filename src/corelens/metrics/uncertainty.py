@@ -1,0 +1,207 @@
+"""How sure is a head ranking: bootstrap intervals per head, P(top-k), stability against sample size.
+
+Every function reads the per-sample long RAM table (`metrics.ram.sample_frame`, a run's `ram.parquet`) and
+resamples its samples (docs/methods.md, "Ranking uncertainty"). A bootstrap resample is a vector of
+multinomial counts over the n samples, so the resampled per-head means of B resamples are one matrix product
+(B x n counts) @ (n x heads values) / n. Ranks follow `metrics.ram.head_table`: 1 = highest mean, ties broken
+by (layer, head).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from corelens.errors import CorelensError
+from corelens.metrics.ram import head_table
+from corelens.metrics.stability import sample_matrix
+
+LEVEL = 0.95  # two-sided level of the mass and rank intervals
+UNCERTAIN = (0.2, 0.8)  # a head whose P(top-k) lies strictly inside is marked uncertain
+
+
+def boot_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """Return (n_boot, n) multinomial counts: how often each of n samples is drawn in each resample."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)
+
+
+def ranks_of(means: np.ndarray) -> np.ndarray:
+    """Return the ranks (1 = highest) along the last axis; ties go to the earlier (layer, head)."""
+    return stats.rankdata(-means, method="ordinal", axis=-1)
+
+
+def p_column(count: int) -> str:
+    """Return the heads.csv column of P(head in the top `count`)."""
+    return f"p_top{count}"
+
+
+def bootstrap_heads(
+    ram: pd.DataFrame,
+    counts: Sequence[int],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    value: str = "mass",
+    level: float = LEVEL,
+) -> pd.DataFrame:
+    """Return the head table of `ram` with bootstrap intervals of mean `value` and rank, and P(top-k) per count.
+
+    Columns added: `mass_low`/`mass_high` (percentile interval of the mean), `rank_low`/`rank_high` (of the
+    rank; low = best) and one `p_top{k}` per count: the share of resamples in which the head ranks in the top k.
+    """
+    if n_boot < 1:
+        raise CorelensError(f"--n-boot must be at least 1, got {n_boot}")
+    table = head_table(ram, value)
+    matrix = sample_matrix(ram, value)  # samples x heads, heads in (layer, head) order
+    n = len(matrix)
+    if n == 0:
+        return table
+    means = boot_counts(n, n_boot, seed) @ np.nan_to_num(matrix) / n
+    ranks = ranks_of(means)
+    tail = (1 - level) / 2
+    grid = table.sort_values(["layer", "head"]).index  # table row of each matrix column
+    extra = {
+        f"{value}_low": np.quantile(means, tail, axis=0),
+        f"{value}_high": np.quantile(means, 1 - tail, axis=0),
+        "rank_low": np.quantile(ranks, tail, axis=0, method="lower"),
+        "rank_high": np.quantile(ranks, 1 - tail, axis=0, method="higher"),
+    }
+    for count in sorted(set(counts)):
+        extra[p_column(count)] = (ranks <= count).mean(axis=0)
+    for column, values in extra.items():
+        table.loc[grid, column] = values
+    return table.astype({"rank_low": int, "rank_high": int})
+
+
+def uncertain_heads(table: pd.DataFrame, band: tuple[float, float] = UNCERTAIN) -> pd.Series:
+    """Return a boolean per row: some P(top-k) column lies strictly inside `band`."""
+    columns = [c for c in table.columns if c.startswith("p_top")]
+    if not columns:
+        return pd.Series(False, index=table.index)
+    p = table[columns]
+    return ((p > band[0]) & (p < band[1])).any(axis=1)
+
+
+def resampled_tables(ram: pd.DataFrame, r: int, seed: int, *, resample: bool = True) -> list[pd.DataFrame]:
+    """Return `r` head tables, each ranked on one bootstrap resample of the samples of `ram`.
+
+    `resample=False` returns the full-data table `r` times: the same path with the resampling taken out.
+    """
+    if r < 1:
+        raise CorelensError(f"--rank-resamples must be at least 1, got {r}")
+    base = head_table(ram)
+    if not resample:
+        return [base.copy() for _ in range(r)]
+    matrix = sample_matrix(ram)
+    means = boot_counts(len(matrix), r, seed) @ np.nan_to_num(matrix) / len(matrix)
+    ranks = ranks_of(means)
+    grid = base.sort_values(["layer", "head"])[["layer", "head"]].reset_index(drop=True)
+    return [
+        grid.assign(mass=means[i], rank=ranks[i]).sort_values("rank").reset_index(drop=True) for i in range(r)
+    ]
+
+
+def _top_sets(ranks: np.ndarray, k: int) -> np.ndarray:
+    return ranks <= k  # (..., heads) boolean membership
+
+
+def stability_curve(
+    ram: pd.DataFrame,
+    counts: Sequence[int],
+    *,
+    sizes: Sequence[int] | None = None,
+    pairs: int = 200,
+    seed: int = 0,
+    value: str = "mass",
+) -> pd.DataFrame:
+    """Return the expected top-k Jaccard and Spearman between two disjoint random n-sample subsets, per n.
+
+    For each n (default: every n from 2 to half the samples, at most 40 values) `pairs` random pairs of
+    disjoint subsets are drawn; each subset ranks the heads by its mean `value`. One row per (n, k):
+    mean Jaccard of the two top-k sets and its 5-95 % range over pairs, and the same for Spearman of the means.
+    """
+    if pairs < 1:
+        raise CorelensError(f"--pairs must be at least 1, got {pairs}")
+    matrix = np.nan_to_num(sample_matrix(ram, value))
+    total = len(matrix)
+    if total < 4:
+        raise CorelensError(f"a stability curve needs at least 4 ranked samples, the run has {total}")
+    if sizes is None:
+        sizes = np.unique(np.linspace(2, total // 2, min(40, total // 2 - 1)).round().astype(int))
+    sizes = [int(n) for n in sizes if 1 <= n <= total // 2]
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in sizes:
+        # One random permutation per pair; subset a = the samples at positions < n, b = positions n..2n-1.
+        # Means as (pairs x samples) selection @ (samples x heads): memory grows with pairs x samples only.
+        position = np.argsort(np.argsort(rng.random((pairs, total)), axis=1), axis=1)
+        a = (position < n) @ matrix / n
+        b = ((position >= n) & (position < 2 * n)) @ matrix / n
+        ra, rb = ranks_of(a), ranks_of(b)
+        # Spearman = Pearson of average ranks; a constant subset (no spread) gives nan.
+        sa, sb = stats.rankdata(a, axis=1), stats.rankdata(b, axis=1)
+        sa, sb = sa - sa.mean(1, keepdims=True), sb - sb.mean(1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rho = (sa * sb).sum(1) / np.sqrt((sa**2).sum(1) * (sb**2).sum(1))
+        for k in sorted(set(counts)):
+            ta, tb = _top_sets(ra, k), _top_sets(rb, k)
+            jac = (ta & tb).sum(1) / (ta | tb).sum(1)
+            rows.append(
+                {
+                    "n": n,
+                    "k": k,
+                    "jaccard": jac.mean(),
+                    "jaccard_p05": np.quantile(jac, 0.05),
+                    "jaccard_p95": np.quantile(jac, 0.95),
+                    "spearman": np.nanmean(rho),
+                    "spearman_p05": np.nanquantile(rho, 0.05),
+                    "spearman_p95": np.nanquantile(rho, 0.95),
+                    "pairs": pairs,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def first_n(curve: pd.DataFrame, k: int, column: str = "jaccard", at: float = 0.9) -> int | None:
+    """Return the smallest n from which the curve's `column` stays at or above `at` for top-`k` (None: never)."""
+    part = curve[curve["k"] == k].sort_values("n")
+    below = part[part[column] < at]
+    after = part if below.empty else part[part["n"] > below["n"].max()]
+    return int(after["n"].iloc[0]) if len(after) else None
+
+
+RESAMPLED = "top-resampled"  # the `set` of a top-k condition ranked on one bootstrap resample
+
+
+def resampled_summary(
+    table: pd.DataFrame, by: str, sets: dict[str, list[tuple]] | None = None, level: float = 0.9
+) -> pd.DataFrame:
+    """Return one row per `by` value: the single-ranking top-k accuracy next to the resampled ones.
+
+    `table` is an ablation or hybrid table whose `set` column holds "top" and `RESAMPLED` rows; the result
+    gives their median, the central `level` interval (percentiles), min, max and how many resamples; with
+    `sets` (by value -> the head set of each resample) also how many distinct head sets they made.
+    """
+    rows = []
+    tail = (1 - level) / 2
+    for value, group in table[table["set"] == RESAMPLED].groupby(by, sort=False):
+        acc = group["accuracy"].to_numpy(float)
+        single = table.loc[(table["set"] == "top") & (table[by] == value), "accuracy"]
+        rows.append(
+            {
+                by: value,
+                "single": float(single.iloc[0]) if len(single) else float("nan"),
+                "median": float(np.median(acc)),
+                "low": float(np.quantile(acc, tail)),
+                "high": float(np.quantile(acc, 1 - tail)),
+                "min": float(acc.min()),
+                "max": float(acc.max()),
+                "resamples": len(acc),
+                "distinct_sets": len(set(sets[value])) if sets and value in sets else pd.NA,
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,114 @@
+"""The documentation points only inside the repository, and every link into docs/methods.md names a heading.
+
+Users who clone corelens see README.md, docs/, src/ and benchmarks/: a pointer to a team note (METHODS,
+DESIGN.md, shared/docs, shared/seeds, a paper summary by its seed number) or a relative path that leaves
+the repository points nowhere for them. docs/methods.md is the methods documentation; links into it must
+name a heading it has (GitHub's anchor rule).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS_MD = ROOT / "docs" / "methods.md"
+SHIPPED = ("README.md", "docs", "src", "benchmarks")  # what a user who clones the repository reads
+TEXT = {".md", ".py", ".sh", ".cpp", ".jinja", ".json", ".csv", ".txt", ".toml", ".log", ".cfg", ".yaml"}
+
+# Pointers out of the repository. Upper-case words only, so EIG_METHODS or "methods.md" do not match.
+FORBIDDEN = {
+    "team note METHODS": re.compile(r"(?<![A-Za-z_])METHODS(?![A-Za-z_])"),
+    "team note DESIGN": re.compile(r"(?<![A-Za-z_])DESIGN(?![A-Za-z_])|DESIGN\.md"),
+    "shared/docs": re.compile(r"shared/docs"),
+    "shared/seeds": re.compile(r"shared/seeds"),
+    "paper summary by seed number": re.compile(r"\bseeds? 00\d\b"),
+}
+# A path that climbs out of its folder ("../docs/methods.md" from benchmarks/ is fine, "../../x" is not).
+CLIMB = re.compile(r"[\w./\\-]*\.\.[/\\][\w./\\-]*")
+# Links into docs/methods.md from any file, and `](#...)` links inside docs/methods.md itself.
+LINK = re.compile(r"docs/methods\.md#([\w-]+)")
+LOCAL_LINK = re.compile(r"\]\(#([\w-]+)\)")
+# The sections other documents point to, in the order docs/methods.md gives them.
+SECTIONS = ("layout", "ram", "interventions", "hybrid", "geometry", "sap", "padding-cells", "cell-geometry")
+
+
+def text_files(*tops: str) -> list[Path]:
+    """Return the text files under `tops` (files or folders of the repository), caches left out."""
+    out = []
+    for top in tops:
+        path = ROOT / top
+        candidates = [path] if path.is_file() else sorted(path.rglob("*"))
+        out += [p for p in candidates if p.is_file() and p.suffix in TEXT and "__pycache__" not in p.parts]
+    return out
+
+
+def slug(heading: str) -> str:
+    """Return GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(markdown: str) -> list[str]:
+    """Return the anchors of every heading of a markdown text, in order (outside code fences)."""
+    out: list[str] = []
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        match = re.match(r"#{1,6} (.+)", line)
+        if fenced or not match:
+            continue
+        base = slug(match.group(1))
+        # GitHub numbers repeated headings: name, name-1, name-2, ...
+        out.append(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return out
+
+
+def test_slug_follows_githubs_rule():
+    assert slug("Token mixing and ε_RoPE") == "token-mixing-and-ε_rope"
+    assert slug("Baselines and the Table-1 analogue") == "baselines-and-the-table-1-analogue"
+    assert slug("Layouts and Ω on the released geometry") == "layouts-and-ω-on-the-released-geometry"
+    assert slug("The `--alpha` option (why 16?)") == "the---alpha-option-why-16"
+    assert anchors("# A\n## B\n```\n# not a heading\n```\n## B\n") == ["a", "b", "b-1"]
+
+
+@pytest.mark.parametrize("top", SHIPPED)
+def test_no_pointer_leaves_the_repository(top):
+    found = []
+    for path in text_files(top):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for what, pattern in FORBIDDEN.items():
+            for match in pattern.finditer(text):
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{path.relative_to(ROOT)}:{line}: {what} ({match.group(0)!r})")
+        for match in CLIMB.finditer(text):
+            target = (path.parent / match.group(0).replace("\\", "/")).resolve()
+            if ROOT not in target.parents:
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{path.relative_to(ROOT)}:{line}: leaves the repository ({match.group(0)!r})")
+    assert not found, "pointers outside the repository:\n" + "\n".join(found)
+
+
+def test_methods_has_its_sections_in_order():
+    have = anchors(METHODS_MD.read_text(encoding="utf-8"))
+    missing = [s for s in SECTIONS if s not in have]
+    assert not missing, f"docs/methods.md lacks the sections {missing}"
+    assert sorted(SECTIONS, key=have.index) == list(SECTIONS)
+
+
+def test_every_methods_anchor_exists():
+    have = set(anchors(METHODS_MD.read_text(encoding="utf-8")))
+    used = []
+    for path in text_files(*SHIPPED, "tests"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        used += [(path, m.group(1)) for m in LINK.finditer(text)]
+        if path == METHODS_MD:
+            used += [(path, m.group(1)) for m in LOCAL_LINK.finditer(text)]
+    assert len({a for _, a in used}) >= len(SECTIONS), "expected links to every section"
+    broken = [f"{path.relative_to(ROOT)}: #{anchor}" for path, anchor in used if anchor not in have]
+    assert not broken, "links to docs/methods.md headings that do not exist:\n" + "\n".join(broken)

@@ -1,0 +1,94 @@
+"""kvpress with a corelens head set: cache kept per KV head, generation, all-full = the uncompressed model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+import corelens
+from corelens.attention import NAME
+from corelens.data import read_samples
+from corelens.errors import CorelensError
+from corelens.heads import HeadSet
+from corelens.models.prepare import prepare
+from corelens.organism.tasks import WORDS, generate
+
+pytest.importorskip("kvpress", reason="the kvpress extra is not installed")
+from corelens.integrations.kvpress import CorePress  # noqa: E402
+
+SINK, WINDOW = 3, 5
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny GQA checkpoint (3 layers x 4 heads over 2 KV heads), an image prompt, a head set on it."""
+    import pandas as pd
+
+    from corelens.heads.artifact import model_info
+    from corelens.models.tiny import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("kvpress")
+    path = build_tiny_checkpoint("qwen2_5_vl", root / "model", words=WORDS, layers=3, heads=4, kv_heads=2)
+    m = corelens.load(path, device="cpu")
+    samples, _ = read_samples(generate("image", root / "data", 1, seed=2))
+    inputs = prepare(m, samples[0]).inputs
+    # Ranked so the top 2 heads are L0H1 (KV head 0) and L2H3 (KV head 1).
+    order = [(0, 1), (2, 3)] + [
+        (lyr, hd) for lyr in range(3) for hd in range(4) if (lyr, hd) not in ((0, 1), (2, 3))
+    ]
+    table = pd.DataFrame([{"layer": lyr, "head": hd, "rank": i + 1} for i, (lyr, hd) in enumerate(order)])
+    hs = HeadSet(model_info(m.model.config, m.source), table, keep=2)
+    hs.save(root / "headset")
+    return {"m": m, "inputs": inputs, "headset": hs, "folder": root / "headset"}
+
+
+def _generate(m, inputs, press=None, new=6):
+    with torch.no_grad():
+        if press is None:
+            return m.model.generate(**inputs, max_new_tokens=new, do_sample=False)
+        with press(m.model):
+            return m.model.generate(**inputs, max_new_tokens=new, do_sample=False)
+
+
+def test_cache_kept_per_head_and_generation(setup):
+    m, inputs = setup["m"], setup["inputs"]
+    n = inputs["input_ids"].shape[1]
+    press = CorePress(heads=setup["folder"], sink=SINK, window=WINDOW)
+    out = _generate(m, inputs, press)
+    assert out.shape[1] == n + 6  # generation ran to the end
+    kept = press.kept(m.model)
+    expected = torch.full((3, 2), SINK + WINDOW)
+    expected[0, 0] = expected[2, 1] = n  # the CoRe KV heads keep the whole prompt
+    assert torch.equal(kept, expected), (kept, n)
+    masked = m.attention_layers[1].masked_key_indices
+    assert sorted(set(masked[2].tolist())) == list(range(SINK, n - WINDOW))  # exactly between sink and window
+    assert press.compression_ratio == pytest.approx(4 / 6 * (1 - (SINK + WINDOW) / n))
+    # The press bites: streaming heads see fewer keys, and the answer's logits move. This holds too when the
+    # corelens attention function was registered after kvpress's import wrapped the others (dropped here).
+    ALL_ATTENTION_FUNCTIONS._local_mapping.pop(NAME, None)
+    with torch.no_grad(), press(m.model):
+        pressed = m.model.generate(**inputs, max_new_tokens=3, do_sample=False, output_logits=True,
+                                   return_dict_in_generate=True).logits  # fmt: skip
+    plain = m.model.generate(**inputs, max_new_tokens=3, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True).logits  # fmt: skip
+    assert torch.allclose(pressed[0], plain[0], atol=1e-5)  # the prefill is full attention in kvpress
+    assert (pressed[1] - plain[1]).abs().max() > 1e-4
+
+
+def test_all_heads_full_is_the_uncompressed_model(setup):
+    m, inputs = setup["m"], setup["inputs"]
+    n = inputs["input_ids"].shape[1]
+    press = CorePress(heads=setup["headset"], keep="100%", sink=SINK, window=WINDOW)
+    assert torch.equal(_generate(m, inputs, press), _generate(m, inputs))
+    assert torch.equal(press.kept(m.model), torch.full((3, 2), n))
+
+
+def test_a_press_for_another_shape_is_refused(setup, tmp_path):
+    from corelens.models.tiny import build_tiny_checkpoint
+
+    other = corelens.load(
+        build_tiny_checkpoint("qwen2_5_vl", tmp_path, words=WORDS, layers=2, heads=4, kv_heads=2)
+    )
+    with pytest.raises(CorelensError, match="3 x 4 heads"), CorePress(heads=setup["folder"])(other.model):
+        pass
