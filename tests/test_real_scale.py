@@ -239,7 +239,7 @@ def test_offloaded_layers_give_the_unmapped_results(tiny, tmp_path):
         inputs = prepare(plain, sample).inputs
         logits = []
         for m in (plain, mapped):
-            with torch.no_grad(), corelens.hybrid(m, heads, sink=3, window=7) as h:
+            with torch.no_grad(), corelens.hybrid(m, heads, sink=3, window=7, decode="stream") as h:
                 logits.append(m.model(**inputs).logits)
                 out = m.model.generate(**inputs, cache=h.cache(), max_new_tokens=4, do_sample=False)
             logits.append(out)
