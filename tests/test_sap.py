@@ -265,6 +265,41 @@ def test_vis_attn_undoes_the_window_order(tiny_dir, data):
     assert prior.shape == (len(p.layout.visual),) and prior.std() > 0
 
 
+def test_vis_attn_is_the_last_blocks_attention_received(tiny_dir, data):
+    """Qwen2-VL (no window order): the prior is the attention each vision token receives in the tower's last
+    block, averaged over all queries and heads, summed over each 2 x 2 merge group, normalised; computed here
+    densely from the block's own inputs, with the tower's rotary function."""
+    import sys
+
+    m = corelens.load(tiny_dir("qwen2_vl"))
+    p = prepare(m, _sample(data["image"]))
+    visual = m.model.model.visual
+    attn = visual.blocks[-1].attn
+    seen = []
+    handle = attn.register_forward_pre_hook(lambda mod, a, kw: seen.append((a, kw)), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            visual(p.inputs["pixel_values"], grid_thw=p.inputs["image_grid_thw"])
+    finally:
+        handle.remove()
+    args, kwargs = seen[0]
+    hidden = (args[0] if args else kwargs["hidden_states"]).double()
+    n = hidden.shape[0]
+    assert kwargs["cu_seqlens"].tolist() == [0, n]  # one image: one attention chunk
+    heads = attn.num_heads
+    q, k, _ = (
+        (hidden @ attn.qkv.weight.double().T + attn.qkv.bias.double()).reshape(n, 3, heads, -1).unbind(1)
+    )
+    cos, sin = (t.double() for t in kwargs["position_embeddings"])
+    q, k = sys.modules[type(attn).__module__].apply_rotary_pos_emb_vision(q, k, cos, sin)
+    weights = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * attn.scaling, dim=-1)  # heads, queries, keys
+    received = weights.mean(dim=(0, 1))  # per key token, over every query and head
+    want = received.view(-1, 4).sum(1)  # 2 x 2 patches per decoder token, in the tower's order
+    want = (want / want.sum()).detach().numpy()
+    np.testing.assert_allclose(prior_vis_attn(m, p), want, rtol=1e-5, atol=1e-9)
+    assert want.max() / want.min() > 1.01  # a prior that is not uniform
+
+
 def test_key_region_ratio_equals_eager_attention(tiny_dir, data):
     path = tiny_dir("qwen2_vl")
     m = corelens.load(path)
