@@ -6,10 +6,16 @@ import argparse
 import sys
 
 from corelens.attention.interventions import KEY_SETS, OPS
-from corelens.commands.common import add_model_options, load_options, main_process
+from corelens.commands.common import (
+    add_model_options,
+    add_resample_options,
+    load_options,
+    main_process,
+    print_resampled,
+)
 from corelens.experiments.evaluate import SCORERS
 from corelens.heads import resolve_heads
-from corelens.metrics.headsets import OPTIONAL, SETS, STABLE_P, add_random_from
+from corelens.metrics.headsets import OPTIONAL, SETS, add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
@@ -43,9 +49,7 @@ def run(args: argparse.Namespace) -> None:
         return
     summary = result.summary.copy()
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    if result.resampled is not None:
-        print(f"top-k over {args.rank_resamples} resamples of the ranking (median, 90 % interval):")
-        print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print_resampled(result, args.rank_resamples)
     extra = ", resampled.csv" if result.resampled is not None else ""
     print(
         f"wrote {args.out}/ablation.csv, ablation_summary.csv{extra}, records.parquet, figures/dose_response.png"
@@ -69,13 +73,7 @@ def register(sub) -> None:
         default=",".join(SETS),
         help=f"comma-separated, of {', '.join(SETS + OPTIONAL)} (stable: heads with P(top-k) >= --stable-p)",
     )
-    a.add_argument("--stable-p", type=float, default=STABLE_P, help="P(top-k) threshold of the stable set")
-    a.add_argument(
-        "--rank-resamples",
-        type=int,
-        default=0,
-        help="also ablate the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
-    )
+    add_resample_options(a, "ablate")
     a.add_argument("--op", choices=OPS, default="zero", help="operator: docs/methods.md#interventions")
     a.add_argument("--keys", choices=KEY_SETS, default="visual", help="knockout key set")
     a.add_argument("--seeds", type=int, default=5, help="draws per random / layer-matched set")

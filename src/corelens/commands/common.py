@@ -58,3 +58,23 @@ def main_process() -> bool:
     from corelens.runs.dist import current
 
     return current().main
+
+
+def add_resample_options(p: argparse.ArgumentParser, verb: str) -> None:
+    """Add --stable-p and --rank-resamples (ranking uncertainty, docs/methods.md#ranking-uncertainty) to `p`."""
+    from corelens.metrics.headsets import STABLE_P
+
+    p.add_argument("--stable-p", type=float, default=STABLE_P, help="P(top-k) threshold of the stable set")
+    p.add_argument(
+        "--rank-resamples",
+        type=int,
+        default=0,
+        help=f"also {verb} the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
+    )
+
+
+def print_resampled(result, resamples: int) -> None:
+    """Print the table of results over ranking resamples, where the run made one."""
+    if result.resampled is not None:
+        print(f"top-k over {resamples} resamples of the ranking (median, 90 % interval):")
+        print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corelens.commands.common import add_model_options, load_options, main_process
+from corelens.commands.common import (
+    add_model_options,
+    add_resample_options,
+    load_options,
+    main_process,
+    print_resampled,
+)
 from corelens.experiments.evaluate import SCORERS
 from corelens.heads import resolve_heads
-from corelens.metrics.headsets import STABLE_P, add_random_from
+from corelens.metrics.headsets import add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
@@ -42,9 +48,7 @@ def run(args: argparse.Namespace) -> None:
         return
     cols = ["set", "keep", "full_heads", "seed", "accuracy", "n", "ci_low", "ci_high", "cache_saved_fraction"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    if result.resampled is not None:
-        print(f"top-k over {args.rank_resamples} resamples of the ranking (median, 90 % interval):")
-        print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print_resampled(result, args.rank_resamples)
     print(
         f"S = {result.sink}, W = {result.window} tokens, decode {args.decode}; "
         f"median prompt {result.median_tokens:.0f} tokens"
@@ -69,13 +73,7 @@ def register(sub) -> None:
         default="top,random,bottom",
         help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p)",
     )
-    h.add_argument("--stable-p", type=float, default=STABLE_P, help="P(top-k) threshold of the stable set")
-    h.add_argument(
-        "--rank-resamples",
-        type=int,
-        default=0,
-        help="also keep full the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
-    )
+    add_resample_options(h, "keep full")
     h.add_argument(
         "--sink", default="128", help="sink tokens S: a count, or a share of the median prompt (5%%)"
     )
