@@ -101,6 +101,23 @@ def test_report_is_self_contained_with_manifests(study):
     assert "version: transformers" in text and "command line" in text
 
 
+def test_report_opens_with_findings_and_collapses_manifests(study):
+    _, runs, stable, report = study
+    text = report.read_text()
+    findings = text[text.index("<section id='findings'>") : text.index("</section>")]
+    assert text.index("id='findings'") < text.index("<details>") < text.index(f"id='run-{runs[0].name}'")
+    for run in runs:
+        best = pd.read_csv(run / "heads.csv").sort_values("rank").iloc[0]
+        assert f'href="#run-{run.name}"' in findings
+        assert (
+            f"L{int(best.layer)}H{int(best['head'])} (mass {best.mass:.3f}, lift {best.lift:.2f})" in findings
+        )
+    first = pd.read_csv(stable / "spearman.csv").iloc[0]
+    assert f"{first.spearman:.2f} [{first.low:.2f}, {first.high:.2f}]" in findings
+    # Shared entries appear once; every run's own manifest sits in a collapsed <details>.
+    assert text.count("version: transformers") == 1 and text.count("<summary>manifest</summary>") == 4
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_report_renders_in_headless_chromium(study, tmp_path):
     _, _, _, report = study

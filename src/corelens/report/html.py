@@ -18,6 +18,7 @@ import pandas as pd
 
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
+from corelens.report.summary import anchor, shared_settings, summary_section
 
 MAX_ROWS = 12
 STYLE = """
@@ -28,6 +29,7 @@ th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: right; } th { bac
 figure { display: inline-block; margin: 0.5em; vertical-align: top; }
 figure img { max-width: 100%; border: 1px solid #eee; } figcaption { font-size: 0.8em; color: #555; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; font-size: 0.85em; }
+details { margin: 0.5em 0; } summary { cursor: pointer; color: #555; }
 dt { font-weight: 600; } dd { margin: 0; font-family: monospace; word-break: break-all; }
 """
 SCRIPT = """
@@ -78,8 +80,8 @@ def _curve_sentence(info: dict) -> str:
     )
 
 
-def run_section(run: Path) -> str:
-    """Return the HTML section of one run directory."""
+def run_section(run: Path, shared: dict | None = None) -> str:
+    """Return the HTML section of one run directory; manifest entries in `shared` are shown once elsewhere."""
     manifest = _manifest(run)
     settings = manifest.get("settings", {})
     versions = manifest.get("versions", {})
@@ -91,8 +93,9 @@ def run_section(run: Path) -> str:
         "started": manifest.get("started"),
         "finished": manifest.get("finished"),
     }
+    meta = {k: v for k, v in meta.items() if k not in (shared or {})}
     parts = [f"<h2>{html.escape(run.name)} <small>({html.escape(str(manifest.get('command')))})</small></h2>"]
-    parts.append(_definition_list(meta))
+    parts.append(f"<details><summary>manifest</summary>{_definition_list(meta)}</details>")
     heads = run / "heads.csv"
     if manifest.get("command") == "rank" and heads.is_file():
         stats = sparsity(pd.read_csv(heads))
@@ -106,7 +109,7 @@ def run_section(run: Path) -> str:
         parts.append(_curve_sentence(json.loads(curve.read_text())))
     parts += [_table(p) for p in sorted(run.glob("*.csv"))]
     parts += [_figure(p, run) for p in sorted((run / "figures").glob("**/*.png"))]
-    return "<section>" + "\n".join(parts) + "</section>"
+    return f"<section id='{anchor(run)}'>" + "\n".join(parts) + "</section>"
 
 
 def write_report(runs: list[str | Path], out: str | Path, *, title: str = "corelens report") -> Path:
@@ -117,13 +120,22 @@ def write_report(runs: list[str | Path], out: str | Path, *, title: str = "corel
     for p in paths:
         if not p.is_dir():
             raise CorelensError(f"run directory {p} does not exist")
-    sections = "\n".join(run_section(p) for p in paths)
+    manifests = [_manifest(p) for p in paths]
+    shared = shared_settings(manifests) if len(paths) > 1 else {}
+    sections = "\n".join(run_section(p, shared) for p in paths)
     listing = "".join(f"<li>{html.escape(str(p))}</li>" for p in paths)
+    common = (
+        f"<details><summary>settings and versions shared by all {len(paths)} runs</summary>"
+        f"{_definition_list(shared)}</details>"
+        if shared
+        else ""
+    )
     page = (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>"
-        f"<h1>{html.escape(title)}</h1><p>Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from "
-        f"{len(paths)} run(s):</p><ul>{listing}</ul>{sections}</body></html>\n"
+        f"<h1>{html.escape(title)}</h1>{summary_section(paths, manifests)}"
+        f"<details><summary>Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {len(paths)} run(s)</summary>"
+        f"<ul>{listing}</ul>{common}</details>{sections}</body></html>\n"
     )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
