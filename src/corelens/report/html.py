@@ -18,6 +18,7 @@ import pandas as pd
 
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
+from corelens.report import explorer
 from corelens.report.summary import anchor, shared_settings, summary_section
 
 MAX_ROWS = 12
@@ -112,8 +113,13 @@ def run_section(run: Path, shared: dict | None = None) -> str:
     return f"<section id='{anchor(run)}'>" + "\n".join(parts) + "</section>"
 
 
-def write_report(runs: list[str | Path], out: str | Path, *, title: str = "corelens report") -> Path:
-    """Write one self-contained HTML page for `runs` to `out`; return its path."""
+def write_report(
+    runs: list[str | Path], out: str | Path, *, title: str = "corelens report", inline: bool = True
+) -> Path:
+    """Write one self-contained HTML page for `runs` to `out`; return its path.
+
+    With `inline` False the explorer's data go to `<out stem>.explorer.js` beside the page (for `--serve`).
+    """
     if not runs:
         raise CorelensError("report needs at least one run directory")
     paths = [Path(r) for r in runs]
@@ -130,14 +136,23 @@ def write_report(runs: list[str | Path], out: str | Path, *, title: str = "corel
         if shared
         else ""
     )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tasks = explorer.explorer_data(paths)
+    script = explorer.data_script(tasks)
+    if not inline:
+        side = out.with_name(out.stem + ".explorer.js")
+        side.write_text(script)
+        script = f'<script src="{html.escape(side.name)}"></script>'
+    else:
+        script = f"<script>{script}</script>"
     page = (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>"
+        f"<style>{STYLE}{explorer.STYLE}</style><script>{SCRIPT}</script></head><body>"
         f"<h1>{html.escape(title)}</h1>{summary_section(paths, manifests)}"
+        f"{explorer.explorer_section(script) if tasks else ''}"
         f"<details><summary>Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {len(paths)} run(s)</summary>"
         f"<ul>{listing}</ul>{common}</details>{sections}</body></html>\n"
     )
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     return out
