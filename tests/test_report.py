@@ -7,9 +7,13 @@ not be blank and the page must mark every embedded figure as decoded.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -140,3 +144,100 @@ def test_report_renders_in_headless_chromium(study, tmp_path):
     )
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
     assert pixels.shape == (2400, 1200) and pixels.std() > 5 and (pixels < 128).mean() > 0.005
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from cdp import Browser
+
+    page = Browser(CHROMIUM, tmp_path / "profile", 1200, 1400)
+    for domain in ("Page", "Network", "Runtime", "Log"):
+        page.call(f"{domain}.enable")
+    yield page
+    page.close()
+
+
+def _screenshot(page, name: str, tmp_path) -> np.ndarray:
+    # CORELENS_SCREENSHOTS=docs/figures keeps the shots for the README; by default they go to tmp_path.
+    folder = Path(os.environ.get("CORELENS_SCREENSHOTS", tmp_path))
+    pixels = np.asarray(Image.open(page.screenshot(folder / name)).convert("L"), dtype=float)
+    assert pixels.std() > 5 and (pixels < 128).mean() > 0.005  # not blank
+    return pixels
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_head_explorer_in_headless_chromium(study, browser, tmp_path):
+    _, runs, _, report = study
+    browser.call("Page.navigate", url=report.as_uri())
+    browser.wait(
+        "document.body && document.body.dataset.explorer === 'ready' && !!document.body.dataset.figures"
+    )
+    _screenshot(browser, "report-summary.png", tmp_path)
+    heads = pd.read_csv(runs[0] / "heads.csv").sort_values("rank")
+    first, last = (f"L{int(r.layer)}H{int(r['head'])}" for _, r in heads.iloc[[0, -1]].iterrows())
+
+    def panel(slot: str) -> dict:
+        return browser.evaluate(
+            f"(function () {{ var p = document.getElementById('panel-{slot}');"
+            " var f = Array.from(p.querySelectorAll('figure.overlay'));"
+            " return {label: p.querySelector('.head-label').textContent, ram: p.querySelector('.ram').dataset.value,"
+            " stats: p.querySelector('.stats').textContent, heads: f.map(function (e) { return e.dataset.head; }),"
+            " drawn: p.querySelectorAll('canvas[data-drawn]').length}; })()"
+        )
+
+    browser.click(f'#grid td[data-head="{first}"]')
+    browser.wait("document.querySelectorAll('#panel-a canvas[data-drawn]').length === 3")
+    a = panel("a")
+    assert a["label"] == f"A: {first}" and a["heads"] == [first] * 3  # one overlay per stored sample
+    assert float(a["ram"]) == pytest.approx(heads.iloc[0].mass, abs=1e-12)
+    assert all(f"{run.name} " in a["stats"] for run in runs)  # its rank in every task
+    browser.click("#compare")
+    browser.click(f'#grid td[data-head="{last}"]')
+    browser.wait("document.querySelectorAll('#panel-b canvas[data-drawn]').length === 3")
+    assert panel("b")["label"] == f"B: {last}" and panel("a")["label"] == f"A: {first}"
+    assert float(panel("b")["ram"]) == pytest.approx(heads.iloc[-1].mass, abs=1e-12)
+    _screenshot(browser, "explorer.png", tmp_path)
+    browser.click("#compare")
+    second = f"L{int(heads.iloc[1].layer)}H{int(heads.iloc[1]['head'])}"
+    browser.type("#head-search", second.lower())
+    browser.wait(f"document.querySelector('#panel-a .head-label').textContent === 'A: {second}'")
+    browser.type("#head-search", "L99H0")
+    assert browser.evaluate("document.getElementById('search-error').textContent").startswith("no head L99H0")
+    ram = pd.read_parquet(runs[0] / "ram.parquet")
+    sample = ram[ram["sample_id"] == ram["sample_id"].iloc[0]].sort_values("mass", ascending=False).iloc[0]
+    top = browser.evaluate("document.querySelector('#sample-heads .sample-top a').dataset.head")
+    assert top == f"L{int(sample.layer)}H{int(sample['head'])}"
+    assert browser.errors() == []
+    assert [u for u in browser.requests() if not u.startswith(("file:", "data:"))] == []
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_report_serve_on_localhost_stops_on_ctrl_c(study, browser, tmp_path):
+    _, runs, _, _ = study
+    out = tmp_path / "served.html"
+    command = [
+        sys.executable,
+        "-m",
+        "corelens",
+        "report",
+        *map(str, runs),
+        "--out",
+        str(out),
+        "--serve",
+        "--port",
+        "0",
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("wrote ")
+        address = re.search(r"serving (http://127\.0\.0\.1:\d+/served\.html)", proc.stdout.readline()).group(
+            1
+        )
+        assert '<script src="served.explorer.js">' in out.read_text()
+        browser.call("Page.navigate", url=address)
+        browser.wait("document.body && document.body.dataset.explorer === 'ready'")
+        assert browser.evaluate("document.querySelectorAll('#grid td.cell').length") == 8
+    finally:
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in stdout and "Traceback" not in stderr
