@@ -241,3 +241,33 @@ def test_report_serve_on_localhost_stops_on_ctrl_c(study, browser, tmp_path):
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in stdout and "Traceback" not in stderr
+
+
+def test_explorer_maps_are_quantised_and_bounded(study, tmp_path):
+    from corelens.data.sample import read_samples
+    from corelens.experiments.explorer import MAX_CELLS, bound_bytes, pool, write_explorer
+    from corelens.models.loaded import load
+
+    root, runs, _, _ = study
+    heads = pd.read_csv(runs[0] / "heads.csv").sort_values("rank")
+    order = [[int(r.layer), int(r["head"])] for _, r in heads.iterrows()]
+    arrays = np.load(runs[0] / "explorer.npz")
+    for i in range(3):  # under the default cap of 8 samples every head is stored, in rank order
+        maps, scale = arrays[f"maps_{i}"], arrays[f"scale_{i}"]
+        assert maps.dtype == np.uint8 and arrays[f"heads_{i}"].tolist() == order and maps.max() == 255
+        shares = (maps / 255.0 * scale[:, None, None]).sum(axis=(1, 2))
+        assert np.allclose(
+            shares, 1.0, atol=maps[0].size * scale.max() / 255
+        )  # each map is a share: sums to 1
+    samples, _ = read_samples(root / "data" / "image" / "image.jsonl")
+    model = load(root / "model", device="cpu")
+    path, _ = write_explorer(model, samples, heads, tmp_path, top=2, all_samples=1)
+    small = np.load(path)
+    assert [len(small[f"heads_{i}"]) for i in range(3)] == [8, 2, 2]
+    assert small["heads_2"].tolist() == order[:2]
+    assert sum(small[f"maps_{i}"].nbytes for i in range(3)) <= bound_bytes(8, 3, top=2, all_samples=1)
+    # The large run: 28 x 28 heads, 200 samples, base64 in the page, under 50 MB.
+    assert bound_bytes(28 * 28, 200) * 4 / 3 < 50e6
+    grid = np.random.default_rng(0).random((100, 130))
+    pooled = pool(grid)
+    assert pooled.size <= MAX_CELLS and np.isclose(pooled.sum(), grid.sum())

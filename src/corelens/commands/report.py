@@ -24,7 +24,9 @@ def run(args: argparse.Namespace) -> None:
     from corelens.report.html import write_report
 
     path = write_report(args.runs, args.out, title=args.title, inline=not args.serve)
-    print(f"wrote {path}")
+    side = path.with_name(path.stem + ".explorer.js")
+    extra = f" + {side.stat().st_size / 1e6:.1f} MB of explorer data in {side.name}" if args.serve else ""
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB{extra})")
     if args.serve:
         serve(path, args.port)
 

@@ -114,8 +114,11 @@ EXPLORER_JS = r"""
       var rows = sample.shape[0], cols = sample.shape[1], all = sample._maps || (sample._maps = bytes(sample.maps));
       var cells = document.createElement('canvas'); cells.width = cols; cells.height = rows;
       var c2 = cells.getContext('2d'), data = c2.createImageData(cols, rows);
+      // Colour: the cell's share above uniform, over the sample's largest share of any stored head.
+      var uniform = 1 / (rows * cols), top = Math.max.apply(null, sample.scale);
       for (var i = 0; i < rows * cols; i++) {
-        var v = all[index * rows * cols + i] / 255;
+        var share = all[index * rows * cols + i] / 255 * sample.scale[index];
+        var v = Math.max(0, (share - uniform) / ((top - uniform) || 1));
         data.data[4 * i] = 255; data.data[4 * i + 1] = Math.round(220 * (1 - v));
         data.data[4 * i + 2] = 0; data.data[4 * i + 3] = Math.round(200 * v);
       }
