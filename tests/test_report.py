@@ -271,3 +271,46 @@ def test_explorer_maps_are_quantised_and_bounded(study, tmp_path):
     grid = np.random.default_rng(0).random((100, 130))
     pooled = pool(grid)
     assert pooled.size <= MAX_CELLS and np.isclose(pooled.sum(), grid.sum())
+
+
+def test_explorer_data_of_a_28x28_head_200_sample_run_stays_under_50_mb(tmp_path):
+    import base64
+    import io
+
+    from corelens.experiments.explorer import ALL_SAMPLES, MAX_CELLS, PICTURE, TOP, bound_bytes
+    from corelens.report.explorer import data_script, explorer_data
+
+    rng = np.random.default_rng(0)
+    names = [(layer, head) for layer in range(28) for head in range(28)]
+    heads = pd.DataFrame(names, columns=["layer", "head"]).assign(
+        mass=rng.random(784), share=rng.random(784), lift=rng.random(784), rank=np.arange(1, 785)
+    )
+    heads.to_csv(tmp_path / "heads.csv", index=False)
+    ids = [f"sample-{i:05d}" for i in range(200)]
+    ram = pd.DataFrame(
+        {
+            "sample_id": np.repeat(ids, 784),
+            "layer": np.tile(heads["layer"], 200),
+            "head": np.tile(heads["head"], 200),
+        }
+    ).assign(mass=rng.random(156800), share=rng.random(156800), lift=10 * rng.random(156800))
+    ram.to_parquet(tmp_path / "ram.parquet")
+    arrays, meta = {}, []
+    for i in range(200):  # noise: the worst case for the JPEG and for the maps' base64
+        stored = names if i < ALL_SAMPLES else names[:TOP]
+        arrays[f"maps_{i}"] = rng.integers(0, 256, (len(stored), 32, MAX_CELLS // 32), dtype=np.uint8)
+        arrays[f"scale_{i}"] = rng.random(len(stored)).astype(np.float32)
+        arrays[f"heads_{i}"] = np.asarray(stored, dtype=np.int16)
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (PICTURE, PICTURE, 3), dtype=np.uint8)).save(
+            buffer, "JPEG", quality=80
+        )
+        picture = base64.b64encode(buffer.getvalue()).decode("ascii")
+        meta.append({"id": ids[i], "question": "q", "label": "image 0", "size": [448, 448],
+                     "extent": [0, 0, 448, 448], "boxes": [], "picture": picture})  # fmt: skip
+    np.savez(tmp_path / "explorer.npz", **arrays)
+    (tmp_path / "explorer.json").write_text(json.dumps({"samples": meta}))
+    assert sum(a.nbytes for k, a in arrays.items() if k.startswith("maps_")) == bound_bytes(784, 200)
+    size = len(data_script(explorer_data([tmp_path])).encode())
+    print(f"explorer data of 28 x 28 heads, 200 samples: {size / 1e6:.1f} MB")
+    assert size < 50e6

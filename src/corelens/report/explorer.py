@@ -16,6 +16,16 @@ import numpy as np
 import pandas as pd
 
 
+def _short(value: float) -> float | None:
+    """Return `value` to 5 significant digits (per-sample RAM of every head: the page's largest table)."""
+    return None if pd.isna(value) else float(f"{value:.5g}")
+
+
+def _number(value: float) -> float | None:
+    """Return `value` as a JSON number, NaN (a head with no visual mass) as null."""
+    return None if pd.isna(value) else float(value)
+
+
 def _task(run: Path) -> dict | None:
     if not (run / "explorer.npz").is_file():  # rank run made with --explorer 0, or not a rank run
         return None
@@ -25,20 +35,23 @@ def _task(run: Path) -> dict | None:
         run / "ram.parquet", columns=["sample_id", "layer", "head", "mass", "share", "lift"]
     )
     arrays = np.load(run / "explorer.npz")
+    ram["name"] = "L" + ram["layer"].astype(str) + "H" + ram["head"].astype(str)
+    values = ram[["mass", "share", "lift"]].astype(float).map(_short)
+    per_sample = {
+        sid: dict(zip(group["name"], values.loc[group.index].to_numpy().tolist()))
+        for sid, group in ram.groupby("sample_id", sort=False)
+    }
     samples = []
     for i, info in enumerate(meta["samples"]):
         maps = arrays[f"maps_{i}"]
-        rows = ram[ram["sample_id"] == info["id"]]
         samples.append(
             {
                 **info,
                 "heads": [f"L{layer}H{head}" for layer, head in arrays[f"heads_{i}"].tolist()],
                 "shape": list(maps.shape[1:]),
-                "scale": arrays[f"scale_{i}"].astype(float).round(6).tolist(),
+                "scale": [_short(v) for v in arrays[f"scale_{i}"].astype(float)],
                 "maps": base64.b64encode(maps.tobytes()).decode("ascii"),
-                "ram": {
-                    f"L{int(r.layer)}H{int(r['head'])}": [r.mass, r.share, r.lift] for _, r in rows.iterrows()
-                },
+                "ram": per_sample.get(info["id"], {}),
             }
         )
     table = heads[["layer", "head", "mass", "share", "lift", "rank"]]
@@ -47,7 +60,7 @@ def _task(run: Path) -> dict | None:
         "layers": int(heads["layer"].max()) + 1,
         "heads": int(heads["head"].max()) + 1,
         "table": [
-            [int(r.layer), int(r["head"]), r.mass, r.share, r.lift, int(r["rank"])]
+            [int(r.layer), int(r["head"]), _number(r.mass), _number(r.share), _number(r.lift), int(r["rank"])]
             for _, r in table.iterrows()
         ],
         "samples": samples,
