@@ -196,6 +196,7 @@ def test_head_explorer_in_headless_chromium(study, browser, tmp_path):
     browser.wait("document.querySelectorAll('#panel-b canvas[data-drawn]').length === 3")
     assert panel("b")["label"] == f"B: {last}" and panel("a")["label"] == f"A: {first}"
     assert float(panel("b")["ram"]) == pytest.approx(heads.iloc[-1].mass, abs=1e-12)
+    browser.evaluate("document.getElementById('explorer').scrollIntoView()")
     _screenshot(browser, "explorer.png", tmp_path)
     browser.click("#compare")
     second = f"L{int(heads.iloc[1].layer)}H{int(heads.iloc[1]['head'])}"

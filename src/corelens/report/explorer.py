@@ -185,8 +185,9 @@ EXPLORER_JS = r"""
     return showHead(slot, name);
   }
   function drawGrid() {
-    var t = EXPLORER[task], grid = document.getElementById('grid'), top = 0;
-    t.table.forEach(function (r) { top = Math.max(top, r[2]); });
+    // Colour: mean mass from the task's lowest (clear) to its highest (full).
+    var t = EXPLORER[task], grid = document.getElementById('grid'), top = -Infinity, low = Infinity;
+    t.table.forEach(function (r) { top = Math.max(top, r[2]); low = Math.min(low, r[2]); });
     var table = el('table'), head = el('tr');
     head.appendChild(el('th', {}, 'layer \\ head'));
     for (var h = 0; h < t.heads; h++) head.appendChild(el('th', {}, String(h)));
@@ -195,7 +196,7 @@ EXPLORER_JS = r"""
       var tr = el('tr');
       tr.appendChild(el('th', {}, 'L' + l));
       for (var k = 0; k < t.heads; k++) {
-        var name = 'L' + l + 'H' + k, r = row(name), v = r ? r[2] / (top || 1) : 0;
+        var name = 'L' + l + 'H' + k, r = row(name), v = r ? (r[2] - low) / ((top - low) || 1) : 0;
         var td = el('td', {'class': 'cell', 'data-head': name, title: name + (r ? ' rank ' + r[5] : '')}, r ? String(r[5]) : '');
         td.style.background = 'rgba(200, 40, 0, ' + v.toFixed(3) + ')';
         td.addEventListener('click', function (e) { pick(e.currentTarget.dataset.head); });
