@@ -315,3 +315,17 @@ def test_explorer_data_of_a_28x28_head_200_sample_run_stays_under_50_mb(tmp_path
     size = len(data_script(explorer_data([tmp_path])).encode())
     print(f"explorer data of 28 x 28 heads, 200 samples: {size / 1e6:.1f} MB")
     assert size < 50e6
+
+
+def test_report_serve_on_a_taken_port_is_a_one_line_error(study, tmp_path, capsys):
+    import socket
+
+    _, runs, _, _ = study
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = ["report", str(runs[0]), "--out", str(tmp_path / "r.html"), "--serve", "--port", str(port)]
+        assert main(command) != 0
+    err = capsys.readouterr().err
+    assert f"cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err

@@ -7,11 +7,17 @@ import functools
 import http.server
 from pathlib import Path
 
+from corelens.errors import CorelensError
+
 
 def serve(page: Path, port: int) -> None:
     """Serve `page`'s folder on 127.0.0.1:`port` (0: any free port) until Ctrl-C; print the page's address."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as error:  # the port is taken or not ours to bind
+        raise CorelensError(f"cannot serve on 127.0.0.1:{port}: {error.strerror or error}") from None
+    with server:
         print(f"serving http://127.0.0.1:{server.server_address[1]}/{page.name} (Ctrl-C stops)", flush=True)
         try:
             server.serve_forever()
