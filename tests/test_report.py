@@ -7,9 +7,13 @@ not be blank and the page must mark every embedded figure as decoded.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -101,6 +105,23 @@ def test_report_is_self_contained_with_manifests(study):
     assert "version: transformers" in text and "command line" in text
 
 
+def test_report_opens_with_findings_and_collapses_manifests(study):
+    _, runs, stable, report = study
+    text = report.read_text()
+    findings = text[text.index("<section id='findings'>") : text.index("</section>")]
+    assert text.index("id='findings'") < text.index("<details>") < text.index(f"id='run-{runs[0].name}'")
+    for run in runs:
+        best = pd.read_csv(run / "heads.csv").sort_values("rank").iloc[0]
+        assert f'href="#run-{run.name}"' in findings
+        assert (
+            f"L{int(best.layer)}H{int(best['head'])} (mass {best.mass:.3f}, lift {best.lift:.2f})" in findings
+        )
+    first = pd.read_csv(stable / "spearman.csv").iloc[0]
+    assert f"{first.spearman:.2f} [{first.low:.2f}, {first.high:.2f}]" in findings
+    # Shared entries appear once; every run's own manifest sits in a collapsed <details>.
+    assert text.count("version: transformers") == 1 and text.count("<summary>manifest</summary>") == 4
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_report_renders_in_headless_chromium(study, tmp_path):
     _, _, _, report = study
@@ -123,3 +144,188 @@ def test_report_renders_in_headless_chromium(study, tmp_path):
     )
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
     assert pixels.shape == (2400, 1200) and pixels.std() > 5 and (pixels < 128).mean() > 0.005
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from cdp import Browser
+
+    page = Browser(CHROMIUM, tmp_path / "profile", 1200, 1400)
+    for domain in ("Page", "Network", "Runtime", "Log"):
+        page.call(f"{domain}.enable")
+    yield page
+    page.close()
+
+
+def _screenshot(page, name: str, tmp_path) -> np.ndarray:
+    # CORELENS_SCREENSHOTS=docs/figures keeps the shots for the README; by default they go to tmp_path.
+    folder = Path(os.environ.get("CORELENS_SCREENSHOTS", tmp_path))
+    pixels = np.asarray(Image.open(page.screenshot(folder / name)).convert("L"), dtype=float)
+    assert pixels.std() > 5 and (pixels < 128).mean() > 0.005  # not blank
+    return pixels
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_head_explorer_in_headless_chromium(study, browser, tmp_path):
+    _, runs, _, report = study
+    browser.call("Page.navigate", url=report.as_uri())
+    browser.wait(
+        "document.body && document.body.dataset.explorer === 'ready' && !!document.body.dataset.figures"
+    )
+    _screenshot(browser, "report-summary.png", tmp_path)
+    heads = pd.read_csv(runs[0] / "heads.csv").sort_values("rank")
+    first, last = (f"L{int(r.layer)}H{int(r['head'])}" for _, r in heads.iloc[[0, -1]].iterrows())
+
+    def panel(slot: str) -> dict:
+        return browser.evaluate(
+            f"(function () {{ var p = document.getElementById('panel-{slot}');"
+            " var f = Array.from(p.querySelectorAll('figure.overlay'));"
+            " return {label: p.querySelector('.head-label').textContent, ram: p.querySelector('.ram').dataset.value,"
+            " stats: p.querySelector('.stats').textContent, heads: f.map(function (e) { return e.dataset.head; }),"
+            " drawn: p.querySelectorAll('canvas[data-drawn]').length}; })()"
+        )
+
+    browser.click(f'#grid td[data-head="{first}"]')
+    browser.wait("document.querySelectorAll('#panel-a canvas[data-drawn]').length === 3")
+    a = panel("a")
+    assert a["label"] == f"A: {first}" and a["heads"] == [first] * 3  # one overlay per stored sample
+    assert float(a["ram"]) == pytest.approx(heads.iloc[0].mass, abs=1e-12)
+    assert all(f"{run.name} " in a["stats"] for run in runs)  # its rank in every task
+    browser.click("#compare")
+    browser.click(f'#grid td[data-head="{last}"]')
+    browser.wait("document.querySelectorAll('#panel-b canvas[data-drawn]').length === 3")
+    assert panel("b")["label"] == f"B: {last}" and panel("a")["label"] == f"A: {first}"
+    assert float(panel("b")["ram"]) == pytest.approx(heads.iloc[-1].mass, abs=1e-12)
+    browser.evaluate("document.getElementById('explorer').scrollIntoView()")
+    _screenshot(browser, "explorer.png", tmp_path)
+    browser.click("#compare")
+    second = f"L{int(heads.iloc[1].layer)}H{int(heads.iloc[1]['head'])}"
+    browser.type("#head-search", second.lower())
+    browser.wait(f"document.querySelector('#panel-a .head-label').textContent === 'A: {second}'")
+    browser.type("#head-search", "L99H0")
+    assert browser.evaluate("document.getElementById('search-error').textContent").startswith("no head L99H0")
+    ram = pd.read_parquet(runs[0] / "ram.parquet")
+    sample = ram[ram["sample_id"] == ram["sample_id"].iloc[0]].sort_values("mass", ascending=False).iloc[0]
+    top = browser.evaluate("document.querySelector('#sample-heads .sample-top a').dataset.head")
+    assert top == f"L{int(sample.layer)}H{int(sample['head'])}"
+    assert browser.errors() == []
+    assert [u for u in browser.requests() if not u.startswith(("file:", "data:"))] == []
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_report_serve_on_localhost_stops_on_ctrl_c(study, browser, tmp_path):
+    _, runs, _, _ = study
+    out = tmp_path / "served.html"
+    command = [
+        sys.executable,
+        "-m",
+        "corelens",
+        "report",
+        *map(str, runs),
+        "--out",
+        str(out),
+        "--serve",
+        "--port",
+        "0",
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("wrote ")
+        address = re.search(r"serving (http://127\.0\.0\.1:\d+/served\.html)", proc.stdout.readline()).group(
+            1
+        )
+        assert '<script src="served.explorer.js">' in out.read_text()
+        browser.call("Page.navigate", url=address)
+        browser.wait("document.body && document.body.dataset.explorer === 'ready'")
+        assert browser.evaluate("document.querySelectorAll('#grid td.cell').length") == 8
+    finally:
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in stdout and "Traceback" not in stderr
+
+
+def test_explorer_maps_are_quantised_and_bounded(study, tmp_path):
+    from corelens.data.sample import read_samples
+    from corelens.experiments.explorer import MAX_CELLS, bound_bytes, pool, write_explorer
+    from corelens.models.loaded import load
+
+    root, runs, _, _ = study
+    heads = pd.read_csv(runs[0] / "heads.csv").sort_values("rank")
+    order = [[int(r.layer), int(r["head"])] for _, r in heads.iterrows()]
+    arrays = np.load(runs[0] / "explorer.npz")
+    for i in range(3):  # under the default cap of 8 samples every head is stored, in rank order
+        maps, scale = arrays[f"maps_{i}"], arrays[f"scale_{i}"]
+        assert maps.dtype == np.uint8 and arrays[f"heads_{i}"].tolist() == order and maps.max() == 255
+        shares = (maps / 255.0 * scale[:, None, None]).sum(axis=(1, 2))
+        assert np.allclose(
+            shares, 1.0, atol=maps[0].size * scale.max() / 255
+        )  # each map is a share: sums to 1
+    samples, _ = read_samples(root / "data" / "image" / "image.jsonl")
+    model = load(root / "model", device="cpu")
+    path, _ = write_explorer(model, samples, heads, tmp_path, top=2, all_samples=1)
+    small = np.load(path)
+    assert [len(small[f"heads_{i}"]) for i in range(3)] == [8, 2, 2]
+    assert small["heads_2"].tolist() == order[:2]
+    assert sum(small[f"maps_{i}"].nbytes for i in range(3)) <= bound_bytes(8, 3, top=2, all_samples=1)
+    # The issue's large run: 28 x 28 heads, 200 samples, base64 in the page, under 50 MB.
+    assert bound_bytes(28 * 28, 200) * 4 / 3 < 50e6
+    grid = np.random.default_rng(0).random((100, 130))
+    pooled = pool(grid)
+    assert pooled.size <= MAX_CELLS and np.isclose(pooled.sum(), grid.sum())
+
+
+def test_explorer_data_of_a_28x28_head_200_sample_run_stays_under_50_mb(tmp_path):
+    import base64
+    import io
+
+    from corelens.experiments.explorer import ALL_SAMPLES, MAX_CELLS, PICTURE, TOP, bound_bytes
+    from corelens.report.explorer import data_script, explorer_data
+
+    rng = np.random.default_rng(0)
+    names = [(layer, head) for layer in range(28) for head in range(28)]
+    heads = pd.DataFrame(names, columns=["layer", "head"]).assign(
+        mass=rng.random(784), share=rng.random(784), lift=rng.random(784), rank=np.arange(1, 785)
+    )
+    heads.to_csv(tmp_path / "heads.csv", index=False)
+    ids = [f"sample-{i:05d}" for i in range(200)]
+    ram = pd.DataFrame(
+        {
+            "sample_id": np.repeat(ids, 784),
+            "layer": np.tile(heads["layer"], 200),
+            "head": np.tile(heads["head"], 200),
+        }
+    ).assign(mass=rng.random(156800), share=rng.random(156800), lift=10 * rng.random(156800))
+    ram.to_parquet(tmp_path / "ram.parquet")
+    arrays, meta = {}, []
+    for i in range(200):  # noise: the worst case for the JPEG and for the maps' base64
+        stored = names if i < ALL_SAMPLES else names[:TOP]
+        arrays[f"maps_{i}"] = rng.integers(0, 256, (len(stored), 32, MAX_CELLS // 32), dtype=np.uint8)
+        arrays[f"scale_{i}"] = rng.random(len(stored)).astype(np.float32)
+        arrays[f"heads_{i}"] = np.asarray(stored, dtype=np.int16)
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (PICTURE, PICTURE, 3), dtype=np.uint8)).save(
+            buffer, "JPEG", quality=80
+        )
+        picture = base64.b64encode(buffer.getvalue()).decode("ascii")
+        meta.append({"id": ids[i], "question": "q", "label": "image 0", "size": [448, 448],
+                     "extent": [0, 0, 448, 448], "boxes": [], "picture": picture})  # fmt: skip
+    np.savez(tmp_path / "explorer.npz", **arrays)
+    (tmp_path / "explorer.json").write_text(json.dumps({"samples": meta}))
+    assert sum(a.nbytes for k, a in arrays.items() if k.startswith("maps_")) == bound_bytes(784, 200)
+    size = len(data_script(explorer_data([tmp_path])).encode())
+    print(f"explorer data of 28 x 28 heads, 200 samples: {size / 1e6:.1f} MB")
+    assert size < 50e6
+
+
+def test_report_serve_on_a_taken_port_is_a_one_line_error(study, tmp_path, capsys):
+    import socket
+
+    _, runs, _, _ = study
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = ["report", str(runs[0]), "--out", str(tmp_path / "r.html"), "--serve", "--port", str(port)]
+        assert main(command) != 0
+    err = capsys.readouterr().err
+    assert f"cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err

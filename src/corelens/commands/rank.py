@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> None:
         skip_bad=args.skip_bad,
         progress=True,
         overlays=args.overlays,
+        explorer=args.explorer,
         ks=args.k,
         n_boot=args.n_boot,
         boot_seed=args.seed,
@@ -59,6 +60,12 @@ def register(sub) -> None:
     r.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     r.add_argument(
         "--overlays", type=int, default=2, help="draw top/bottom heads' attention on the first N samples"
+    )
+    r.add_argument(
+        "--explorer",
+        type=int,
+        default=200,
+        help="store quantised per-head attention maps of the first N samples for the report's head explorer (0: none)",
     )
     r.add_argument(
         "--k",

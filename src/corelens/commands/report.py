@@ -1,16 +1,40 @@
-"""`corelens report`: one self-contained HTML page from run directories."""
+"""`corelens report`: one self-contained HTML page from run directories, or served on localhost (`--serve`)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import http.server
+from pathlib import Path
+
+from corelens.errors import CorelensError
+
+
+def serve(page: Path, port: int) -> None:
+    """Serve `page`'s folder on 127.0.0.1:`port` (0: any free port) until Ctrl-C; print the page's address."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as error:  # the port is taken or not ours to bind
+        raise CorelensError(f"cannot serve on 127.0.0.1:{port}: {error.strerror or error}") from None
+    with server:
+        print(f"serving http://127.0.0.1:{server.server_address[1]}/{page.name} (Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:  # the user's way to stop: no traceback
+            print("stopped")
 
 
 def run(args: argparse.Namespace) -> None:
-    """Write the HTML report of the given run directories."""
+    """Write the HTML report of the given run directories; with --serve, serve it on localhost."""
     from corelens.report.html import write_report
 
-    path = write_report(args.runs, args.out, title=args.title)
-    print(f"wrote {path}")
+    path = write_report(args.runs, args.out, title=args.title, inline=not args.serve)
+    side = path.with_name(path.stem + ".explorer.js")
+    extra = f" + {side.stat().st_size / 1e6:.1f} MB of explorer data in {side.name}" if args.serve else ""
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB{extra})")
+    if args.serve:
+        serve(path, args.port)
 
 
 def register(sub) -> None:
@@ -19,4 +43,10 @@ def register(sub) -> None:
     r.add_argument("runs", nargs="+", help="run directories (rank, stability, ablate, hybrid, flow, sap)")
     r.add_argument("--out", required=True, help="HTML file to write")
     r.add_argument("--title", default="corelens report")
+    r.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep the explorer's data in a file beside the page and serve both on localhost until Ctrl-C",
+    )
+    r.add_argument("--port", type=int, default=8000, help="port of --serve (0: any free port)")
     r.set_defaults(func=run)

@@ -92,7 +92,7 @@ def run_demo(
     for task in TASKS:
         data = generate(task, out / "data" / task, n, seed=DEMO_SEED)
         run_dir = out / f"rank-{task}"
-        ranking = rank(m, data, query=DEMO_QUERY[task], out=run_dir, progress=True, overlays=1)
+        ranking = rank(m, data, query=DEMO_QUERY[task], out=run_dir, progress=True, overlays=1, explorer=200)
         best = ranking.heads.head(top)
         heads = ", ".join(
             f"L{int(r.layer)}H{int(r.head)} ({r.mass:.2f}, lift {r.lift:.1f})" for r in best.itertuples()

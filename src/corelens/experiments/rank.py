@@ -136,6 +136,7 @@ def rank(
     skip_bad: bool = False,
     progress: bool = False,
     overlays: int = 0,
+    explorer: int = 0,
     ks: str | list[str] | None = "1%,5%,10%",
     n_boot: int = 1000,
     boot_seed: int = 0,
@@ -145,7 +146,8 @@ def rank(
 
     The head table also carries `n_boot` seeded bootstrap intervals of each head's mass and rank and its
     probability of being in the top-k for each of `ks` (counts or shares; column `p_top{k}`; None: none).
-    `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples.
+    `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples;
+    `explorer` > 0 stores the head explorer's attention maps of the first `explorer` ranked samples.
     Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
 
     Examples:
@@ -209,10 +211,27 @@ def rank(
         ranked = {r["id"] for r in records}
         chosen = [s for s in samples if s.id in ranked][:overlays]
         write_overlays(m, chosen, ranking.heads, run.path / "figures", query=query)
+    if explorer > 0:
+        _explorer(m, samples, records, ranking, run, explorer, query)
     if uncertainty:
         run.manifest["uncertainty"] = uncertainty
     run.finish(samples=len(records), skipped=sum(1 for r in logged if r["status"] == "skipped"))
     return ranking
+
+
+def _explorer(
+    m: Loaded, samples: list[Sample], records: list[dict], ranking: Ranking, run: Run, n: int, query: str
+):
+    """Store the head explorer's maps of the first `n` ranked samples and print their size and bound."""
+    from corelens.experiments.explorer import bound_bytes, write_explorer
+
+    ranked = {r["id"] for r in records}
+    chosen = [s for s in samples if s.id in ranked][:n]
+    path, size = write_explorer(m, chosen, ranking.heads, run.path, query=query)
+    bound = bound_bytes(len(ranking.heads), len(chosen))
+    print(
+        f"explorer maps: {size / 1e6:.2f} MB in {path.name} (bound {bound / 1e6:.2f} MB before compression)"
+    )
 
 
 def _ranking(records: list[dict]) -> Ranking:

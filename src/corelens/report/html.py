@@ -18,6 +18,8 @@ import pandas as pd
 
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
+from corelens.report import explorer
+from corelens.report.summary import anchor, shared_settings, summary_section
 
 MAX_ROWS = 12
 STYLE = """
@@ -28,6 +30,7 @@ th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: right; } th { bac
 figure { display: inline-block; margin: 0.5em; vertical-align: top; }
 figure img { max-width: 100%; border: 1px solid #eee; } figcaption { font-size: 0.8em; color: #555; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; font-size: 0.85em; }
+details { margin: 0.5em 0; } summary { cursor: pointer; color: #555; }
 dt { font-weight: 600; } dd { margin: 0; font-family: monospace; word-break: break-all; }
 """
 SCRIPT = """
@@ -78,8 +81,8 @@ def _curve_sentence(info: dict) -> str:
     )
 
 
-def run_section(run: Path) -> str:
-    """Return the HTML section of one run directory."""
+def run_section(run: Path, shared: dict | None = None) -> str:
+    """Return the HTML section of one run directory; manifest entries in `shared` are shown once elsewhere."""
     manifest = _manifest(run)
     settings = manifest.get("settings", {})
     versions = manifest.get("versions", {})
@@ -91,8 +94,9 @@ def run_section(run: Path) -> str:
         "started": manifest.get("started"),
         "finished": manifest.get("finished"),
     }
+    meta = {k: v for k, v in meta.items() if k not in (shared or {})}
     parts = [f"<h2>{html.escape(run.name)} <small>({html.escape(str(manifest.get('command')))})</small></h2>"]
-    parts.append(_definition_list(meta))
+    parts.append(f"<details><summary>manifest</summary>{_definition_list(meta)}</details>")
     heads = run / "heads.csv"
     if manifest.get("command") == "rank" and heads.is_file():
         stats = sparsity(pd.read_csv(heads))
@@ -106,26 +110,49 @@ def run_section(run: Path) -> str:
         parts.append(_curve_sentence(json.loads(curve.read_text())))
     parts += [_table(p) for p in sorted(run.glob("*.csv"))]
     parts += [_figure(p, run) for p in sorted((run / "figures").glob("**/*.png"))]
-    return "<section>" + "\n".join(parts) + "</section>"
+    return f"<section id='{anchor(run)}'>" + "\n".join(parts) + "</section>"
 
 
-def write_report(runs: list[str | Path], out: str | Path, *, title: str = "corelens report") -> Path:
-    """Write one self-contained HTML page for `runs` to `out`; return its path."""
+def write_report(
+    runs: list[str | Path], out: str | Path, *, title: str = "corelens report", inline: bool = True
+) -> Path:
+    """Write one self-contained HTML page for `runs` to `out`; return its path.
+
+    With `inline` False the explorer's data go to `<out stem>.explorer.js` beside the page (for `--serve`).
+    """
     if not runs:
         raise CorelensError("report needs at least one run directory")
     paths = [Path(r) for r in runs]
     for p in paths:
         if not p.is_dir():
             raise CorelensError(f"run directory {p} does not exist")
-    sections = "\n".join(run_section(p) for p in paths)
+    manifests = [_manifest(p) for p in paths]
+    shared = shared_settings(manifests) if len(paths) > 1 else {}
+    sections = "\n".join(run_section(p, shared) for p in paths)
     listing = "".join(f"<li>{html.escape(str(p))}</li>" for p in paths)
-    page = (
-        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>"
-        f"<h1>{html.escape(title)}</h1><p>Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from "
-        f"{len(paths)} run(s):</p><ul>{listing}</ul>{sections}</body></html>\n"
+    common = (
+        f"<details><summary>settings and versions shared by all {len(paths)} runs</summary>"
+        f"{_definition_list(shared)}</details>"
+        if shared
+        else ""
     )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    tasks = explorer.explorer_data(paths)
+    script = explorer.data_script(tasks)
+    if not inline:
+        side = out.with_name(out.stem + ".explorer.js")
+        side.write_text(script)
+        script = f'<script src="{html.escape(side.name)}"></script>'
+    else:
+        script = f"<script>{script}</script>"
+    page = (
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}{explorer.STYLE}</style><script>{SCRIPT}</script></head><body>"
+        f"<h1>{html.escape(title)}</h1>{summary_section(paths, manifests)}"
+        f"{explorer.explorer_section(script) if tasks else ''}"
+        f"<details><summary>Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {len(paths)} run(s)</summary>"
+        f"<ul>{listing}</ul>{common}</details>{sections}</body></html>\n"
+    )
     out.write_text(page)
     return out

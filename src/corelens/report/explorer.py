@@ -1,0 +1,254 @@
+"""The head explorer of a report: a layer x head grid per task; click a head to see its maps on every sample.
+
+Data come from each rank run's `explorer.npz` / `explorer.json` (`corelens.experiments.explorer`), its
+`heads.csv` and `ram.parquet`; the page draws them with plain JavaScript on canvases (no library, no request).
+Two heads can be compared side by side (A and B), a sample picker lists one sample's top and bottom heads, and
+the search box takes a head name such as `L12H5`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _short(value: float) -> float | None:
+    """Return `value` to 5 significant digits (per-sample RAM of every head: the page's largest table)."""
+    return None if pd.isna(value) else float(f"{value:.5g}")
+
+
+def _number(value: float) -> float | None:
+    """Return `value` as a JSON number, NaN (a head with no visual mass) as null."""
+    return None if pd.isna(value) else float(value)
+
+
+def _task(run: Path) -> dict | None:
+    if not (run / "explorer.npz").is_file():  # rank run made with --explorer 0, or not a rank run
+        return None
+    meta = json.loads((run / "explorer.json").read_text())
+    heads = pd.read_csv(run / "heads.csv")
+    ram = pd.read_parquet(
+        run / "ram.parquet", columns=["sample_id", "layer", "head", "mass", "share", "lift"]
+    )
+    arrays = np.load(run / "explorer.npz")
+    ram["name"] = "L" + ram["layer"].astype(str) + "H" + ram["head"].astype(str)
+    values = ram[["mass", "share", "lift"]].astype(float).map(_short)
+    per_sample = {
+        sid: dict(zip(group["name"], values.loc[group.index].to_numpy().tolist()))
+        for sid, group in ram.groupby("sample_id", sort=False)
+    }
+    samples = []
+    for i, info in enumerate(meta["samples"]):
+        maps = arrays[f"maps_{i}"]
+        samples.append(
+            {
+                **info,
+                "heads": [f"L{layer}H{head}" for layer, head in arrays[f"heads_{i}"].tolist()],
+                "shape": list(maps.shape[1:]),
+                "scale": [_short(v) for v in arrays[f"scale_{i}"].astype(float)],
+                "maps": base64.b64encode(maps.tobytes()).decode("ascii"),
+                "ram": per_sample.get(info["id"], {}),
+            }
+        )
+    table = heads[["layer", "head", "mass", "share", "lift", "rank"]]
+    return {
+        "name": run.name,
+        "layers": int(heads["layer"].max()) + 1,
+        "heads": int(heads["head"].max()) + 1,
+        "table": [
+            [int(r.layer), int(r["head"]), _number(r.mass), _number(r.share), _number(r.lift), int(r["rank"])]
+            for _, r in table.iterrows()
+        ],
+        "samples": samples,
+    }
+
+
+def explorer_data(runs: list[Path]) -> list[dict]:
+    """Return the explorer's data of every rank run that stored maps."""
+    return [t for t in (_task(r) for r in runs) if t is not None]
+
+
+def explorer_section(script: str) -> str:
+    """Return the explorer's HTML; `script` is the `<script>` element that defines `EXPLORER` (inline or a file)."""
+    return f"""<section id='explorer'><h2>Head explorer</h2>
+<p>Click a head of the grid (colour: mean mass) to see its share of visual attention on each stored sample;
+tick “compare” to fill panel B. Search a head by name, e.g. L1H2.</p>
+<div id='tasks'></div>
+<p><input id='head-search' placeholder='L0H1' size='8'> <button id='head-go'>show</button>
+<label><input type='checkbox' id='compare'> compare (panel B)</label>
+<span id='search-error' style='color:#b00'></span></p>
+<div id='grid'></div>
+<div class='panels'><div id='panel-a' class='panel'></div><div id='panel-b' class='panel'></div></div>
+<h3>Sample picker</h3><select id='sample-picker'></select><div id='sample-heads'></div>
+{script}<script>{EXPLORER_JS}</script></section>"""
+
+
+def data_script(tasks: list[dict]) -> str:
+    """Return the JavaScript that defines `EXPLORER`."""
+    return "var EXPLORER = " + json.dumps(tasks, allow_nan=False).replace("</", "<\\/") + ";"
+
+
+STYLE = """
+#grid table td.cell { width: 26px; height: 22px; cursor: pointer; font-size: 0.7em; text-align: center; }
+#grid td.sel-a { outline: 3px solid #06c; } #grid td.sel-b { outline: 3px solid #c60; }
+.panels { display: flex; gap: 1em; } .panel { flex: 1; min-width: 0; }
+.panel canvas { border: 1px solid #ddd; } .panel figure { margin: 0.3em; }
+#tasks button.on { font-weight: 700; }
+"""
+
+EXPLORER_JS = r"""
+(function () {
+  var task = 0, picked = {a: null, b: null};
+  function el(tag, attrs, text) {
+    var e = document.createElement(tag);
+    for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  function fmt(v) { return v === null || v === undefined ? 'n/a' : Number(v).toPrecision(4); }
+  function bytes(b64) {
+    var s = atob(b64), out = new Uint8Array(s.length);
+    for (var i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
+    return out;
+  }
+  function row(name) {
+    var t = EXPLORER[task];
+    return t.table.filter(function (r) { return 'L' + r[0] + 'H' + r[1] === name; })[0];
+  }
+  function drawMap(sample, index, canvas) {
+    var img = new Image();
+    img.onload = function () {
+      var w = canvas.width, h = canvas.height, ctx = canvas.getContext('2d');
+      ctx.drawImage(img, 0, 0, w, h);
+      var rows = sample.shape[0], cols = sample.shape[1], all = sample._maps || (sample._maps = bytes(sample.maps));
+      var cells = document.createElement('canvas'); cells.width = cols; cells.height = rows;
+      var c2 = cells.getContext('2d'), data = c2.createImageData(cols, rows);
+      // Colour: the cell's share above uniform, over the sample's largest share of any stored head.
+      var uniform = 1 / (rows * cols), top = Math.max.apply(null, sample.scale);
+      for (var i = 0; i < rows * cols; i++) {
+        var share = all[index * rows * cols + i] / 255 * sample.scale[index];
+        var v = Math.max(0, (share - uniform) / ((top - uniform) || 1));
+        data.data[4 * i] = 255; data.data[4 * i + 1] = Math.round(220 * (1 - v));
+        data.data[4 * i + 2] = 0; data.data[4 * i + 3] = Math.round(200 * v);
+      }
+      c2.putImageData(data, 0, 0);
+      var sx = w / sample.size[0], sy = h / sample.size[1], e = sample.extent;
+      ctx.imageSmoothingEnabled = false;
+      ctx.drawImage(cells, e[0] * sx, e[1] * sy, (e[2] - e[0]) * sx, (e[3] - e[1]) * sy);
+      ctx.strokeStyle = 'cyan'; ctx.lineWidth = 2;
+      sample.boxes.forEach(function (b) { ctx.strokeRect(b[0] * sx, b[1] * sy, (b[2] - b[0]) * sx, (b[3] - b[1]) * sy); });
+      canvas.dataset.drawn = '1';
+    };
+    img.src = 'data:image/jpeg;base64,' + sample.picture;
+  }
+  function showHead(slot, name) {
+    var r = row(name), panel = document.getElementById('panel-' + slot);
+    panel.innerHTML = '';
+    if (!r) return false;
+    picked[slot] = name;
+    panel.appendChild(el('h3', {'class': 'head-label'}, (slot === 'a' ? 'A: ' : 'B: ') + name));
+    var stats = el('p', {'class': 'stats'});
+    stats.appendChild(el('span', {'class': 'ram', 'data-value': String(r[2])}, 'RAM ' + fmt(r[2])));
+    stats.appendChild(document.createTextNode(', share ' + fmt(r[3]) + ', lift ' + fmt(r[4]) + '. Rank: '));
+    stats.appendChild(document.createTextNode(EXPLORER.map(function (t) {
+      var o = t.table.filter(function (x) { return 'L' + x[0] + 'H' + x[1] === name; })[0];
+      return t.name + ' ' + (o ? o[5] + '/' + t.table.length : 'n/a');
+    }).join(', ')));
+    panel.appendChild(stats);
+    EXPLORER[task].samples.forEach(function (s) {
+      var index = s.heads.indexOf(name);
+      if (index < 0) return;  // this sample stores only the top heads
+      var fig = el('figure', {'class': 'overlay', 'data-head': name, 'data-sample': s.id});
+      var scale = 160 / Math.max(s.size[0], s.size[1]);
+      var canvas = el('canvas', {width: Math.round(s.size[0] * scale), height: Math.round(s.size[1] * scale)});
+      fig.appendChild(canvas);
+      var ram = s.ram[name] || [null, null, null];
+      fig.appendChild(el('figcaption', {}, s.id + ': RAM ' + fmt(ram[0]) + ', share ' + fmt(ram[1]) + ', lift ' + fmt(ram[2])));
+      panel.appendChild(fig);
+      drawMap(s, index, canvas);
+    });
+    markGrid();
+    return true;
+  }
+  function markGrid() {
+    document.querySelectorAll('#grid td.cell').forEach(function (td) {
+      td.classList.toggle('sel-a', td.dataset.head === picked.a);
+      td.classList.toggle('sel-b', td.dataset.head === picked.b);
+    });
+  }
+  function pick(name) {
+    var slot = document.getElementById('compare').checked ? 'b' : 'a';
+    return showHead(slot, name);
+  }
+  function drawGrid() {
+    // Colour: mean mass from the task's lowest (clear) to its highest (full).
+    var t = EXPLORER[task], grid = document.getElementById('grid'), top = -Infinity, low = Infinity;
+    t.table.forEach(function (r) { top = Math.max(top, r[2]); low = Math.min(low, r[2]); });
+    var table = el('table'), head = el('tr');
+    head.appendChild(el('th', {}, 'layer \\ head'));
+    for (var h = 0; h < t.heads; h++) head.appendChild(el('th', {}, String(h)));
+    table.appendChild(head);
+    for (var l = 0; l < t.layers; l++) {
+      var tr = el('tr');
+      tr.appendChild(el('th', {}, 'L' + l));
+      for (var k = 0; k < t.heads; k++) {
+        var name = 'L' + l + 'H' + k, r = row(name), v = r ? (r[2] - low) / ((top - low) || 1) : 0;
+        var td = el('td', {'class': 'cell', 'data-head': name, title: name + (r ? ' rank ' + r[5] : '')}, r ? String(r[5]) : '');
+        td.style.background = 'rgba(200, 40, 0, ' + v.toFixed(3) + ')';
+        td.addEventListener('click', function (e) { pick(e.currentTarget.dataset.head); });
+        tr.appendChild(td);
+      }
+      table.appendChild(tr);
+    }
+    grid.innerHTML = '';
+    grid.appendChild(table);
+    markGrid();
+  }
+  function drawPicker() {
+    var select = document.getElementById('sample-picker');
+    select.innerHTML = '';
+    EXPLORER[task].samples.forEach(function (s, i) { select.appendChild(el('option', {value: i}, s.id)); });
+    showSample();
+  }
+  function showSample() {
+    var t = EXPLORER[task], s = t.samples[document.getElementById('sample-picker').value || 0], out = document.getElementById('sample-heads');
+    out.innerHTML = '';
+    if (!s) return;
+    var names = Object.keys(s.ram).sort(function (x, y) { return s.ram[y][0] - s.ram[x][0]; });
+    [['top', names.slice(0, 5)], ['bottom', names.slice(-5).reverse()]].forEach(function (pair) {
+      var p = el('p', {'class': 'sample-' + pair[0]}, pair[0] + ' heads on ' + s.id + ': ');
+      pair[1].forEach(function (n) {
+        var a = el('a', {href: '#explorer', 'data-head': n}, n + ' (' + fmt(s.ram[n][0]) + ') ');
+        a.addEventListener('click', function (e) { e.preventDefault(); pick(n); });
+        p.appendChild(a);
+      });
+      out.appendChild(p);
+    });
+  }
+  function drawTasks() {
+    var box = document.getElementById('tasks');
+    box.innerHTML = '';
+    EXPLORER.forEach(function (t, i) {
+      var b = el('button', {'class': i === task ? 'on' : '', 'data-task': t.name}, t.name);
+      b.addEventListener('click', function () { task = i; drawTasks(); drawGrid(); drawPicker();
+        if (picked.a) showHead('a', picked.a); if (picked.b) showHead('b', picked.b); });
+      box.appendChild(b);
+    });
+  }
+  function search() {
+    var text = document.getElementById('head-search').value.trim().toUpperCase(), m = /^L(\d+)H(\d+)$/.exec(text);
+    var ok = m && pick('L' + Number(m[1]) + 'H' + Number(m[2]));
+    document.getElementById('search-error').textContent = ok ? '' : 'no head ' + text + ' in ' + EXPLORER[task].name;
+  }
+  if (!EXPLORER.length) { document.getElementById('explorer').hidden = true; return; }
+  document.getElementById('head-go').addEventListener('click', search);
+  document.getElementById('head-search').addEventListener('keydown', function (e) { if (e.key === 'Enter') search(); });
+  document.getElementById('sample-picker').addEventListener('change', showSample);
+  drawTasks(); drawGrid(); drawPicker();
+  document.body.dataset.explorer = 'ready';
+})();
+"""
