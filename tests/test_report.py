@@ -47,7 +47,21 @@ def study(tmp_path_factory):
         data = generate(task, root / "data" / task, 3, seed=5)
         out = root / f"rank-{task}"
         assert (
-            main(["rank", "--model", str(model), "--data", str(data), "--out", str(out), "--overlays", "1"])
+            main(
+                [
+                    "rank",
+                    "--model",
+                    str(model),
+                    "--data",
+                    str(data),
+                    "--out",
+                    str(out),
+                    "--overlays",
+                    "1",
+                    "--explorer",
+                    "200",
+                ]
+            )
             == 0
         )
         runs.append(out)
