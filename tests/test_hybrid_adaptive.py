@@ -89,3 +89,26 @@ def test_adaptive_errors():
         cl.hybrid(m, full="adaptive", budget=0.5, decode="stream"),
     ):
         pass
+
+
+def test_signal_is_the_ram_probes_visual_mass(setup):
+    # With a window wider than the prompt every layer's prefill is dense, so each layer's signal must be the
+    # RAM probe's visual mass of the same rows in a plain forward; the chosen heads are its top quota_l.
+    from corelens.attention import RamProbe, activate
+
+    m, inputs, table = setup
+    x = inputs[0]
+    n = x["input_ids"].shape[1]
+    rows = torch.arange(n - 16, n)
+    visual = torch.nonzero(torch.isin(x["input_ids"][0], torch.tensor([m.model.config.image_token_id])))[:, 0]
+    probe = RamProbe(m.num_layers, m.num_heads, rows, visual, visual, n)
+    with activate(m.layer_modules(), probe):
+        _logits(m, x)
+    with cl.hybrid(m, full="adaptive", budget=0.25, prior=table, sink=SINK, window=10**6) as h:
+        _logits(m, x)
+    quota = HybridPolicy.from_heads(table, 0.25).full_mask(m.num_layers, m.num_heads).sum(dim=1)
+    for layer, signal in h.hook.signals[0].items():
+        torch.testing.assert_close(signal, probe.visual_mass[layer], rtol=0, atol=1e-6)
+        top = set(np.argsort(-signal.double().numpy(), kind="stable")[: int(quota[layer])].tolist())
+        assert set(torch.nonzero(h.hook.chosen[0][layer])[:, 0].tolist()) == top
+    assert 0 < len(h.hook.signals[0]) == int(((quota > 0) & (quota < m.num_heads)).sum())

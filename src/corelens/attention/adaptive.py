@@ -22,7 +22,7 @@ import torch
 
 from corelens.attention.dispatch import AttentionCall
 from corelens.attention.hybrid import Hybrid, HybridHook, HybridPolicy
-from corelens.attention.kernels.semantics import allowed_mask
+from corelens.attention.probes import row_probabilities
 from corelens.errors import CorelensError
 
 
@@ -50,6 +50,7 @@ class AdaptiveHook(HybridHook):
         self._embedding = model.get_input_embeddings()
         self.visual: torch.Tensor | None = None
         self.chosen: list[torch.Tensor] = []  # per prefill, the (layers, heads) full table it chose
+        self.signals: dict[int, dict[int, torch.Tensor]] = {}  # per prefill and layer, the measured signal
 
     @contextmanager
     def watching(self) -> Iterator[None]:
@@ -67,29 +68,17 @@ class AdaptiveHook(HybridHook):
             self.visual = torch.isin(ids, self._token_ids.to(ids.device))
 
     def measure(self, call: AttentionCall) -> torch.Tensor:
-        """Return (heads,) attention mass of the last `rows` prompt rows on the visual tokens."""
-        batch, heads, n, _ = call.query.shape
+        """Return (heads,) mean attention mass of the last `rows` prompt rows on the visual tokens."""
+        batch, _, n, _ = call.query.shape
         if batch != 1:
             raise CorelensError(
                 "adaptive hybrid attention chooses heads per prompt: run one prompt at a time"
             )
         if self.visual is None or self.visual.shape[1] != n:
             raise CorelensError("adaptive hybrid attention could not see the prompt's token ids")
-        r = min(self.rows, n)
-        q = call.query[0, :, n - r :].float()
-        k = call.key[0].float().repeat_interleave(call.groups, dim=0)
-        logits = q @ k.transpose(-1, -2) * call.scaling  # (heads, r, n)
-        mask = allowed_mask(call.attention_mask)
-        if mask is None:
-            # Plain causal: row i (absolute n - r + i) sees keys 0 .. n - r + i.
-            allowed = (
-                torch.arange(n, device=q.device)[None, :] <= torch.arange(n - r, n, device=q.device)[:, None]
-            )
-        else:
-            allowed = mask[0, 0, n - r :, :n]
-        logits = logits.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        return probs[..., self.visual[0].to(q.device)].sum(dim=-1).mean(dim=-1)
+        rows = torch.arange(max(n - self.rows, 0), n)
+        probs = row_probabilities(call, rows)[0]  # (heads, rows, n): the RAM probe's rows, no N x N
+        return probs[..., self.visual[0].to(probs.device)].sum(dim=-1).mean(dim=-1)
 
     def pre(self, call: AttentionCall) -> None:
         """At a prefill call, choose this layer's full heads; then run the hybrid kernel choice."""
@@ -104,6 +93,7 @@ class AdaptiveHook(HybridHook):
             else:
                 scores = self.measure(call).cpu()
                 s.stats["signal"] += 1
+                self.signals.setdefault(len(self.chosen) - (call.layer > 0), {})[call.layer] = scores
             row = torch.zeros(s.heads, dtype=torch.bool)
             if scores is None:
                 row[:] = quota == s.heads
