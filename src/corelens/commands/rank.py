@@ -10,7 +10,14 @@ from corelens.commands.common import add_model_options, load_options, main_proce
 
 def run(args: argparse.Namespace) -> None:
     """Rank the heads of a checkpoint on a sample file into a run directory."""
+    from corelens.experiments.omega import OmegaSettings
     from corelens.experiments.rank import rank_path
+
+    omega = None
+    if args.omega == "causal":
+        omega = OmegaSettings(
+            args.estimator, args.omega_grid, args.omega_refine, args.omega_ratio, args.omega_batch
+        )
 
     ranking = rank_path(
         args.model,
@@ -29,6 +36,7 @@ def run(args: argparse.Namespace) -> None:
         boot_seed=args.seed,
         argv=sys.argv,
         load_options=load_options(args),
+        omega=omega,
     )
     if not main_process():
         return
@@ -56,6 +64,17 @@ def register(sub) -> None:
         default="visual",
         help="cells that hold only padding: in V not Omega (visual), in both (omega), in neither (none)",
     )
+    r.add_argument(
+        "--omega",
+        choices=("targets", "causal"),
+        default="targets",
+        help="Omega from the samples' targets, or estimated from the model (no annotation needed)",
+    )
+    r.add_argument("--estimator", choices=("occlusion", "gradient"), default="occlusion", help="causal Omega")
+    r.add_argument("--omega-grid", type=int, default=4, help="occlusion: coarse blocks per segment side")
+    r.add_argument("--omega-refine", type=int, default=2, help="occlusion: coarse blocks refined per cell")
+    r.add_argument("--omega-ratio", type=float, default=0.5, help="keep cells scoring >= ratio x the best")
+    r.add_argument("--omega-batch", type=int, default=8, help="occlusion: occluded copies per forward")
     r.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     r.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     r.add_argument(

@@ -18,6 +18,7 @@ import torch
 from corelens.attention import RamProbe, activate
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import InputError
+from corelens.experiments.omega import OmegaSettings, estimate_omega
 from corelens.metrics.headsets import k_count, parse_k
 from corelens.metrics.ram import head_table, sample_frame, top_heads
 from corelens.metrics.uncertainty import bootstrap_heads, uncertain_heads
@@ -47,18 +48,24 @@ class SampleRam:
 
 
 def measure_sample(
-    m: Loaded, sample: Sample, query: str = "question", rule: str = "any", padding: str = "visual"
+    m: Loaded,
+    sample: Sample,
+    query: str = "question",
+    rule: str = "any",
+    padding: str = "visual",
+    omega: np.ndarray | None = None,
 ) -> SampleRam:
     """Return the RAM of every (layer, query head) for one sample, from a single probed forward.
 
-    `padding` is the padding-cell rule of Omega and V (`corelens.layout.PADDING_RULES`).
+    `padding` is the padding-cell rule of Omega and V (`corelens.layout.PADDING_RULES`); `omega`, if given,
+    is an estimated Omega (token positions, `corelens.experiments.omega`) used instead of the targets'.
     """
     prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None, padding=padding)
     if query == "answer" and sample.answer is None:
         raise InputError(
             "query 'answer' needs an answer", file=sample.source, line=sample.line, sample=sample.id
         )
-    omega = prepared.layout.omega(sample.targets, rule, sample=sample.id)
+    omega = prepared.layout.omega(sample.targets, rule, sample=sample.id) if omega is None else omega
     visual = prepared.layout.visual
     if not len(omega):
         raise InputError(
@@ -141,6 +148,7 @@ def rank(
     n_boot: int = 1000,
     boot_seed: int = 0,
     argv: list[str] | None = None,
+    omega: OmegaSettings | None = None,
 ) -> Ranking:
     """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir.
 
@@ -149,6 +157,8 @@ def rank(
     `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples;
     `explorer` > 0 stores the head explorer's attention maps of the first `explorer` ranked samples.
     Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
+    `omega` (an `OmegaSettings`) estimates each sample's Omega from the model instead of its targets
+    (`--omega causal`, docs/methods.md#causal-omega): samples need no targets.
 
     Examples:
         >>> import corelens as cl
@@ -170,10 +180,17 @@ def rank(
             "limit": limit,
             "skip_bad": skip_bad,
             "seed": 0,
+            "omega": {"source": "causal", **omega.to_json()} if omega else {"source": "targets"},
         }
         run = Run(out, "rank", settings, argv, dist=current(), device=m.device)
 
     def step(sample: Sample, done: set[str]) -> list[dict]:
+        if omega is not None:
+            tokens, _ = estimate_omega(m, sample, omega, padding)
+            if not len(tokens):
+                reason = "estimated Ω is empty: no visual cell lowers the answer's log-probability"
+                return [{"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}]
+            return [_record(sample, measure_sample(m, sample, query, rule, padding, omega=tokens))]
         if not sample.targets:
             # A question kept for scoring without evidence (MMLongBench-Doc "[]"): RAM needs Ω.
             reason = "no evidence target: RAM needs Ω"

@@ -77,13 +77,20 @@ def blank_like(image: Image.Image) -> Image.Image:
 
 
 def prepare(
-    m: Loaded, sample: Sample, *, answer: str | None = None, blank: bool = False, padding: str = "visual"
+    m: Loaded,
+    sample: Sample,
+    *,
+    answer: str | None = None,
+    blank: bool = False,
+    padding: str = "visual",
+    visuals: tuple[list, list] | None = None,
 ) -> Prepared:
     """Return the processed inputs, layout and query rows of `sample` for model `m` (`blank`: grey visuals).
 
     `padding` is the layout's padding-cell rule (`corelens.layout.PADDING_RULES`): `"visual"` (default)
     counts cells that hold only padding in V but never in Omega, `"omega"` also in a whole-image Omega,
-    `"none"` in neither.
+    `"none"` in neither. `visuals` = (images, frames) replaces the sample's loaded pixels (same sizes: an
+    occluded copy, docs/methods.md#causal-omega).
     """
     if padding not in PADDING_RULES:
         raise InputError(
@@ -92,6 +99,8 @@ def prepare(
     processor = m.processor
     images = load_images(sample)
     frames, times = load_video(sample) if sample.video is not None else ([], [])
+    if visuals is not None:
+        images, frames = list(visuals[0]), list(visuals[1])
     if blank:
         images, frames = [blank_like(im) for im in images], [blank_like(f) for f in frames]
     prompt = processor.apply_chat_template(messages(sample), add_generation_prompt=True, tokenize=False)

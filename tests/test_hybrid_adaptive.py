@@ -1,0 +1,114 @@
+"""Input-adaptive hybrid attention (issue 21): `corelens.hybrid(m, full="adaptive", budget=F)`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import corelens as cl
+from corelens.attention.hybrid import HybridPolicy
+from corelens.data.sample import read_samples
+from corelens.errors import CorelensError
+from corelens.models.prepare import prepare
+from corelens.organism import organism_path
+from corelens.organism.tasks import generate
+
+SINK, WINDOW = 4, 16  # the organism's hybrid setting (benchmarks/organism/hybrid.sh): prompts stream
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    m = cl.load(organism_path(), device="cpu")
+    samples, _ = read_samples(generate("document", tmp_path_factory.mktemp("adaptive"), 2, seed=4))
+    inputs = [prepare(m, s).inputs for s in samples]
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame(
+        {
+            "layer": np.repeat(np.arange(m.num_layers), m.num_heads),
+            "head": np.tile(np.arange(m.num_heads), m.num_layers),
+        }
+    )
+    table["mass"] = rng.random(len(table))
+    table["rank"] = table["mass"].rank(ascending=False, method="first").astype(int)
+    return m, inputs, table
+
+
+def _logits(m, inputs):
+    with torch.no_grad():
+        return m.model(**inputs, use_cache=False).logits
+
+
+def test_budget_one_is_dense(setup):
+    m, inputs, table = setup
+    for x in inputs:
+        with cl.hybrid(m, full="adaptive", budget=1.0, sink=SINK, window=WINDOW) as h:
+            got = _logits(m, x)
+        assert torch.equal(got, _logits(m, x))
+        assert bool(h.hook.chosen[-1].all()) and h.stats["signal"] == 0
+
+
+def test_fixed_signal_is_the_fixed_policy(setup):
+    m, inputs, table = setup
+    for budget in (0.125, 0.25, 0.5):
+        policy = HybridPolicy.from_heads(table, budget, sink=SINK, window=WINDOW)
+        for x in inputs:
+            with cl.hybrid(m, policy) as fixed:
+                want = _logits(m, x)
+            with cl.hybrid(
+                m, full="adaptive", budget=budget, prior=table, signal=table, sink=SINK, window=WINDOW
+            ) as h:
+                got = _logits(m, x)
+            assert torch.equal(h.hook.chosen[-1], policy.full_mask(m.num_layers, m.num_heads))
+            assert torch.equal(got, want)
+            assert (
+                fixed.stats["prefill:blocked"] > 0
+            )  # the policy does stream: the check is not dense vs dense
+
+
+def test_measured_signal_keeps_the_quota_and_streams(setup):
+    m, inputs, table = setup
+    policy = HybridPolicy.from_heads(table, 0.25)
+    with cl.hybrid(m, full="adaptive", budget=0.25, prior=table, sink=SINK, window=WINDOW) as h:
+        for x in inputs:
+            _logits(m, x)
+    assert len(h.hook.chosen) == 2 and h.stats["signal"] == 2 * m.num_layers
+    for chosen in h.hook.chosen:
+        assert chosen.sum(dim=1).tolist() == policy.full_mask(m.num_layers, m.num_heads).sum(dim=1).tolist()
+
+
+def test_adaptive_errors():
+    m = cl.load(organism_path(), device="cpu")
+    with pytest.raises(CorelensError, match="budget"), cl.hybrid(m, full="adaptive"):
+        pass
+    with pytest.raises(CorelensError, match="in \\(0, 1\\]"), cl.hybrid(m, full="adaptive", budget=1.5):
+        pass
+    with (
+        pytest.raises(CorelensError, match="decode='full'"),
+        cl.hybrid(m, full="adaptive", budget=0.5, decode="stream"),
+    ):
+        pass
+
+
+def test_signal_is_the_ram_probes_visual_mass(setup):
+    # With a window wider than the prompt every layer's prefill is dense, so each layer's signal must be the
+    # RAM probe's visual mass of the same rows in a plain forward; the chosen heads are its top quota_l.
+    from corelens.attention import RamProbe, activate
+
+    m, inputs, table = setup
+    x = inputs[0]
+    n = x["input_ids"].shape[1]
+    rows = torch.arange(n - 16, n)
+    visual = torch.nonzero(torch.isin(x["input_ids"][0], torch.tensor([m.model.config.image_token_id])))[:, 0]
+    probe = RamProbe(m.num_layers, m.num_heads, rows, visual, visual, n)
+    with activate(m.layer_modules(), probe):
+        _logits(m, x)
+    with cl.hybrid(m, full="adaptive", budget=0.25, prior=table, sink=SINK, window=10**6) as h:
+        _logits(m, x)
+    quota = HybridPolicy.from_heads(table, 0.25).full_mask(m.num_layers, m.num_heads).sum(dim=1)
+    for layer, signal in h.hook.signals[0].items():
+        torch.testing.assert_close(signal, probe.visual_mass[layer], rtol=0, atol=1e-6)
+        top = set(np.argsort(-signal.double().numpy(), kind="stable")[: int(quota[layer])].tolist())
+        assert set(torch.nonzero(h.hook.chosen[0][layer])[:, 0].tolist()) == top
+    assert 0 < len(h.hook.signals[0]) == int(((quota > 0) & (quota < m.num_heads)).sum())
