@@ -343,3 +343,18 @@ def test_report_serve_on_a_taken_port_is_a_one_line_error(study, tmp_path, capsy
         assert main(command) != 0
     err = capsys.readouterr().err
     assert f"cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_a_failed_request_is_one_line_not_a_traceback(capsys):
+    from corelens.commands.report import _Server
+
+    server = _Server(("127.0.0.1", 0), lambda *args: None)
+    try:
+        try:
+            raise ValueError("embedded null byte")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 4321))
+    finally:
+        server.server_close()
+    err = capsys.readouterr().err
+    assert err == "corelens: request from 127.0.0.1:4321 failed: ValueError('embedded null byte')\n"

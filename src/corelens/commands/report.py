@@ -5,16 +5,25 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import sys
 from pathlib import Path
 
 from corelens.errors import CorelensError
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # One failed request (a browser that went away mid-transfer, say) is one line, not a traceback, and the
+        # server goes on serving.
+        host, port = client_address[:2]
+        print(f"corelens: request from {host}:{port} failed: {sys.exc_info()[1]!r}", file=sys.stderr)
 
 
 def serve(page: Path, port: int) -> None:
     """Serve `page`'s folder on 127.0.0.1:`port` (0: any free port) until Ctrl-C; print the page's address."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
     try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        server = _Server(("127.0.0.1", port), handler)
     except OSError as error:  # the port is taken or not ours to bind
         raise CorelensError(f"cannot serve on 127.0.0.1:{port}: {error.strerror or error}") from None
     with server:
