@@ -17,7 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-FLAGS = (
+# Headless, offline and quiet: no GPU, no first-run pages, no background requests of Chromium's own.
+HEADLESS = (
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -26,8 +27,8 @@ FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--remote-debugging-port=0",
 )
+FLAGS = (*HEADLESS, "--remote-debugging-port=0")
 
 
 class Browser:

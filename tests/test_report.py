@@ -24,16 +24,6 @@ from corelens.cli import main
 from corelens.organism.tasks import TASKS, WORDS, generate
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +130,9 @@ def test_report_opens_with_findings_and_collapses_manifests(study):
 def test_report_renders_in_headless_chromium(study, tmp_path):
     _, _, _, report = study
     profile = tmp_path / "profile"
-    common = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+    from cdp import HEADLESS
+
+    common = [CHROMIUM, *HEADLESS, f"--user-data-dir={profile}"]
     dom = subprocess.run(
         [*common, "--virtual-time-budget=5000", "--dump-dom", report.as_uri()],
         capture_output=True,
@@ -358,3 +350,25 @@ def test_a_failed_request_is_one_line_not_a_traceback(capsys):
         server.server_close()
     err = capsys.readouterr().err
     assert err == "corelens: request from 127.0.0.1:4321 failed: ValueError('embedded null byte')\n"
+
+
+def test_findings_of_flow_and_sap_runs(tmp_path):
+    """The Table-1 and SAP findings, read from the organism's committed result tables."""
+    import shutil as sh
+
+    from corelens.report.summary import summary_section
+
+    results = Path(__file__).parents[1] / "benchmarks" / "organism" / "results"
+    flow, sap = tmp_path / "flow-image", tmp_path / "sap-image"
+    flow.mkdir(), sap.mkdir()
+    sh.copy(results / "flow-image-table1.csv", flow / "table1.csv")
+    sh.copy(results / "sap-image-T1-accuracy.csv", sap / "accuracy.csv")
+    text = summary_section(
+        [flow, sap], [{"command": "flow", "samples": 20}, {"command": "sap", "samples": 60}]
+    )
+    table = pd.read_csv(flow / "table1.csv")
+    attention = table[table["row"] == "attention"].iloc[0]
+    assert f"attention: RID {attention.rid:.3f}, MixIG {attention.mixig:.3f}" in text
+    vanilla = pd.read_csv(sap / "accuracy.csv").iloc[0]
+    assert f"vanilla {vanilla.accuracy:.3f} [{vanilla.ci_low:.3f}, {vanilla.ci_high:.3f}]" in text
+    assert '<a href="#run-flow-image">flow-image</a>' in text and "Samples per run" in text

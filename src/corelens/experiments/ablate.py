@@ -383,11 +383,8 @@ def sweep(
     summary = _summary(result_table)
     resampled = None
     if rank_resamples:
-        by_k: dict[str, list[tuple]] = {}
-        for c in conds:
-            if c.kind == RESAMPLED:
-                by_k.setdefault(c.k, []).append(c.ablation.heads)
-        resampled = resampled_summary(result_table, "k", by_k)
+        sets = ((c.k, c.ablation.heads) for c in conds if c.kind == RESAMPLED)
+        resampled = resampled_summary(result_table, "k", sets)
     if run and not run.dist.main:
         run.finish()
     elif run:

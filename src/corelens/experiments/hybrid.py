@@ -304,11 +304,8 @@ def curve(
     result = _table(records, conds, total, sink_n, window_n)
     resampled = None
     if rank_resamples:
-        by_keep: dict[str, list[tuple]] = {}
-        for c in conds:
-            if c.kind == RESAMPLED:
-                by_keep.setdefault(c.keep, []).append(c.policy.full)
-        resampled = resampled_summary(result, "keep", by_keep)
+        sets = ((c.keep, c.policy.full) for c in conds if c.kind == RESAMPLED)
+        resampled = resampled_summary(result, "keep", sets)
     if run and not run.dist.main:
         run.finish()
     elif run:

@@ -9,7 +9,7 @@ by (layer, head).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -178,14 +178,17 @@ RESAMPLED = "top-resampled"  # the `set` of a top-k condition ranked on one boot
 
 
 def resampled_summary(
-    table: pd.DataFrame, by: str, sets: dict[str, list[tuple]] | None = None, level: float = 0.9
+    table: pd.DataFrame, by: str, sets: Iterable[tuple[str, tuple]] = (), level: float = 0.9
 ) -> pd.DataFrame:
     """Return one row per `by` value: the single-ranking top-k accuracy next to the resampled ones.
 
     `table` is an ablation or hybrid table whose `set` column holds "top" and `RESAMPLED` rows; the result
     gives their median, the central `level` interval (percentiles), min, max and how many resamples; with
-    `sets` (by value -> the head set of each resample) also how many distinct head sets they made.
+    `sets` ((by value, head set) of each resample) also how many distinct head sets they made.
     """
+    distinct: dict[str, set] = {}
+    for value, heads in sets:
+        distinct.setdefault(value, set()).add(tuple(heads))
     rows = []
     tail = (1 - level) / 2
     for value, group in table[table["set"] == RESAMPLED].groupby(by, sort=False):
@@ -201,7 +204,7 @@ def resampled_summary(
                 "min": float(acc.min()),
                 "max": float(acc.max()),
                 "resamples": len(acc),
-                "distinct_sets": len(set(sets[value])) if sets and value in sets else pd.NA,
+                "distinct_sets": len(distinct[value]) if value in distinct else pd.NA,
             }
         )
     return pd.DataFrame(rows)

@@ -87,9 +87,11 @@ class Corelens(lmms):
         return Sample(name, task, question, images=tuple(paths), image_sizes=tuple(sizes))
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        """Not provided: corelens evaluates generated answers."""
-        raise NotImplementedError("the corelens model answers generation tasks (output_type: generate_until)")
+        """Refused by name: corelens scores generated answers, as its own harness does."""
+        raise CorelensError(
+            "the corelens model answers generation tasks (output_type: generate_until), not loglikelihood ones"
+        )
 
     def generate_until_multi_round(self, requests) -> list[str]:
-        """Not provided: corelens evaluates single-turn answers."""
-        raise NotImplementedError("the corelens model answers single-turn generation tasks")
+        """Refused by name: corelens answers one turn per sample, as its own harness does."""
+        raise CorelensError("the corelens model answers single-turn generation tasks, not multi-round ones")
