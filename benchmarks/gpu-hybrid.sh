@@ -4,7 +4,7 @@
 # runs the source tree with its own python3 (PyTorch 2.11 / transformers 5.17 when last read, against the
 # 2.14.1 / 5.24.0 pinned here: the JSON records the versions). bfloat16 on cuda:0, the README's sizes,
 # 5 timed runs each; JSON files and the table land in $OUT, which the device tool brings back.
-# Not yet run: no session so far was lent a GPU.
+# benchmarks/gpu.sh ran on 2026-12-04 (results/gpu/); this script adds the 4k and 16k sizes with 5 repeats.
 set -euo pipefail
 out=${OUT:-benchmarks/results/gpu}
 mkdir -p "$out"

@@ -13,9 +13,10 @@
 set -uo pipefail
 out=${OUT:-benchmarks/results/gpu}
 mkdir -p "$out"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 width=(--hidden 3584 --heads 28 --kv-heads 4 --intermediate 18944)
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+python3 -c "import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)" | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$out/gpu.txt"
 timeout 100 python3 -m corelens.bench.ram --device cuda --dtype bfloat16 --tokens 32768 "${width[@]}" \
   --layers 4 --no-eager --repeats 3 --json "$out/ram-gpu-32768.json" 2>&1 | tail -3 | tee -a "$out/gpu.txt"
 for n in 32768 65536; do

@@ -487,13 +487,13 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in sorted(results, key=lambda r: r["tokens"]):
         for keep, row in r["per_keep"].items():
             pre = r.get("prefill_per_keep", {}).get(keep, {})
-            flex_s = f"{row['flex_s']:.2f}" if "flex_s" in row else "—"
+            flex_s = f"{row['flex_s']:.3g}" if "flex_s" in row else "—"
             vs_flex = f"{row['hybrid_over_flex']:.2f}×" if "hybrid_over_flex" in row else "—"
             cells = [
-                f"{r['tokens'] // 1024}k", f"{float(keep):.0%}", f"{row['full_fraction']:.3f}", f"{r['sdpa_s']:.2f}",
-                f"{row['hybrid_s']:.2f}", f"{row['speedup']:.2f}×", f"{row['ideal_speedup']:.2f}×",
+                f"{r['tokens'] // 1024}k", f"{float(keep):.0%}", f"{row['full_fraction']:.3f}", f"{r['sdpa_s']:.3g}",
+                f"{row['hybrid_s']:.3g}", f"{row['speedup']:.2f}×", f"{row['ideal_speedup']:.2f}×",
                 f"{row['of_ideal']:.0%}", flex_s, vs_flex,
-                f"{r['prefill_sdpa_s']:.1f}" if pre else "—", f"{pre['prefill_hybrid_s']:.1f}" if pre else "—",
+                f"{r['prefill_sdpa_s']:.3g}" if pre else "—", f"{pre['prefill_hybrid_s']:.3g}" if pre else "—",
                 f"{pre['prefill_speedup']:.2f}×" if pre else "—", f"{pre['prefill_flop_speedup']:.2f}×" if pre else "—",
                 f"{pre['prefill_vs_flops']:.0%}" if pre else "—",
             ]  # fmt: skip
