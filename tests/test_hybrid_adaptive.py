@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -112,3 +114,53 @@ def test_signal_is_the_ram_probes_visual_mass(setup):
         top = set(np.argsort(-signal.double().numpy(), kind="stable")[: int(quota[layer])].tolist())
         assert set(torch.nonzero(h.hook.chosen[0][layer])[:, 0].tolist()) == top
     assert 0 < len(h.hook.signals[0]) == int(((quota > 0) & (quota < m.num_heads)).sum())
+
+
+def test_hybrid_command_runs_the_adaptive_set(setup, tmp_path, capsys):
+    from corelens.cli import main
+
+    m, _, table = setup
+    heads = tmp_path / "heads.csv"
+    table.to_csv(heads, index=False)
+    data = generate("document", tmp_path / "data", 3, seed=4)
+    out = tmp_path / "run"
+    argv = ["hybrid", "--model", str(organism_path()), "--data", str(data), "--heads", str(heads),
+            "--out", str(out), "--keep", "25%,100%", "--sets", "top,adaptive", "--sink", str(SINK),
+            "--window", str(WINDOW), "--max-new-tokens", "2"]  # fmt: skip
+    assert main(argv) == 0
+    result = pd.read_csv(out / "hybrid.csv")
+    assert list(result["set"]) == ["dense", "top", "adaptive", "top", "adaptive"]
+    assert list(result["full_heads"]) == [32, 8, 8, 32, 32]
+    records = pd.read_parquet(out / "records.parquet").set_index(["condition", "sample"])["prediction"]
+    # At budget 1.0 every head is full: the adaptive answers are the dense model's.
+    assert records["adaptive/100%"].tolist() == records["dense"].tolist()
+    # At 25 % the heads are chosen per prompt: each answer is the Python API's with the top set's quotas.
+    policy = HybridPolicy.from_heads(table, "25%", sink=SINK, window=WINDOW)
+    samples, _ = read_samples(data)
+    for sample in samples:
+        inputs = prepare(m, sample).inputs
+        with (
+            torch.no_grad(),
+            cl.hybrid(m, full="adaptive", budget=0.25, prior=policy, sink=SINK, window=WINDOW) as h,
+        ):
+            new = m.model.generate(**inputs, max_new_tokens=2, do_sample=False)[
+                0, inputs["input_ids"].shape[1] :
+            ]
+        want = m.processor.tokenizer.decode(new, skip_special_tokens=True).strip()
+        assert (
+            h.hook.chosen[0].sum(dim=1).tolist()
+            == policy.full_mask(m.num_layers, m.num_heads).sum(dim=1).tolist()
+        )
+        assert records["adaptive/25%", sample.id] == want
+    policies = json.loads((out / "policies.json").read_text())
+    assert [p["adaptive"] for p in policies] == [False, False, True, False, True]
+    capsys.readouterr()
+    assert (
+        main([*argv[:-2], "--max-new-tokens", "2", "--decode", "stream", "--out", str(tmp_path / "s")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (
+        err.splitlines()[-1]
+        == "corelens: error: the adaptive set decodes with full attention: use --decode full"
+    )

@@ -1,7 +1,8 @@
 """Input-adaptive hybrid attention (docs/methods.md#adaptive-hybrid): the full heads chosen per prompt.
 
 `hybrid(m, full="adaptive", budget=F, prior=heads.csv)` keeps, in each layer l, as many full heads as the
-fixed CoRe policy at the same budget keeps there (`quota_l`; without `prior`, round(F x H) per layer). Which
+fixed CoRe policy at the same budget keeps there (`quota_l`; `prior` may also be that fixed `HybridPolicy`;
+without `prior`, round(F x H) per layer). Which
 ones is decided during the prefill itself, layer by layer, just before the layer's attention runs: the
 signal of head h is the attention mass that the last `rows` prompt positions (the question and the
 generation prompt) put on the visual tokens, computed from the layer's post-RoPE queries and keys for those
@@ -32,6 +33,8 @@ def quotas(layers: int, heads: int, budget: float, prior: Any = None) -> torch.T
         raise CorelensError(f"the adaptive budget must be in (0, 1], got {budget}")
     if prior is None:
         return torch.full((layers,), round(budget * heads), dtype=torch.long)
+    if isinstance(prior, HybridPolicy):  # a fixed policy: its own count in each layer
+        return prior.full_mask(layers, heads).sum(dim=1)
     table = prior.heads if hasattr(prior, "heads") else prior
     full = HybridPolicy.from_heads(table, budget).full_mask(layers, heads)
     return full.sum(dim=1)

@@ -71,7 +71,8 @@ def register(sub) -> None:
     h.add_argument(
         "--sets",
         default="top,random,bottom",
-        help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p)",
+        help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p), "
+        "adaptive (the top set's count per layer, the heads chosen per prompt)",
     )
     add_resample_options(h, "keep full")
     h.add_argument(

@@ -3,7 +3,8 @@
 For each kept fraction `k`, the full set is the top-k heads of a rank run (CoRe), k random heads (several
 seeds, drawn from all heads or, with `random_from="non-top"`, outside the top-k, as in
 `corelens.metrics.headsets`), a layer-matched set (`short_by` says where it holds fewer than k) or the
-bottom-k heads; every other head
+bottom-k heads, or (set "adaptive") as many heads per layer as the top-k set holds there, chosen per prompt
+during its prefill (docs/methods.md#adaptive-hybrid); every other head
 streams with `S` sinks and a window of `W` (docs/methods.md#hybrid) in the prefill. Each sample is answered greedily;
 `decode` says how: "full" (the default, as in the paper: every head attends to every cached key after the
 hybrid prefill) or "stream" (the streaming heads keep their pattern, with the trimmed hybrid cache). The
@@ -41,6 +42,7 @@ from corelens.runs.driver import Loop, drive, prompt_lengths
 
 DENSE = "dense"
 SETS = ("top", "random", "bottom")
+ADAPTIVE = "adaptive"
 COLUMNS = [
     "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
     "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction", "short_by",
@@ -57,6 +59,7 @@ class Condition:
     seed: int | None
     policy: HybridPolicy | None
     short_by: int = 0  # heads the full set lacks to reach its kept count (a control that ran out of heads)
+    adaptive: bool = False  # the policy's per-layer counts, with the heads chosen per prompt
 
 
 def resolve_size(spec: str | int, lengths: Sequence[int]) -> int:
@@ -91,13 +94,17 @@ def conditions(
             for draw in range(seeds) if kind in SEEDED else [None]:
                 # Seeded draws are seeded by (base seed, kind, count, draw), as in the ablation sweep.
                 count = k_count(keep, len(table))
-                heads = select(table, kind, count, draw, base_seed=seed, random_from=random_from, p=stable_p)
+                # The adaptive set keeps the top-k set's count in each layer; its heads are chosen per prompt.
+                chosen = "top" if kind == ADAPTIVE else kind
+                heads = select(
+                    table, chosen, count, draw, base_seed=seed, random_from=random_from, p=stable_p
+                )
                 source = {"keep": keep, "kind": kind, "seed": draw, "base_seed": seed}
                 if kind == "random":
                     source["random_from"] = random_from
                 policy = HybridPolicy(heads, sink, window, source)
                 name = f"{kind}/{keep}" + (f"/s{draw}" if draw is not None else "")
-                out.append(Condition(name, kind, keep, draw, policy, count - len(heads)))
+                out.append(Condition(name, kind, keep, draw, policy, count - len(heads), kind == ADAPTIVE))
     for hs in resampled:
         source = {"keep": hs.k, "kind": RESAMPLED, "resample": hs.seed, "base_seed": seed}
         policy = HybridPolicy(hs.heads, sink, window, source)
@@ -110,9 +117,17 @@ def _inputs(m: Loaded, prepared: Prepared) -> dict:
 
 
 def generate_answer(
-    m: Loaded, prepared: Prepared, max_new_tokens: int, policy: HybridPolicy | None, decode: str = "full"
+    m: Loaded,
+    prepared: Prepared,
+    max_new_tokens: int,
+    policy: HybridPolicy | None,
+    decode: str = "full",
+    adaptive: bool = False,
 ) -> tuple[str, float]:
-    """Return the greedy answer (new tokens, special tokens dropped) and the share of cache bytes saved."""
+    """Return the greedy answer (new tokens, special tokens dropped) and the share of cache bytes saved.
+
+    `adaptive`: keep `policy`'s number of full heads in each layer, chosen per prompt during the prefill.
+    """
     inputs = _inputs(m, prepared)
     gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
     with torch.no_grad():
@@ -120,7 +135,19 @@ def generate_answer(
             out = m.model.generate(**inputs, **gen)
             saved = 0.0
         else:
-            with hybrid(m, policy, decode=decode) as h:
+            session = (
+                hybrid(
+                    m,
+                    full="adaptive",
+                    budget=policy.fraction(m.num_layers, m.num_heads),
+                    prior=policy,
+                    sink=policy.sink,
+                    window=policy.window,
+                )  # fmt: skip
+                if adaptive
+                else hybrid(m, policy, decode=decode)
+            )
+            with session as h:
                 out = m.model.generate(**inputs, cache=h.cache(), **gen)
                 saved = h.cache_report()["saved_fraction"]
     new = out[0, inputs["input_ids"].shape[1] :]
@@ -207,9 +234,11 @@ def curve(
     keeps = parse_k(keeps)
     if decode not in DECODES:
         raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
-    unknown = set(sets) - {"top", "bottom", "random", "layer-matched", "stable"}
+    unknown = set(sets) - {"top", "bottom", "random", "layer-matched", "stable", ADAPTIVE}
     if unknown:
         raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
+    if ADAPTIVE in sets and decode != "full":
+        raise CorelensError("the adaptive set decodes with full attention: use --decode full")
     table = read_heads(heads, m)
     identified = rank_manifest(heads)
     warning = same_file_warning(data, identified)
@@ -263,7 +292,10 @@ def curve(
             run.manifest["warnings"] = sorted(set(run.manifest.get("warnings", [])) | {warning})
         write_json(
             run.path / "policies.json",
-            [{"name": c.name, **(c.policy.to_dict() if c.policy else {})} for c in conds],
+            [
+                {"name": c.name, **(c.policy.to_dict() if c.policy else {}), "adaptive": c.adaptive}
+                for c in conds
+            ],
         )
 
     def step(sample: Sample, done: set[str]) -> Iterator[dict]:
@@ -272,9 +304,9 @@ def curve(
         for c in conds:
             if f"{c.name}|{sample.id}" in done:
                 continue
-            full = None if c.policy is None else c.policy.full
+            full = None if c.policy is None else (c.adaptive, c.policy.full)
             if full not in answers:
-                answers[full] = generate_answer(m, p, max_new_tokens, c.policy, decode)
+                answers[full] = generate_answer(m, p, max_new_tokens, c.policy, decode, c.adaptive)
             prediction, saved = answers[full]
             yield {
                 "id": f"{c.name}|{sample.id}",
