@@ -88,3 +88,25 @@ def test_main_parses_fractions_and_prefill_subset(monkeypatch, tmp_path, result:
     assert seen["keeps"] == [0.05, 0.2] and seen["prefill_keeps"] == [0.2] and seen["with_flex"] is False
     assert seen["device"] == "cuda:1" and seen["dtype"] == "bfloat16"
     assert json.loads(path.read_text())["tokens"] == 300
+
+
+def test_adaptive_prefill_is_timed_against_the_fixed_set_at_its_per_layer_counts() -> None:
+    """`adaptive=True` adds the per-prompt choice at the fixed set's counts; its ratios are paired like the rest."""
+    got = run_hybrid_benchmark(
+        300, [0.5], sink=8, window=32, with_flex=False, threads=1, repeats=2, adaptive=True, seed=3, **TINY
+    )
+    pre = got["prefill_per_keep"]["0.5"]
+    times = got["prefill_times_s"]
+    assert pre["adaptive_speedup"] == pytest.approx(paired(times["sdpa"], times["adaptive:0.5"]))
+    assert pre["adaptive_over_fixed"] == pytest.approx(paired(times["adaptive:0.5"], times["hybrid:0.5"]))
+    # Layers whose count is neither 0 nor all 4 heads measure the signal: one per layer of the fixed set's split.
+    full = bench.choose_full(8, 0.5, 3)
+    counts = [sum(1 for i in full if i // 4 == layer) for layer in range(2)]
+    choosing = sum(1 for c in counts if 0 < c < 4)
+    assert choosing > 0 and pre["adaptive_signal_layers"] == choosing
+    assert pre["selection_scores_fraction"] == pytest.approx(choosing * 16 * 300 / (2 * 300 * 301 / 2))
+    assert pre["adaptive_kernels_ran"].get("prefill:blocked", 0) == 2  # it streamed in both layers
+    lines = table([got]).splitlines()
+    assert lines[-3].startswith("| N | F | prefill sdpa s | fixed s | adaptive s") and lines[-1].startswith(
+        "| 0k | 50% "
+    )

@@ -13,6 +13,13 @@ default, `--device cuda --dtype bfloat16` for a GPU table, every time taken afte
   stock "sdpa" attention vs corelens' attention under `corelens.hybrid` with round(F L H) full heads
   (seeded random) over the whole model; ``prefill_flop_speedup`` is what the FLOP count predicts
   (projections, MLP and attention pairs; the pair counts of docs/methods.md#hybrid for the attention).
+- **adaptive** (``--adaptive``): the same prefill under `hybrid(m, full="adaptive", prior=<the fixed policy>)`,
+  which keeps the fixed policy's count of full heads in each layer and chooses which per prompt from the
+  last 16 rows' attention mass on the visual tokens (docs/methods.md#adaptive-hybrid). The prompt then holds
+  a visual block (an image-token id from position 16 to N − 64), so that the signal has something to measure.
+  ``adaptive_over_fixed`` is the paired time ratio against the fixed policy: the selection's cost, plus any
+  difference between the heads it keeps; ``selection_scores_fraction`` is its 16 · N scores per head of each
+  choosing layer over the causal prefill's N (N + 1) / 2.
 
 Every time is the median of `repeats` runs after one warm-up run of the same shape (the flex warm-up is its
 compilation, timed apart as ``flex_compile_s``); variants are interleaved so load drift affects all alike,
@@ -91,6 +98,13 @@ def build_decoder(*, layers: int, hidden: int, heads: int, kv_heads: int, interm
 def random_ids(tokens: int, vocab_size: int = 1024, seed: int = 0) -> torch.Tensor:
     """Return a random (1, tokens) prompt, deterministic in `seed`."""
     return torch.randint(0, vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed + 1))
+
+
+def with_visual_block(ids: torch.Tensor, token: int, head: int = 16, tail: int = 64) -> torch.Tensor:
+    """Return `ids` with positions [head, N - tail) set to the visual token id (a prompt shaped like an image's)."""
+    ids = ids.clone()
+    ids[:, head : max(head, ids.shape[1] - tail)] = token
+    return ids
 
 
 def _busy_seconds() -> float | None:
@@ -275,6 +289,7 @@ def prefill_times(
     seed: int,
     device: torch.device = CPU,
     dtype: torch.dtype = torch.float32,
+    adaptive: bool = False,
 ) -> dict[str, Any]:
     """Time the whole-decoder prefill: stock sdpa against corelens hybrid attention, same weights and input."""
     from corelens.attention.hybrid import HybridPolicy, hybrid
@@ -285,6 +300,10 @@ def prefill_times(
     model = model.to(device, dtype)
     ids = random_ids(tokens, seed=seed).to(device)
     warm = random_ids(min(tokens, 256), seed=seed).to(device)
+    if adaptive:
+        # The adaptive signal reads the visual positions from the ids: give every variant the same image block.
+        model.config.image_token_id = model.config.vocab_size - 1
+        ids, warm = (with_visual_block(x, model.config.image_token_id) for x in (ids, warm))
     policies = {}
     for keep in keeps:
         chosen = choose_full(layers * heads, keep, seed)
@@ -300,17 +319,29 @@ def prefill_times(
             y = model(input_ids=x, use_cache=False).last_hidden_state
         return y, dict(h.stats)
 
+    def adaptive_forward(x, keep):
+        model.set_attn_implementation("corelens")
+        policy = policies[keep]
+        budget = policy.fraction(layers, heads)
+        with hybrid(model, full="adaptive", budget=budget, prior=policy, sink=sink, window=window) as h:
+            y = model(input_ids=x, use_cache=False).last_hidden_state
+        return y, dict(h.stats)
+
+    variants = {"hybrid": hybrid_forward, **({"adaptive": adaptive_forward} if adaptive else {})}
     stock(warm)
     for keep in keeps:
-        hybrid_forward(warm, keep)
-    times: dict[str, list[float]] = {"sdpa": [], **{f"hybrid:{keep}": [] for keep in keeps}}
+        for forward in variants.values():
+            forward(warm, keep)
+    times: dict[str, list[float]] = {"sdpa": [], **{f"{v}:{keep}": [] for keep in keeps for v in variants}}
     stats = {}
     for _ in range(repeats):
         seconds, _ = _timed(lambda: stock(ids), device)
         times["sdpa"].append(seconds)
         for keep in keeps:
-            seconds, (_, stats[str(keep)]) = _timed(lambda keep=keep: hybrid_forward(ids, keep), device)
-            times[f"hybrid:{keep}"].append(seconds)
+            for name, forward in variants.items():
+                run = lambda forward=forward, keep=keep: forward(ids, keep)  # noqa: E731
+                seconds, (_, stats[f"{name}:{keep}"]) = _timed(run, device)
+                times[f"{name}:{keep}"].append(seconds)
     dims = {
         "layers": layers,
         "hidden": hidden,
@@ -330,7 +361,7 @@ def prefill_times(
             "full_fraction": n_full / (layers * heads),
             "prefill_hybrid_s": statistics.median(times[f"hybrid:{keep}"]),
             "prefill_flop_speedup": dense / hybrid_flops,
-            "kernels_ran": stats[str(keep)],
+            "kernels_ran": stats[f"hybrid:{keep}"],
         }
         # KV-cache bytes after this prefill: streaming KV heads keep S + W slots (plus an int64 slot table).
         stream_kv = int(policies[keep].streaming_kv(layers, heads, kv_heads).sum())
@@ -341,6 +372,16 @@ def prefill_times(
         row.update(streaming_kv_heads=stream_kv, cache_dense_bytes=dense_bytes, cache_saved_bytes=saved)
         row["prefill_speedup"] = paired(times["sdpa"], times[f"hybrid:{keep}"])
         row["prefill_vs_flops"] = row["prefill_speedup"] / row["prefill_flop_speedup"]
+        if adaptive:
+            chosen = stats[f"adaptive:{keep}"].get("signal", 0)  # layers that measured a signal
+            row.update(
+                prefill_adaptive_s=statistics.median(times[f"adaptive:{keep}"]),
+                adaptive_speedup=paired(times["sdpa"], times[f"adaptive:{keep}"]),
+                adaptive_over_fixed=paired(times[f"adaptive:{keep}"], times[f"hybrid:{keep}"]),
+                adaptive_signal_layers=chosen,
+                adaptive_kernels_ran=stats[f"adaptive:{keep}"],
+                selection_scores_fraction=chosen * 16 * tokens / (layers * tokens * (tokens + 1) / 2),
+            )
         out["prefill_per_keep"][str(keep)] = row
     return out
 
@@ -364,6 +405,7 @@ def run_hybrid_benchmark(
     threads: int | None = None,
     device: str = "cpu",
     dtype: str = "float32",
+    adaptive: bool = False,
 ) -> dict[str, Any]:
     """Run the kernel and prefill measurements; return the results (see the module docstring).
 
@@ -431,6 +473,7 @@ def run_hybrid_benchmark(
                     seed=seed,
                     device=dev,
                     dtype=dt,
+                    adaptive=adaptive,
                 )  # fmt: skip
             )
     # Top-level keys for the first kept fraction (the issue's single-F form).
@@ -471,6 +514,8 @@ def summary(result: dict[str, Any]) -> str:
                 f" | prefill {pre['prefill_speedup']:.2f}x vs FLOPs {pre['prefill_flop_speedup']:.2f}x"
                 f" ({pre['prefill_vs_flops']:.0%})"
             )
+        if pre and "prefill_adaptive_s" in pre:
+            line += f" | adaptive {pre['adaptive_speedup']:.2f}x, {pre['adaptive_over_fixed']:.3f}x the fixed set's time"
         lines.append(line)
     if result.get("flex_error"):
         lines.append(f"  flex: {result['flex_error']}")
@@ -496,6 +541,19 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{r['prefill_sdpa_s']:.3g}" if pre else "—", f"{pre['prefill_hybrid_s']:.3g}" if pre else "—",
                 f"{pre['prefill_speedup']:.2f}×" if pre else "—", f"{pre['prefill_flop_speedup']:.2f}×" if pre else "—",
                 f"{pre['prefill_vs_flops']:.0%}" if pre else "—",
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    adaptive = [(r, k, pre) for r in results for k, pre in r.get("prefill_per_keep", {}).items()
+                if "prefill_adaptive_s" in pre]  # fmt: skip
+    if adaptive:
+        lines += ["", "| N | F | prefill sdpa s | fixed s | adaptive s | fixed speed-up | adaptive speed-up "
+                  "| adaptive / fixed time | selection scores / prefill scores |", "|" + " ---: |" * 9]  # fmt: skip
+        for r, keep, pre in sorted(adaptive, key=lambda x: (x[0]["tokens"], float(x[1]))):
+            cells = [
+                f"{r['tokens'] // 1024}k", f"{float(keep):.0%}", f"{r['prefill_sdpa_s']:.3g}",
+                f"{pre['prefill_hybrid_s']:.3g}", f"{pre['prefill_adaptive_s']:.3g}", f"{pre['prefill_speedup']:.2f}×",
+                f"{pre['adaptive_speedup']:.2f}×", f"{pre['adaptive_over_fixed']:.3f}×",
+                f"{pre['selection_scores_fraction']:.2%}",
             ]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -531,6 +589,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--prefill-keep", help="kept fraction(s) for the prefill (default: those of --keep)")
+    parser.add_argument(
+        "--adaptive", action="store_true", help="also time the prefill with the full heads chosen per prompt"
+    )
     args = parser.parse_args(argv)
     keeps = fractions(args.keep)
     result = run_hybrid_benchmark(
@@ -538,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
         seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
         prefill_keeps=fractions(args.prefill_keep) if args.prefill_keep else None, device=args.device,
-        dtype=args.dtype,
+        dtype=args.dtype, adaptive=args.adaptive,
     )  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
