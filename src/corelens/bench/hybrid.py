@@ -19,7 +19,8 @@ default, `--device cuda --dtype bfloat16` for a GPU table, every time taken afte
   a visual block (an image-token id from position 16 to N − 64), so that the signal has something to measure.
   ``adaptive_over_fixed`` is the paired time ratio against the fixed policy: the selection's cost, plus any
   difference between the heads it keeps; ``selection_scores_fraction`` is its 16 · N scores per head of each
-  choosing layer over the causal prefill's N (N + 1) / 2.
+  choosing layer over the causal prefill's N (N + 1) / 2. With ``--adaptive`` the fixed and the adaptive
+  prefills both start without a cached FlexAttention block mask, as a prompt of a new length does.
 
 Every time is the median of `repeats` runs after one warm-up run of the same shape (the flex warm-up is its
 compilation, timed apart as ``flex_compile_s``); variants are interleaved so load drift affects all alike,
@@ -47,6 +48,7 @@ from typing import Any
 import torch
 
 from corelens.attention.kernels import flex, ideal_speedup, pairs, prefill
+from corelens.attention.kernels.flexattn import policy_block_mask
 from corelens.attention.kernels.tiles import streaming_path
 
 CPU = torch.device("cpu")
@@ -313,13 +315,19 @@ def prefill_times(
         model.set_attn_implementation("sdpa")
         return model(input_ids=x, use_cache=False).last_hidden_state
 
+    def fresh() -> None:
+        if adaptive:  # each timed prefill builds its block mask, as a prompt of a new length would
+            policy_block_mask.cache_clear()
+
     def hybrid_forward(x, keep):
+        fresh()
         model.set_attn_implementation("corelens")
         with hybrid(model, policies[keep]) as h:
             y = model(input_ids=x, use_cache=False).last_hidden_state
         return y, dict(h.stats)
 
     def adaptive_forward(x, keep):
+        fresh()
         model.set_attn_implementation("corelens")
         policy = policies[keep]
         budget = policy.fraction(layers, heads)
