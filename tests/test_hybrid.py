@@ -263,32 +263,3 @@ def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
     logged = (out / "samples.jsonl").read_text()
     assert main(argv) == 0  # resumed: nothing is answered twice
     assert (out / "samples.jsonl").read_text() == logged
-
-
-def test_a_hook_that_replaces_the_hybrid_kernel_is_an_error(tiny_dir):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    from corelens.attention import AttentionHook, activate
-
-    class Replace(AttentionHook):
-        def pre(self, call):
-            call.kernel = sdpa_attention_forward
-
-    m = corelens.load(tiny_dir("qwen2_5_vl"))
-    ids, mask = _prompt(40, 1, 0)
-    inner = pytest.raises(CorelensError, match="outer hook")
-    with (
-        corelens.hybrid(m, [], sink=2, window=4),
-        activate(m.layer_modules(), Replace()),
-        inner,
-        torch.no_grad(),
-    ):
-        m.model(input_ids=ids, attention_mask=mask)
-    outer = pytest.raises(CorelensError, match="replaces the attention kernel")
-    with (
-        activate(m.layer_modules(), Replace()),
-        corelens.hybrid(m, [], sink=2, window=4),
-        outer,
-        torch.no_grad(),
-    ):
-        m.model(input_ids=ids, attention_mask=mask)

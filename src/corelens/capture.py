@@ -79,6 +79,9 @@ def _hidden_from(args: tuple, kwargs: dict) -> torch.Tensor:
 class _NoRope(AttentionHook):
     """Recomputes each layer's attention output from pre-RoPE queries/keys; stores it after `o_proj`."""
 
+    reads = "scores"
+    name = "RoPE-free capture"
+
     def __init__(self) -> None:
         self.pre_q: dict[int, torch.Tensor] = {}
         self.pre_k: dict[int, torch.Tensor] = {}

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from corelens.attention.dispatch import AttentionCall
+from corelens.attention.dispatch import AttentionCall, Kernel
 from corelens.attention.hybrid import Hybrid, HybridHook, HybridPolicy
 from corelens.attention.probes import row_probabilities
 from corelens.errors import CorelensError
@@ -83,8 +83,8 @@ class AdaptiveHook(HybridHook):
         probs = row_probabilities(call, rows)[0]  # (heads, rows, n): the RAM probe's rows, no N x N
         return probs[..., self.visual[0].to(probs.device)].sum(dim=-1).mean(dim=-1)
 
-    def pre(self, call: AttentionCall) -> None:
-        """At a prefill call, choose this layer's full heads; then run the hybrid kernel choice."""
+    def attend(self, call: AttentionCall, inner: Kernel) -> Kernel:
+        """At a prefill call, choose this layer's full heads; then choose the hybrid kernel."""
         s = self.session
         q_len, kv_len = call.query.shape[2], call.key.shape[2]
         if q_len == kv_len:
@@ -108,7 +108,7 @@ class AdaptiveHook(HybridHook):
                 self.chosen.append(s.full.clone())
             else:
                 self.chosen[-1][call.layer] = row
-        super().pre(call)
+        return super().attend(call, inner)
 
 
 def adaptive_session(

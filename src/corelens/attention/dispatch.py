@@ -5,6 +5,24 @@ The text decoder of a loaded model runs through `corelens_attention` (registered
 model always builds a causal/padding mask for it). With no hook active for a module the call is exactly
 transformers' sdpa path. Hooks are scoped to a set of attention modules (one model) and activated with
 context managers; they see post-RoPE queries and keys and un-repeated GQA keys/values.
+
+How hooks stack on one attention module is written here and nowhere else. The first hook activated is the
+outermost. Each hook has a `kind`:
+
+- "probe": reads the call or its output and changes nothing (RAM probe, key maps, mean recorder);
+- "query": edits the queries before the kernel (uniform ablation);
+- "output": edits the output after the kernel (zero and mean ablation);
+- "pattern": changes which keys a head attends to, or with which weights (hybrid attention, knockout
+  ablation, SAP).
+
+A call runs in three steps. First every hook's `pre`, in the order of `ORDER`: query edits, then pattern
+hooks, output edits, and probes last, so that probes read the queries every edit left. Then the kernel is
+built by wrapping, like middleware: the stock sdpa call is the innermost kernel, and each hook's
+`attend(call, inner)`, from the innermost hook out, returns the kernel that replaces `inner`, usually by
+calling it. Wrapping is the only way to change the kernel. Last, every hook's `post` in the order of
+`ORDER` again: a pattern hook's rewrite of whole rows (SAP) comes before an output edit (zero / mean
+ablation), so an ablated head stays ablated whichever hook was activated first, and probes read the final
+output. `activate` refuses the combinations that `refused` names, with the reason.
 """
 
 from __future__ import annotations
@@ -18,6 +36,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from corelens.errors import CorelensError
 
 NAME = "corelens"
 
@@ -36,7 +56,6 @@ class AttentionCall:
     attention_mask: torch.Tensor | None  # None means plain causal
     scaling: float
     kwargs: dict = field(default_factory=dict)
-    kernel: Kernel | None = None  # a hook may replace the attention kernel (hybrid, SAP, knockout)
 
     @property
     def groups(self) -> int:
@@ -49,15 +68,58 @@ class AttentionCall:
         return self.key.shape[2] - self.query.shape[2]
 
 
+ORDER = ("query", "pattern", "output", "probe")  # the order of `pre` and of `post` within one call
+KINDS = ORDER
+
+
 class AttentionHook:
-    """Base class of probes and interventions; override `pre` and/or `post`."""
+    """Base class of probes and interventions; override `pre`, `attend` and/or `post` (module docstring)."""
+
+    kind: str = "probe"
+    # "scores" for a probe that recomputes attention rows from the queries and keys with the stock causal
+    # pattern (the RAM probe, key maps): it would misreport a head whose pattern another hook changes.
+    reads: str = "output"
+
+    @property
+    def name(self) -> str:
+        """Return the hook's name in error messages."""
+        return type(self).__name__
 
     def pre(self, call: AttentionCall) -> None:
-        """Inspect or change the call before the kernel runs (may set `call.kernel`)."""
+        """Inspect the call before the kernel runs; a "query" hook may replace `call.query`."""
+
+    def attend(self, call: AttentionCall, inner: Kernel) -> Kernel:
+        """Return the kernel of this call: `inner` itself, or a kernel that wraps (calls) it."""
+        return inner
 
     def post(self, call: AttentionCall, output: torch.Tensor) -> torch.Tensor:
         """Inspect or change the kernel output, shaped (batch, q_len, heads, head_dim)."""
         return output
+
+
+def refused(outer: AttentionHook, inner: AttentionHook) -> str | None:
+    """Return why `outer` and `inner` may not be active on one module together, or None when they may."""
+    kinds = {outer.kind, inner.kind}
+    if outer.kind == inner.kind == "pattern":
+        # Each would compute attention without the other's pattern: there is no order in which both hold.
+        return "both change the attention pattern, and each computes attention without the other's"
+    if "pattern" in kinds and "scores" in {outer.reads, inner.reads}:
+        # The probe scores rows with the stock causal pattern, which the other hook no longer runs.
+        return "the probe scores rows with the stock causal pattern, which the other hook changes"
+    for hook, other in ((outer, inner), (inner, outer)):
+        for name, reason in REFUSED:
+            if hook.name == name[0] and other.name == name[1]:
+                return reason
+    return None
+
+
+# Named refusals beyond the kind rules above: (hook name, other hook name) -> why.
+REFUSED = [
+    (
+        ("RoPE-free capture", "uniform ablation"),
+        "the RoPE-free twin is computed from the queries before the ablation zeroes them",
+    ),
+]
 
 
 _lock = threading.Lock()
@@ -89,9 +151,13 @@ def corelens_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     call = AttentionCall(module, layer, query, key, value, attention_mask, scaling, dict(kwargs))
-    for hook in hooks:
+    # By kind, in the order of ORDER (stable within a kind: outer first); the module docstring says why.
+    ordered = sorted(hooks, key=lambda h: ORDER.index(h.kind))
+    for hook in ordered:
         hook.pre(call)
-    kernel = call.kernel or sdpa_attention_forward
+    kernel: Kernel = sdpa_attention_forward
+    for hook in reversed(hooks):  # innermost first: the outer hook's kernel wraps the inner's
+        kernel = hook.attend(call, kernel)
     output, weights = kernel(
         module,
         call.query,
@@ -102,7 +168,7 @@ def corelens_attention(
         dropout=dropout,
         **call.kwargs,
     )
-    for hook in hooks:
+    for hook in ordered:
         output = hook.post(call, output)
     return output, weights
 
@@ -115,9 +181,21 @@ def register() -> None:
 
 @contextmanager
 def activate(layers: Iterable[tuple[int, torch.nn.Module]], hook: AttentionHook) -> Iterator[AttentionHook]:
-    """Activate `hook` on the given (layer index, attention module) pairs for the duration of the block."""
+    """Activate `hook` on the given (layer index, attention module) pairs for the duration of the block.
+
+    It becomes the innermost hook of each module. A combination that `refused` names is a CorelensError.
+    """
     pairs = list(layers)
+    if hook.kind not in KINDS:
+        raise ValueError(f"{hook.name}: unknown hook kind {hook.kind!r}; expected one of {KINDS}")
     with _lock:
+        for layer, module in pairs:
+            for other in _active.get(id(module), (layer, []))[1]:
+                reason = refused(other, hook)
+                if reason:
+                    raise CorelensError(
+                        f"{hook.name} cannot run inside {other.name} (layer {layer}): {reason}"
+                    )
         for layer, module in pairs:
             _active.setdefault(id(module), (layer, []))[1].append(hook)
     try:

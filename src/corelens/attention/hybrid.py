@@ -29,10 +29,9 @@ from typing import Any
 
 import pandas as pd
 import torch
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from corelens.attention import kernels
-from corelens.attention.dispatch import AttentionCall, AttentionHook, activate
+from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
 from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer
 from corelens.attention.kernels.dense import masked_attention, policy_allowed
 from corelens.attention.kernels.semantics import allowed_mask, is_dense, row_starts, streaming_keep
@@ -210,7 +209,7 @@ class Hybrid:
         self.stats: Counter[str] = Counter()
         self.fallbacks: list[str] = []
         self.active = False
-        self._pending: dict[int, HybridCacheLayer] = {}
+        # The session owns the cache it hands out: the hook reads its layer by index (`owned_layer`).
         self.last_cache: HybridCache | None = None
         self.hook = HybridHook(self)
 
@@ -218,7 +217,10 @@ class Hybrid:
         """Return a new cache for one `generate` call: streaming KV heads keep only sinks + window.
 
         Under `decode="full"` no KV head streams in decoding, so the cache keeps every key (nothing saved).
+        The session owns it: a new call replaces it, and it closes when the session's block ends.
         """
+        if self.last_cache is not None:
+            self.last_cache.close()
         layers = [
             HybridCacheLayer(
                 i,
@@ -226,7 +228,6 @@ class Hybrid:
                 self.kv_heads,
                 self.policy.sink,
                 self.policy.window,
-                self,
             )
             for i in range(self.layers)
         ]
@@ -240,16 +241,20 @@ class Hybrid:
             raise CorelensError("no HybridCache yet: pass `h.cache()` to generate first")
         return cache.report()
 
-    def register(self, layer: HybridCacheLayer) -> None:
-        """Note that `layer` just produced the keys of its layer's next attention call."""
-        self._pending[layer.index] = layer
+    def owned_layer(self, call: AttentionCall) -> HybridCacheLayer | None:
+        """Return this session's cache layer of the call's decoder layer when it produced the call's keys.
 
-    def take(self, call: AttentionCall) -> HybridCacheLayer | None:
-        """Return the HybridCache layer that produced this call's keys, if any."""
-        layer = self._pending.pop(call.layer, None)
-        if layer is None:
+        A layer is `fresh` from its `update` until the hybrid kernel has read it. A forward that used another
+        cache (or none) leaves it stale; a trimmed layer whose keys do not have the shape it returned was
+        bypassed by something between the cache and the kernel, which the kernel cannot repair.
+        """
+        cache = self.last_cache
+        if cache is None or call.layer >= len(cache.layers):
             return None
-        if layer.returned is not call.key:
+        layer = cache.layers[call.layer]
+        if not layer.take_fresh():
+            return None
+        if layer.returned_shape != tuple(call.key.shape):
             if layer.trimmed:
                 raise CorelensError(
                     "the keys of a trimmed HybridCache layer were replaced before the hybrid kernel ran"
@@ -261,49 +266,33 @@ class Hybrid:
 class HybridHook(AttentionHook):
     """Replaces the attention kernel of every decoder layer with the hybrid one."""
 
+    kind = "pattern"
+    name = "hybrid attention"
+
     def __init__(self, session: Hybrid) -> None:
         self.session = session
-        self._owed = False  # a kernel was installed and has not run yet
 
-    def post(self, call: AttentionCall, output: torch.Tensor) -> torch.Tensor:
-        """Refuse results computed without the hybrid kernel (an inner hook replaced it without wrapping it)."""
-        if self._owed:
-            self._owed = False
-            raise CorelensError(
-                "another hook replaced the hybrid attention kernel; hybrid must be the outer hook"
-            )
-        return output
-
-    def pre(self, call: AttentionCall) -> None:
+    def attend(self, call: AttentionCall, inner: Kernel) -> Kernel:
         """Choose the kernel for this call: prefill, trimmed-cache decoding, or exact masked decoding."""
         s = self.session
-        if call.kernel is not None:
-            raise CorelensError(
-                "hybrid attention cannot run with another hook that replaces the attention kernel"
-            )
         full = s.full[call.layer]
-        layer = s.take(call)
+        layer = s.owned_layer(call)
         q_len, kv_len = call.query.shape[2], call.key.shape[2]
         if layer is not None and layer.visible is not None:
-            call.kernel = partial(self._trimmed, call.layer, full, layer)
-        elif q_len == kv_len:
-            call.kernel = partial(self._prefill, full, layer)
-        elif s.decode == "full":
-            pass  # decoding with the model's own attention over every cached key
-        elif not bool(full.all()):
-            call.kernel = partial(self._masked, full)
-        self._owed = call.kernel is not None
+            return partial(self._trimmed, call.layer, full, layer)
+        if q_len == kv_len:
+            return partial(self._prefill, inner, full, layer)
+        if s.decode == "full" or bool(full.all()):
+            return inner  # decoding with the model's own attention over every cached key
+        return partial(self._masked, full)
 
     # Kernels, with transformers' signature: (module, q, k, v, mask, scaling=, dropout=, ...) -> (out, None).
-    def _prefill(self, full, layer, module, query, key, value, attention_mask, scaling=None, **kwargs):
-        self._owed = False
+    def _prefill(self, inner, full, layer, module, query, key, value, attention_mask, scaling=None, **kwargs):
         s = self.session
         p = s.policy
         if bool(full.all()) or is_dense(query.shape[2], p.sink, p.window):
-            # Every pair is kept: exactly the stock sdpa call.
-            out, _ = sdpa_attention_forward(
-                module, query, key, value, attention_mask, scaling=scaling, **kwargs
-            )
+            # Every pair is kept: exactly the inner (by default the stock sdpa) call.
+            out, _ = inner(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
             ran, reason = "sdpa", None
         else:
             out, ran, reason = kernels.prefill(
@@ -320,7 +309,6 @@ class HybridHook(AttentionHook):
 
     def _masked(self, full, module, query, key, value, attention_mask, scaling=None, **_):
         """Exact hybrid attention of the last q positions over every key (decoding with a full cache)."""
-        self._owed = False
         s = self.session
         batch, _, q_len, _ = query.shape
         k_len = key.shape[2]
@@ -334,7 +322,6 @@ class HybridHook(AttentionHook):
 
     def _trimmed(self, index, full, layer, module, query, key, value, attention_mask, scaling=None, **_):
         """Decoding over a trimmed cache layer: full KV heads over every position, streaming ones over their slots."""
-        self._owed = False
         s = self.session
         p = s.policy
         batch, heads, q_len, _ = query.shape
@@ -416,3 +403,5 @@ def hybrid(
             yield session
         finally:
             session.active = False
+            if session.last_cache is not None:
+                session.last_cache.close()  # a trimmed cache cannot decode outside its session

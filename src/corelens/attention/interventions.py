@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
 from corelens.errors import CorelensError
@@ -275,6 +274,16 @@ def _knockout_kernel(inner: Kernel, heads: torch.Tensor, blocked: torch.Tensor, 
 class Ablator(AttentionHook):
     """The attention hook that applies one `Ablation` (activate it with `ablate`)."""
 
+    @property
+    def kind(self) -> str:
+        """Return what the operator changes: the queries, the output, or (knockout) the attention pattern."""
+        return {"uniform": "query", "knockout": "pattern"}.get(self.ablation.op, "output")
+
+    @property
+    def name(self) -> str:
+        """Return "<op> ablation"."""
+        return f"{self.ablation.op} ablation"
+
     def __init__(self, m: Loaded, ablation: Ablation, means: HeadMeans | str | Path | None = None) -> None:
         self.ablation = ablation
         layers, heads = m.num_layers, m.num_heads
@@ -343,22 +352,25 @@ class Ablator(AttentionHook):
         return self.positions(visual=prepared.layout.visual, omega=omega)
 
     def pre(self, call: AttentionCall) -> None:
-        """Sync roles once per forward; zero the queries (`uniform`) or install the knockout kernel."""
+        """Sync roles once per forward; zero the queries (`uniform`)."""
         if self.roles is not None and call.layer == self._first:
             self.roles.sync(call)
-        op = self.ablation.op
-        if op == "uniform":
+        if self.ablation.op == "uniform":
             idx = self.by_layer[call.layer].to(call.query.device)
             call.query = call.query.index_fill(1, idx, 0.0)
-        elif op == "knockout":
-            kv_len = call.key.shape[2]
-            if self.ablation.keys == "visual":
-                blocked = self.roles.visual_mask(call, 0, kv_len)
-            else:
-                blocked = self.roles.omega_mask(call, kv_len)
-            if bool(blocked.any()):  # an empty key set leaves the call untouched
-                inner = call.kernel or sdpa_attention_forward
-                call.kernel = _knockout_kernel(inner, self.by_layer[call.layer], blocked, call.q_offset)
+
+    def attend(self, call: AttentionCall, inner: Kernel) -> Kernel:
+        """Knockout: wrap `inner` so that the ablated heads are recomputed without the blocked keys."""
+        if self.ablation.op != "knockout":
+            return inner
+        kv_len = call.key.shape[2]
+        if self.ablation.keys == "visual":
+            blocked = self.roles.visual_mask(call, 0, kv_len)
+        else:
+            blocked = self.roles.omega_mask(call, kv_len)
+        if not bool(blocked.any()):  # an empty key set leaves the call untouched
+            return inner
+        return _knockout_kernel(inner, self.by_layer[call.layer], blocked, call.q_offset)
 
     def post(self, call: AttentionCall, output: torch.Tensor) -> torch.Tensor:
         """Zero (`zero`) or overwrite with reference means (`mean`) the ablated heads' outputs."""
@@ -407,6 +419,8 @@ def ablate(
 
 class MeanRecorder(AttentionHook):
     """Accumulates each (layer, query head)'s output over positions, split by role (visual / text), in fp64."""
+
+    name = "mean recorder"
 
     def __init__(self, m: Loaded) -> None:
         shape = (

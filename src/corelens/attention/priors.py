@@ -23,6 +23,7 @@ in the current row lies in that percentile band of the layer (the authors' perce
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -152,6 +153,9 @@ class SapHook(AttentionHook):
     the row's own); `prompt_len`: the prompt length (the current rows are prompt_len − 1 and later ones).
     Activate it on the layers of the set with `activate`. `record=True` keeps (layer, before, after, heads).
     """
+
+    kind: ClassVar[str] = "pattern"  # it rewrites the chosen heads' attention rows
+    name: ClassVar[str] = "SAP"
 
     visual: torch.Tensor
     prior: torch.Tensor | None

@@ -56,6 +56,9 @@ class RamProbe(AttentionHook):
     also holds each view's mass and its mass on Ω ∩ view.
     """
 
+    reads = "scores"
+    name = "RAM probe"
+
     def __init__(
         self,
         num_layers: int,
@@ -112,6 +115,9 @@ class RamProbe(AttentionHook):
 
 class KeyMapProbe(AttentionHook):
     """Records, for chosen (layer, query head) pairs, the mean attention of `rows` over every key (fp32)."""
+
+    reads = "scores"
+    name = "key-map probe"
 
     def __init__(self, heads: list[tuple[int, int]], rows: torch.Tensor, seq_len: int) -> None:
         self.heads = [(int(layer), int(head)) for layer, head in heads]

@@ -13,12 +13,13 @@ once the prompt is longer than `S + W` (shorter, the buffer would be larger than
 
 `update` returns the full KV heads' keys and values (batch, full KV heads, T, dim): the sequence length is
 the true number of positions seen, so masks and `q_offset` stay right; the streaming part of the call is read
-by the hybrid kernel from `visible` (the layer registers itself with its session on every update).
+by the hybrid kernel from `visible`. The data flow is one way, as in DuoAttention's (full_kv, streaming_kv): the
+hybrid session that made the cache owns it and reads layer `i` at decoder layer `i`'s attention call; the
+layer only marks itself `fresh` when `update` has just produced that call's keys. When the session ends it
+closes the cache, and a closed cache refuses to decode trimmed heads.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -29,14 +30,16 @@ from corelens.errors import CorelensError
 class HybridCacheLayer(DynamicLayer):
     """One decoder layer's cache: full KV heads grow, streaming KV heads keep sinks + a ring of W positions."""
 
-    def __init__(self, index: int, streaming: list[int], kv_heads: int, sink: int, window: int, session: Any):
+    def __init__(self, index: int, streaming: list[int], kv_heads: int, sink: int, window: int):
         super().__init__()
         self.index = index
         self.kv_heads = kv_heads
         self.stream_kv = torch.tensor(sorted(streaming), dtype=torch.long)
         self.full_kv = torch.tensor([j for j in range(kv_heads) if j not in set(streaming)], dtype=torch.long)
         self.sink, self.window = sink, window
-        self.session = session
+        self.open = True  # False once the owning hybrid session has ended
+        self.fresh = False  # `update` produced the keys the next attention call of this layer gets
+        self.returned_shape: tuple[int, ...] | None = None
         self.cumulative_length = 0
         self.starts: torch.Tensor | None = (
             None  # (batch,) first real position per row, from the first prefill
@@ -44,7 +47,6 @@ class HybridCacheLayer(DynamicLayer):
         self.trimmed = False
         self.skeys = self.svalues = self.positions = None
         self.visible: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self.returned: torch.Tensor | None = None
 
     # --- what transformers calls -------------------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -59,13 +61,12 @@ class HybridCacheLayer(DynamicLayer):
             self.cumulative_length += key_states.shape[-2]
             self.visible = None
         else:
-            if not self.session.active:
+            if not self.open:
                 raise CorelensError(
                     "this HybridCache holds trimmed heads: use it only inside its `corelens.hybrid(...)` block"
                 )
             keys, values = self._update_trimmed(key_states, value_states)
-        self.returned = keys
-        self.session.register(self)
+        self.returned_shape, self.fresh = tuple(keys.shape), True
         return keys, values
 
     def get_seq_length(self) -> int:
@@ -89,7 +90,8 @@ class HybridCacheLayer(DynamicLayer):
         self.cumulative_length = 0
         self.starts = None
         self.trimmed = False
-        self.skeys = self.svalues = self.positions = self.visible = self.returned = None
+        self.skeys = self.svalues = self.positions = self.visible = self.returned_shape = None
+        self.fresh = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Reorder the batch (beam search)."""
@@ -103,7 +105,12 @@ class HybridCacheLayer(DynamicLayer):
         """Repeat each batch row `repeats` times."""
         self._select(lambda t: t.repeat_interleave(repeats, dim=0))
 
-    # --- what the hybrid hook calls -----------------------------------------------------------------------
+    # --- what the hybrid session calls --------------------------------------------------------------------
+    def take_fresh(self) -> bool:
+        """Return whether `update` produced the current call's keys, and mark them read."""
+        fresh, self.fresh = self.fresh, False
+        return fresh
+
     def settle(self, starts: torch.Tensor) -> None:
         """Record each row's first real position (after the first prefill) and trim if the prompt is long."""
         self.starts = starts.to(torch.long)
@@ -209,6 +216,11 @@ class HybridCache(Cache):
 
     def __init__(self, layers: list[HybridCacheLayer]) -> None:
         super().__init__(layers=layers)
+
+    def close(self) -> None:
+        """Mark the cache as outside its session (called by the session that owns it)."""
+        for layer in self.layers:
+            layer.open = False
 
     def nbytes(self) -> int:
         """Return the bytes held by all layers."""
