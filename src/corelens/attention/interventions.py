@@ -51,7 +51,17 @@ _CHUNK_ELEMENTS = 1 << 24
 
 @dataclass(frozen=True)
 class Ablation:
-    """An ablation policy as plain data: which (layer, query head) pairs, which operator, which key set."""
+    """An ablation policy as plain data: which (layer, query head) pairs, which operator, which key set.
+
+    Examples:
+        >>> a = Ablation([(0, 6), (0, 5), (0, 5)], op="knockout", keys="omega", label="top/2")
+        >>> a.heads  # sorted, duplicates dropped
+        ((0, 5), (0, 6))
+        >>> a.to_json()
+        '{"heads": [[0, 5], [0, 6]], "keys": "omega", "label": "top/2", "meta": {}, "op": "knockout", "seed": null}'
+        >>> Ablation.from_json(a.to_json()) == a
+        True
+    """
 
     heads: tuple[tuple[int, int], ...]
     op: str = "zero"
