@@ -310,6 +310,16 @@ def rid_terms(
 
     `rank`: 'numerical' (σ > max(S,H)·eps·σ_max; eps defaults to the input dtype's machine epsilon) or
     'energy' (fewest σ holding `energy` of Σσ²). Precomputed spectra of X / X' may be passed to reuse them.
+
+    Examples:
+        >>> x = np.random.default_rng(0).standard_normal((16, 4))
+        >>> x_new = x.copy()
+        >>> x_new[:, 3] = x[:, 0]
+        >>> t = rid_terms(x, x_new)
+        >>> round(t.erank_in, 3), round(t.erank_out, 3), t.rank  # ΔS = |2.935 − 3.864| / min(16, 4)
+        (3.864, 2.935, 4)
+        >>> round(t.dS, 3), round(t.dD_token, 3), round(t.dD_hidden, 3)
+        (0.232, 0.0, 0.0)
     """
     if eps is None:
         eps = dtype_eps(x)
