@@ -407,8 +407,8 @@ def hybrid(
         >>> with cl.hybrid(m, full=core, sink=4, window=8):  # the other 28 see 4 sinks + the 8 latest keys
         ...     answer()
         'green cross'
-        >>> with cl.hybrid(m, full=core, sink=4, window=8, decode="stream") as h:
-        ...     answer(cache=h.cache()), round(h.cache_report()["saved_fraction"], 2)
+        >>> with cl.hybrid(m, full=core, sink=4, window=8, decode="stream") as h:  # also while decoding
+        ...     answer(cache=h.cache()), round(h.cache_report()["saved_fraction"], 2)  # 57 % of the cache freed
         ('green <|im_end|>', 0.57)
     """
     if isinstance(full, str) and full == "adaptive":
