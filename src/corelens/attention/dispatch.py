@@ -184,6 +184,24 @@ def activate(layers: Iterable[tuple[int, torch.nn.Module]], hook: AttentionHook)
     """Activate `hook` on the given (layer index, attention module) pairs for the duration of the block.
 
     It becomes the innermost hook of each module. A combination that `refused` names is a CorelensError.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> m = cl.load(organism_path(), device="cpu")
+        >>> class Shapes(AttentionHook):
+        ...     def __init__(self):
+        ...         self.seen = []
+        ...
+        ...     def pre(self, call):
+        ...         self.seen.append((call.layer, tuple(call.query.shape), tuple(call.key.shape)))
+        >>> with torch.no_grad(), activate(m.layer_modules()[:2], Shapes()) as hook:  # layers 0 and 1
+        ...     _ = m.model(input_ids=torch.tensor([[1, 2, 3, 4, 5]]))
+        >>> hook.seen  # (batch, heads, positions, head_dim): 8 query heads over 2 KV heads
+        [(0, (1, 8, 5, 16), (1, 2, 5, 16)), (1, (1, 8, 5, 16), (1, 2, 5, 16))]
+        >>> _ = m.model(input_ids=torch.tensor([[1, 2]]))  # outside the block: not called
+        >>> len(hook.seen)
+        2
     """
     pairs = list(layers)
     if hook.kind not in KINDS:

@@ -377,6 +377,26 @@ def hybrid(
     `full="adaptive"` chooses the full heads per prompt during the prefill (`corelens.attention.adaptive`):
     `budget` F in (0, 1], per-layer counts from `prior` (a heads table) or round(F x H), the signal from the
     last `rows` prompt rows, or the given `signal` table (layers x heads).
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> m = cl.load(organism_path(), device="cpu")
+        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
+        >>> inputs = cl.prepare(m, samples[0]).inputs
+        >>> def answer(**kw):  # two greedy tokens
+        ...     out = m.model.generate(**inputs, max_new_tokens=2, do_sample=False, **kw)
+        ...     return m.processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :])
+        >>> answer()
+        'green cross'
+        >>> core = [(0, 5), (0, 6), (0, 7), (1, 0)]  # the organism's top 4 heads (`cl.rank`)
+        >>> with cl.hybrid(m, full=core, sink=4, window=8):  # the other 28 see 4 sinks + the 8 latest keys
+        ...     answer()
+        'green cross'
+        >>> with cl.hybrid(m, full=core, sink=4, window=8, decode="stream") as h:  # also while decoding
+        ...     answer(cache=h.cache()), round(h.cache_report()["saved_fraction"], 2)  # 57 % of the cache freed
+        ('green <|im_end|>', 0.57)
     """
     if isinstance(full, str) and full == "adaptive":
         from corelens.attention.adaptive import adaptive_session

@@ -50,7 +50,17 @@ _CHUNK_ELEMENTS = 1 << 24
 
 @dataclass(frozen=True)
 class Ablation:
-    """An ablation policy as plain data: which (layer, query head) pairs, which operator, which key set."""
+    """An ablation policy as plain data: which (layer, query head) pairs, which operator, which key set.
+
+    Examples:
+        >>> a = Ablation([(0, 6), (0, 5), (0, 5)], op="knockout", keys="omega", label="top/2")
+        >>> a.heads  # sorted, duplicates dropped
+        ((0, 5), (0, 6))
+        >>> a.to_json()
+        '{"heads": [[0, 5], [0, 6]], "keys": "omega", "label": "top/2", "meta": {}, "op": "knockout", "seed": null}'
+        >>> Ablation.from_json(a.to_json()) == a
+        True
+    """
 
     heads: tuple[tuple[int, int], ...]
     op: str = "zero"
@@ -411,6 +421,28 @@ def ablate(
 
     `heads` is an `Ablation` (then `op` / `keys` are taken from it) or an iterable of (layer, head) pairs.
     `means` (op `mean`): reference statistics from `corelens.experiments.ablate.reference_means`.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> m = cl.load(organism_path(), device="cpu")
+        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
+        >>> inputs = cl.prepare(m, samples[0]).inputs
+        >>> def answer(**kw):  # two greedy tokens
+        ...     out = m.model.generate(**inputs, max_new_tokens=2, do_sample=False, **kw)
+        ...     return m.processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :])
+        >>> answer()
+        'green cross'
+        >>> with cl.ablate(m, [(0, 5), (0, 6), (0, 7)]):  # the organism's top 3 heads (`cl.rank`), zeroed
+        ...     answer()
+        'green ring'
+        >>> with cl.ablate(m, [(1, 1), (2, 2), (3, 3)]):  # three other heads
+        ...     answer()
+        'green cross'
+        >>> with cl.ablate(m, cl.Ablation(((0, 5), (0, 6), (0, 7)), op="knockout")):  # visual keys masked
+        ...     answer()
+        'green square'
     """
     ablation = heads if isinstance(heads, Ablation) else Ablation(tuple(heads), op, keys)
     with Ablator(m, ablation, means).installed() as hook:

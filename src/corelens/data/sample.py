@@ -486,7 +486,21 @@ def _record_id(obj: Any) -> str | None:
 def read_samples(
     path: str | os.PathLike[str], *, skip_bad: bool = False, limit: int | None = None
 ) -> tuple[list[Sample], list[SkippedSample]]:
-    """Read and check a JSONL sample file; a bad record raises InputError, or is listed if `skip_bad`."""
+    """Read and check a JSONL sample file; a bad record raises InputError, or is listed if `skip_bad`.
+
+    Examples:
+        >>> from corelens.organism.tasks import generate
+        >>> path = generate("image", getfixture("tmp_path"), 2, seed=1)  # the organism's image task
+        >>> samples, skipped = read_samples(path)
+        >>> s = samples[0]
+        >>> s.id, s.question, s.answer, s.targets[0].box
+        ('image-00000', 'what shape is the green object ?', 'green cross', (31.0, 86.0, 55.0, 110.0))
+        >>> with open(path, "a") as f:
+        ...     print('{"id": "bad", "images": ["img/missing.png"], "question": "what colour?"}', file=f)
+        >>> samples, skipped = read_samples(path, skip_bad=True)
+        >>> len(samples), skipped[0].line, skipped[0].field
+        (2, 3, 'images[0]')
+    """
     if limit is not None and (not _is_int(limit) or limit < 0):
         raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
     source = str(path)

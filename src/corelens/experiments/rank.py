@@ -59,6 +59,18 @@ def measure_sample(
 
     `padding` is the padding-cell rule of Omega and V (`corelens.layout.PADDING_RULES`); `omega`, if given,
     is an estimated Omega (token positions, `corelens.experiments.omega`) used instead of the targets'.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> m = cl.load(organism_path(), device="cpu")
+        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
+        >>> r = cl.measure_sample(m, samples[0], query="answer")
+        >>> r.mass.shape, r.n_omega, r.n_visual
+        ((4, 8), 1, 36)
+        >>> r.mass[0].round(2).tolist()  # layer 0: heads 5 and 7 put half their attention on Ω
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.15, 0.5]
     """
     prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None, padding=padding)
     if query == "answer" and sample.answer is None:

@@ -78,7 +78,23 @@ def describe(model: dict[str, Any]) -> str:
 
 @dataclass
 class HeadSet:
-    """A ranked head set for one checkpoint: the model it belongs to, the ranked heads, and how they were found."""
+    """A ranked head set for one checkpoint: the model it belongs to, the ranked heads, and how they were found.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> m, tmp = cl.load(organism_path(), device="cpu"), getfixture("tmp_path")
+        >>> _ = cl.rank(m, generate("image", tmp, 8, seed=1), query="answer", out=tmp / "run")
+        >>> hs = cl.HeadSet.from_run(tmp / "run", keep=4)
+        >>> hs.top(), hs.model["layers"], hs.model["heads"], hs.provenance["samples"]
+        ([(0, 7), (0, 5), (0, 6), (1, 0)], 4, 8, 8)
+        >>> sorted(p.name for p in hs.save(tmp / "headset").iterdir())
+        ['README.md', 'heads.csv', 'headset.json', 'manifest.json']
+        >>> cl.HeadSet.load(tmp / "headset").top(2)
+        [(0, 7), (0, 5)]
+        >>> hs.check(m)  # raises unless `m` has the config the set was found on
+    """
 
     model: dict[str, Any]
     heads: pd.DataFrame  # one row per (layer, head): rank (1 = best) and scores

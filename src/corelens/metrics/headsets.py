@@ -69,7 +69,12 @@ def parse_k(text: str | Iterable[str]) -> list[str]:
 
 
 def k_count(k: str | int | float, total: int) -> int:
-    """Return the number of heads `k` means among `total` heads ("5%" / 0.05 = a share, "8" / 8 = a count)."""
+    """Return the number of heads `k` means among `total` heads ("5%" / 0.05 = a share, "8" / 8 = a count).
+
+    Examples:
+        >>> k_count("25%", 8), k_count(3, 8), k_count(0.01, 32)  # a share rounds to at least one head
+        (2, 3, 1)
+    """
     text = str(k).strip()
     try:
         if text.endswith("%"):
@@ -126,6 +131,14 @@ def select(
 
     top / bottom / random from all heads hold exactly `count`; layer-matched and random from non-top heads
     may hold fewer (see the module docstring). Kind "stable" returns the heads with P(top-`count`) >= `p`.
+
+    Examples:
+        >>> table = pd.DataFrame({"layer": [0] * 4 + [1] * 4, "head": [0, 1, 2, 3] * 2,
+        ...                       "rank": [1, 5, 2, 6, 3, 7, 4, 8]})
+        >>> select(table, "top", 2), select(table, "bottom", 2)
+        (((0, 0), (0, 2)), ((1, 1), (1, 3)))
+        >>> select(table, "layer-matched", 2, seed=0)  # both top heads are in layer 0
+        ((0, 1), (0, 3))
     """
     if kind == "stable":
         return stable(table, count, p)
@@ -169,7 +182,20 @@ def head_sets(
     random_from: str = "all",
     stable_p: float = STABLE_P,
 ) -> list[HeadSet]:
-    """Return every head set of the sweep: for each k, each kind (seeded kinds once per seed 0..seeds-1)."""
+    """Return every head set of the sweep: for each k, each kind (seeded kinds once per seed 0..seeds-1).
+
+    Examples:
+        >>> table = pd.DataFrame({"layer": [0] * 4 + [1] * 4, "head": [0, 1, 2, 3] * 2,
+        ...                       "rank": [1, 5, 2, 6, 3, 7, 4, 8]})
+        >>> for s in head_sets(table, ["25%"], seeds=2):
+        ...     print(s.name, s.heads, "overlap", s.overlap)
+        top/25% ((0, 0), (0, 2)) overlap 2
+        bottom/25% ((1, 1), (1, 3)) overlap 0
+        random/25%/s0 ((0, 0), (0, 1)) overlap 1
+        random/25%/s1 ((0, 1), (1, 2)) overlap 0
+        layer-matched/25%/s0 ((0, 1), (0, 3)) overlap 0
+        layer-matched/25%/s1 ((0, 1), (0, 3)) overlap 0
+    """
     unknown = [k for k in kinds if k not in SETS + OPTIONAL]
     if unknown:
         raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS + OPTIONAL}")

@@ -41,6 +41,14 @@ def sample_frame(records: Iterable[dict]) -> pd.DataFrame:
 
     `views` holds one struct per view of the prompt: view, mass, omega_mass, omega_share (= omega_mass /
     mass), tokens and omega_tokens (the view's token counts in V and in Ω).
+
+    Examples:
+        >>> record = {"id": "s0", "task": "demo", "n_omega": 2, "n_visual": 8,
+        ...           "mass": [[0.6, 0.1]], "share": [[0.9, 0.5]], "lift": [[3.6, 2.0]]}
+        >>> sample_frame([record])[["sample_id", "layer", "head", "mass", "share", "lift"]]
+          sample_id  layer  head  mass  share  lift
+        0        s0      0     0   0.6    0.9   3.6
+        1        s0      0     1   0.1    0.5   2.0
     """
     frames = []
     for r in records:
@@ -69,7 +77,19 @@ def sample_frame(records: Iterable[dict]) -> pd.DataFrame:
 
 
 def head_table(ram: pd.DataFrame, by: str = "mass") -> pd.DataFrame:
-    """Return one row per (layer, head): means over samples and `rank` (1 = highest mean `by`)."""
+    """Return one row per (layer, head): means over samples and `rank` (1 = highest mean `by`).
+
+    Examples:
+        >>> records = [
+        ...     {"id": f"s{i}", "task": "demo", "n_omega": 2, "n_visual": 8,
+        ...      "mass": [[m0, m1]], "share": [[0.5, 0.5]], "lift": [[1.0, 1.0]]}
+        ...     for i, (m0, m1) in enumerate([(0.2, 0.4), (0.4, 0.6)])
+        ... ]
+        >>> head_table(sample_frame(records))
+           layer  head  mass  share  lift  n  rank
+        0      0     1   0.5    0.5   1.0  2     1
+        1      0     0   0.3    0.5   1.0  2     2
+    """
     table = (
         ram.groupby(["layer", "head"], sort=True)
         .agg(mass=("mass", "mean"), share=("share", "mean"), lift=("lift", "mean"), n=("mass", "size"))
@@ -87,6 +107,11 @@ def top_heads(heads: pd.DataFrame, k: int | float) -> list[tuple[int, int]]:
 
     A fraction rounds to the nearest count, at least 1, as head sets of a sweep round it (1 % of 32 heads is
     one head, not none).
+
+    Examples:
+        >>> heads = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "rank": [3, 1, 2, 4]})
+        >>> top_heads(heads, 2), top_heads(heads, 0.25)
+        ([(0, 1), (1, 0)], [(0, 1)])
     """
     count = max(1, round(k * len(heads))) if isinstance(k, float) and 0 < k < 1 else int(k)
     best = heads.sort_values("rank").head(max(count, 0))

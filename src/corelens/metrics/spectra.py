@@ -154,7 +154,12 @@ def spectrum(x: np.ndarray | torch.Tensor, *, method: str = "auto", vectors: boo
 
 
 def singular_values(x: np.ndarray | torch.Tensor, *, method: str = "auto") -> np.ndarray:
-    """Return the min(S, H) singular values of a matrix, descending (float64)."""
+    """Return the min(S, H) singular values of a matrix, descending (float64).
+
+    Examples:
+        >>> singular_values(np.diag([3.0, 4.0]))
+        array([4., 3.])
+    """
     return spectrum(x, method=method).sigma.cpu().numpy()
 
 
@@ -168,7 +173,14 @@ def erank_of(sigma: torch.Tensor) -> float:
 
 
 def erank(x: np.ndarray | torch.Tensor, *, method: str = "auto") -> float:
-    """Return the effective rank (Roy & Vetterli) of a matrix, on its singular values (not their squares)."""
+    """Return the effective rank (Roy & Vetterli) of a matrix, on its singular values (not their squares).
+
+    Examples:
+        >>> round(erank(np.eye(4)), 3), round(erank(np.outer([1.0, 2.0, 3.0], [1.0, 1.0])), 3)
+        (4.0, 1.0)
+        >>> round(erank(np.diag([3.0, 1.0])), 3)  # p = (0.75, 0.25)
+        1.755
+    """
     return spectrum(x, method=method).erank()
 
 
@@ -180,7 +192,13 @@ def kept_rank(
     eps: float = FP32_EPS,
     energy: float = 0.99,
 ) -> int:
-    """Return r: σ_i > max(S, H)·eps·σ_max ('numerical'), or the fewest σ holding `energy` of Σσ² ('energy')."""
+    """Return r: σ_i > max(S, H)·eps·σ_max ('numerical'), or the fewest σ holding `energy` of Σσ² ('energy').
+
+    Examples:
+        >>> sigma = torch.tensor([4.0, 1.0, 1e-9])
+        >>> kept_rank(sigma, (16, 3)), kept_rank(sigma, (16, 3), rule="energy", energy=0.9)
+        (2, 1)
+    """
     if rule not in RANK_RULES:
         raise ValueError(f"unknown rank rule {rule!r}; expected one of {RANK_RULES}")
     if sigma.numel() == 0 or float(sigma[0]) <= 0:
@@ -292,6 +310,16 @@ def rid_terms(
 
     `rank`: 'numerical' (σ > max(S,H)·eps·σ_max; eps defaults to the input dtype's machine epsilon) or
     'energy' (fewest σ holding `energy` of Σσ²). Precomputed spectra of X / X' may be passed to reuse them.
+
+    Examples:
+        >>> x = np.random.default_rng(0).standard_normal((16, 4))
+        >>> x_new = x.copy()
+        >>> x_new[:, 3] = x[:, 0]
+        >>> t = rid_terms(x, x_new)
+        >>> round(t.erank_in, 3), round(t.erank_out, 3), t.rank  # ΔS = |2.935 − 3.864| / min(16, 4)
+        (3.864, 2.935, 4)
+        >>> round(t.dS, 3), round(t.dD_token, 3), round(t.dD_hidden, 3)
+        (0.232, 0.0, 0.0)
     """
     if eps is None:
         eps = dtype_eps(x)
@@ -329,6 +357,16 @@ def rid(
     energy: float = 0.99,
     method: str = "auto",
 ) -> Rid:
-    """Return (RID, ΔS, ΔD) of the update X → X' (docs/methods.md#erank-and-rid); see `rid_terms` for the options."""
+    """Return (RID, ΔS, ΔD) of the update X → X' (docs/methods.md#erank-and-rid); see `rid_terms` for the options.
+
+    Examples:
+        >>> x = np.random.default_rng(0).standard_normal((16, 4))
+        >>> [round(v, 3) for v in rid(x, x)]  # no update
+        [0.0, 0.0, 0.0]
+        >>> x_new = x.copy()
+        >>> x_new[:, 3] = x[:, 0]  # one hidden direction collapses onto another: eRank falls, no new support
+        >>> [round(v, 3) for v in rid(x, x_new)]
+        [0.232, 0.232, 0.0]
+    """
     t = rid_terms(x, x_new, rank=rank, eps=eps, energy=energy, method=method)
     return Rid(t.rid, t.dS, t.dD)

@@ -29,7 +29,19 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
 def spearman_pairs(
     rams: dict[str, pd.DataFrame], *, value: str = "mass", n_boot: int = 1000, seed: int = 0
 ) -> pd.DataFrame:
-    """Return one row per pair of tables: Spearman of per-head mean `value` and its bootstrap 95 % interval."""
+    """Return one row per pair of tables: Spearman of per-head mean `value` and its bootstrap 95 % interval.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> m, tmp = cl.load(organism_path(), device="cpu"), getfixture("tmp_path")
+        >>> rams = {task: cl.rank(m, generate(task, tmp / task, 8, seed=1), query="answer", ks=None).ram
+        ...         for task in ("image", "document")}
+        >>> spearman_pairs(rams, n_boot=200).round(2)
+               a         b  spearman   low  high  n_a  n_b
+        0  image  document       0.2 -0.01  0.51    8    8
+    """
     matrices = {label: sample_matrix(ram, value) for label, ram in rams.items()}
     shapes = {label: m.shape[1] for label, m in matrices.items()}
     if len(set(shapes.values())) > 1:
@@ -66,7 +78,18 @@ def square(pairs: pd.DataFrame, labels: list[str], column: str) -> pd.DataFrame:
 
 
 def jaccard_pairs(tables: dict[str, pd.DataFrame], k: int | float) -> pd.DataFrame:
-    """Return the Jaccard overlap of the top-`k` head sets of every pair of head tables."""
+    """Return the Jaccard overlap of the top-`k` head sets of every pair of head tables.
+
+    Examples:
+        >>> a = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "rank": [1, 2, 3, 4]})
+        >>> b = a.assign(rank=[2, 1, 4, 3])  # the first two swap, the last two swap
+        >>> jaccard_pairs({"a": a, "b": b}, 1)
+           a  b  jaccard
+        0  a  b      0.0
+        >>> jaccard_pairs({"a": a, "b": b}, 2)
+           a  b  jaccard
+        0  a  b      1.0
+    """
     sets = {label: set(top_heads(t, k)) for label, t in tables.items()}
     rows = [
         {"a": a, "b": b, "jaccard": len(sets[a] & sets[b]) / max(1, len(sets[a] | sets[b]))}
@@ -76,13 +99,31 @@ def jaccard_pairs(tables: dict[str, pd.DataFrame], k: int | float) -> pd.DataFra
 
 
 def universal_heads(tables: dict[str, pd.DataFrame], k: int | float) -> list[tuple[int, int]]:
-    """Return the heads in the top-`k` of every head table, sorted by (layer, head)."""
+    """Return the heads in the top-`k` of every head table, sorted by (layer, head).
+
+    Examples:
+        >>> a = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "rank": [1, 2, 3, 4]})
+        >>> b = a.assign(rank=[2, 1, 4, 3])  # the first two swap, the last two swap
+        >>> universal_heads({"a": a, "b": b}, 1), universal_heads({"a": a, "b": b}, 2)
+        ([], [(0, 0), (0, 1)])
+    """
     sets = [set(top_heads(t, k)) for t in tables.values()]
     return sorted(set.intersection(*sets)) if sets else []
 
 
 def aggregate_ranking(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Return one row per head: its rank in each table, the mean rank, and `rank` by mean rank (1 = best)."""
+    """Return one row per head: its rank in each table, the mean rank, and `rank` by mean rank (1 = best).
+
+    Examples:
+        >>> a = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "rank": [1, 2, 3, 4]})
+        >>> b = a.assign(rank=[2, 1, 4, 3])  # the first two swap, the last two swap
+        >>> aggregate_ranking({"a": a, "b": b})  # ties in mean rank go to the earlier (layer, head)
+           layer  head  rank_a  rank_b  mean_rank  rank
+        0      0     0       1       2        1.5     1
+        1      0     1       2       1        1.5     2
+        2      1     0       3       4        3.5     3
+        3      1     1       4       3        3.5     4
+    """
     merged = None
     for label, table in tables.items():
         part = table[["layer", "head", "rank"]].rename(columns={"rank": f"rank_{label}"})

@@ -25,7 +25,12 @@ def mass_shares(values: np.ndarray, shares: tuple[float, ...] = (0.5, 0.8)) -> d
 
 
 def gini(values: np.ndarray) -> float:
-    """Return the Gini coefficient of non-negative values (0 = all equal, → 1 = one head holds all)."""
+    """Return the Gini coefficient of non-negative values (0 = all equal, → 1 = one head holds all).
+
+    Examples:
+        >>> gini([1, 1, 1, 1]), gini([0, 0, 0, 4])  # one of n heads holding all gives 1 - 1/n
+        (0.0, 0.75)
+    """
     v = np.sort(np.clip(np.asarray(values, dtype=np.float64), 0.0, None))
     n, total = len(v), v.sum()
     if n == 0 or total <= 0:
@@ -34,14 +39,30 @@ def gini(values: np.ndarray) -> float:
 
 
 def sparsity(heads: pd.DataFrame, value: str = "mass") -> dict[str, float]:
-    """Return the shares of heads holding 50 % and 80 % of the total `value`, and its Gini coefficient."""
+    """Return the shares of heads holding 50 % and 80 % of the total `value`, and its Gini coefficient.
+
+    Examples:
+        >>> heads = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+        ...                       "mass": [0.6, 0.2, 0.1, 0.1], "rank": [1, 2, 3, 4]})
+        >>> {name: round(v, 2) for name, v in sparsity(heads).items()}
+        {'heads_for_50pct': 0.25, 'heads_for_80pct': 0.5, 'gini': 0.4}
+    """
     values = heads[value].to_numpy(np.float64)
     shares = mass_shares(values)
     return {"heads_for_50pct": shares[0.5], "heads_for_80pct": shares[0.8], "gini": gini(values)}
 
 
 def depth_profile(heads: pd.DataFrame, k: int | float, num_layers: int | None = None) -> pd.DataFrame:
-    """Return per layer: its depth fraction, the number of top-`k` heads in it and its mean `mass`."""
+    """Return per layer: its depth fraction, the number of top-`k` heads in it and its mean `mass`.
+
+    Examples:
+        >>> heads = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+        ...                       "mass": [0.6, 0.2, 0.1, 0.1], "rank": [1, 2, 3, 4]})
+        >>> depth_profile(heads, 2)
+           layer  depth  core_heads  core_share  mean_mass
+        0      0    0.5           2         1.0        0.4
+        1      1    1.0           0         0.0        0.1
+    """
     layers = int(num_layers if num_layers is not None else heads["layer"].max() + 1)
     core = pd.Series([layer for layer, _ in top_heads(heads, k)], dtype=np.int64)
     count = core.value_counts().reindex(range(layers), fill_value=0)

@@ -52,6 +52,22 @@ def bootstrap_heads(
 
     Columns added: `mass_low`/`mass_high` (percentile interval of the mean), `rank_low`/`rank_high` (of the
     rank; low = best) and one `p_top{k}` per count: the share of resamples in which the head ranks in the top k.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> data = generate("image", getfixture("tmp_path"), 8, seed=1)
+        >>> ram = cl.rank(cl.load(organism_path(), device="cpu"), data, query="answer", ks=None).ram
+        >>> table = bootstrap_heads(ram, [4], n_boot=200)
+        >>> table[["layer", "head", "mass", "mass_low", "mass_high", "rank_low", "rank_high", "p_top4"]].head(4).round(2)
+           layer  head  mass  mass_low  mass_high  rank_low  rank_high  p_top4
+        0      0     7  0.44      0.31       0.50         1          3    0.99
+        1      0     5  0.44      0.31       0.50         1          4    0.98
+        2      0     6  0.25      0.11       0.39         1         14    0.77
+        3      1     0  0.16      0.05       0.28         3         16    0.20
+        >>> table.loc[uncertain_heads(table), ["layer", "head"]].values.tolist()  # 0.2 < P(top-4) < 0.8
+        [[0, 6], [3, 0], [2, 0]]
     """
     if n_boot < 1:
         raise CorelensError(f"--n-boot must be at least 1, got {n_boot}")
@@ -78,7 +94,12 @@ def bootstrap_heads(
 
 
 def uncertain_heads(table: pd.DataFrame, band: tuple[float, float] = UNCERTAIN) -> pd.Series:
-    """Return a boolean per row: some P(top-k) column lies strictly inside `band`."""
+    """Return a boolean per row: some P(top-k) column lies strictly inside `band`.
+
+    Examples:
+        >>> uncertain_heads(pd.DataFrame({"p_top4": [0.99, 0.5, 0.1]})).tolist()
+        [False, True, False]
+    """
     columns = [c for c in table.columns if c.startswith("p_top")]
     if not columns:
         return pd.Series(False, index=table.index)
@@ -123,6 +144,21 @@ def stability_curve(
     For each n (default: every n from 2 to half the samples, at most 40 values) `pairs` random pairs of
     disjoint subsets are drawn; each subset ranks the heads by its mean `value`. One row per (n, k):
     mean Jaccard of the two top-k sets and its 5-95 % range over pairs, and the same for Spearman of the means.
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> data = generate("image", getfixture("tmp_path"), 8, seed=1)
+        >>> ram = cl.rank(cl.load(organism_path(), device="cpu"), data, query="answer", ks=None).ram
+        >>> curve = stability_curve(ram, [4], pairs=50)
+        >>> curve[["n", "k", "jaccard", "jaccard_p05", "jaccard_p95", "spearman"]].round(2)
+           n  k  jaccard  jaccard_p05  jaccard_p95  spearman
+        0  2  4     0.39         0.33          0.6      0.42
+        1  3  4     0.45         0.33          0.6      0.50
+        2  4  4     0.48         0.33          0.6      0.56
+        >>> first_n(curve, 4, at=0.4), first_n(curve, 4, at=0.9)  # 8 samples never reach 0.9
+        (3, None)
     """
     if pairs < 1:
         raise CorelensError(f"--pairs must be at least 1, got {pairs}")
@@ -167,7 +203,13 @@ def stability_curve(
 
 
 def first_n(curve: pd.DataFrame, k: int, column: str = "jaccard", at: float = 0.9) -> int | None:
-    """Return the smallest n from which the curve's `column` stays at or above `at` for top-`k` (None: never)."""
+    """Return the smallest n from which the curve's `column` stays at or above `at` for top-`k` (None: never).
+
+    Examples:
+        >>> curve = pd.DataFrame({"n": [2, 4, 8, 16], "k": 4, "jaccard": [0.5, 0.92, 0.88, 0.95]})
+        >>> first_n(curve, 4), first_n(curve, 4, at=0.85)  # the dip at n = 8 resets the first
+        (16, 4)
+    """
     part = curve[curve["k"] == k].sort_values("n")
     below = part[part[column] < at]
     after = part if below.empty else part[part["n"] > below["n"].max()]

@@ -91,6 +91,18 @@ def prepare(
     counts cells that hold only padding in V but never in Omega, `"omega"` also in a whole-image Omega,
     `"none"` in neither. `visuals` = (images, frames) replaces the sample's loaded pixels (same sizes: an
     occluded copy, docs/methods.md#causal-omega).
+
+    Examples:
+        >>> import corelens as cl
+        >>> from corelens.organism import organism_path
+        >>> from corelens.organism.tasks import generate
+        >>> m = cl.load(organism_path(), device="cpu")
+        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
+        >>> p = prepare(m, samples[0])
+        >>> p.seq_len, len(p.layout.visual), p.question_rows.tolist()  # 36 image tokens, 7 question tokens
+        (50, 36, [40, 41, 42, 43, 44, 45, 46])
+        >>> p.layout.omega(samples[0].targets, "any").tolist()  # the image token under the target box
+        [22]
     """
     if padding not in PADDING_RULES:
         raise InputError(
