@@ -43,6 +43,9 @@ class Family:
     tiny_tokenizer: Callable
     tiny_config: Callable
     tiny_processor: Callable
+    # The config fields that decide where visual tokens sit ("vision_config.patch_size", "image_seq_length"):
+    # tiny checkpoints of a released checkpoint copy them from its config.json (`build_released_checkpoint`).
+    released_geometry: tuple[str, ...]
     # Video: (frame_times, fps) -> extra processor arguments; image processor -> video processor, for a
     # published checkpoint without `video_preprocessor_config.json`. None: the family takes images only.
     processor_kwargs: Callable | None = video_as_given

@@ -83,27 +83,6 @@ def load_tiny(path: str | Path, attn_implementation: str | dict = "sdpa"):
     return model.eval(), AutoProcessor.from_pretrained(path)
 
 
-# Released checkpoints' geometry: the fields of a published config.json that decide where visual tokens sit.
-# Tiny checkpoints built from them keep tiny widths but these values (`build_released_checkpoint`).
-VISION_GEOMETRY = (
-    "image_size",
-    "patch_size",
-    "spatial_merge_size",
-    "spatial_patch_size",
-    "temporal_patch_size",
-    "window_size",
-    "num_position_embeddings",
-)
-TOP_GEOMETRY = (
-    "image_grid_pinpoints",
-    "vision_aspect_ratio",
-    "vision_feature_layer",
-    "vision_feature_select_strategy",
-    "downsample_ratio",
-    "image_seq_length",
-)
-
-
 def _read_json(path: Path) -> dict:
     import json
 
@@ -113,15 +92,13 @@ def _read_json(path: Path) -> dict:
 def released_config(config_dir: str | Path, tokenizer: PreTrainedTokenizerFast, **config_kwargs) -> object:
     """Return a tiny config of the family of `config_dir/config.json` with its released vision geometry."""
     released = _read_json(Path(config_dir) / "config.json")
-    family = released["model_type"]
-    config = tiny_config(family, tokenizer, **config_kwargs)
-    vision = config.vision_config
-    for key in VISION_GEOMETRY:
-        if key in released.get("vision_config", {}):
-            setattr(vision, key, released["vision_config"][key])
-    for key in TOP_GEOMETRY:
-        if key in released:
-            setattr(config, key, released[key])
+    family = family_of(released["model_type"])
+    config = tiny_config(family.model_type, tokenizer, **config_kwargs)
+    for key in family.released_geometry:
+        owner, _, name = key.rpartition(".")
+        source = released.get(owner, {}) if owner else released
+        if name in source:
+            setattr(getattr(config, owner) if owner else config, name, source[name])
     return config
 
 

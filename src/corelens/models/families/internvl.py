@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import transformers
 
 from corelens.models.effective import effective_images_kwargs
+from corelens.models.families.llava import TOWER_GEOMETRY
 from corelens.models.internvl import internvl_layout
 from corelens.models.registry import Family, FamilyInterface
 from corelens.models.tiny_parts import CHAT_TEMPLATE as QWEN_TEMPLATE
@@ -111,6 +112,7 @@ INTERNVL = FamilyInterface.register(
         tiny_tokenizer=tiny_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
+        released_geometry=(*TOWER_GEOMETRY, "downsample_ratio", "image_seq_length"),
         released_video_processor=released_video_processor,
     )
 )

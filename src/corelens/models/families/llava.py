@@ -25,6 +25,13 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}{% if message['role'] == 'user' %} {% else %}<|im_end|>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
+# The tower's tile and patch, and which features reach the decoder (LLaVA-1.5; NeXT and OneVision add theirs).
+TOWER_GEOMETRY = (
+    "vision_config.image_size",
+    "vision_config.patch_size",
+    "vision_feature_layer",
+    "vision_feature_select_strategy",
+)
 # LLaVA-NeXT's any-res resolutions, scaled to the tiny 56-pixel tiles (the released models use 336).
 TINY_PINPOINTS = [[56, 112], [112, 56], [112, 112], [56, 168], [168, 56]]
 
@@ -125,6 +132,7 @@ LLAVA = FamilyInterface.register(
         tiny_tokenizer=llava_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
+        released_geometry=(*TOWER_GEOMETRY,),
         processor_kwargs=None,  # images only
     )
 )

@@ -6,6 +6,7 @@ import transformers
 
 from corelens.models.families.llava import (
     TINY_PINPOINTS,
+    TOWER_GEOMETRY,
     clip_tower,
     crop_recipe,
     llava_tiny_config,
@@ -51,6 +52,7 @@ LLAVA_NEXT = FamilyInterface.register(
         tiny_tokenizer=llava_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
+        released_geometry=(*TOWER_GEOMETRY, "image_grid_pinpoints"),
         processor_kwargs=None,  # images only
     )
 )

@@ -9,6 +9,7 @@ from corelens.models.families.llava import (
     CHAT_TEMPLATE,
     IMAGE_TOKEN,
     TINY_PINPOINTS,
+    TOWER_GEOMETRY,
     VIDEO_TOKEN,
     clip_tower,
     llava_tiny_config,
@@ -81,6 +82,7 @@ LLAVA_ONEVISION = FamilyInterface.register(
         tiny_tokenizer=llava_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
+        released_geometry=(*TOWER_GEOMETRY, "image_grid_pinpoints", "vision_aspect_ratio"),
         released_video_processor=released_video_processor,
         nested_images=True,  # one prompt's images as one nested list: the processor's multi-image mode
     )

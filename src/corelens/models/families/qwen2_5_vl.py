@@ -60,6 +60,12 @@ QWEN2_5_VL = FamilyInterface.register(
         tiny_tokenizer=build_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
+        released_geometry=(
+            "vision_config.patch_size",
+            "vision_config.spatial_merge_size",
+            "vision_config.temporal_patch_size",
+            "vision_config.window_size",
+        ),
         processor_kwargs=video_with_metadata,
         released_video_processor=qwen_released_video_processor,
         vision_rotary="transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.apply_rotary_pos_emb_vision",
