@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corelens.models.tiny import ALL_FAMILIES, FAMILIES, IMAGE_FAMILIES, build_tiny_checkpoint
+from corelens.models.families import FAMILIES as REGISTRY
+from corelens.models.families.qwen2_vl import qwen_layout_of
+from corelens.models.tiny import ALL_FAMILIES, IMAGE_FAMILIES, build_tiny_checkpoint
+
+# The families laid out by the Qwen-VL layout (grids from the processor, images and video).
+FAMILIES = tuple(name for name in ALL_FAMILIES if REGISTRY[name].layout is qwen_layout_of)
 
 torch.set_num_threads(2)
 

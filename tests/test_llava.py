@@ -10,9 +10,10 @@ from helpers import position_image, released_geometry, released_processor
 import corelens
 from corelens.data.sample import Sample, Target, Video
 from corelens.errors import UnsupportedModelError
+from corelens.models.families.internvl import TILE as INTERNVL_TILE
 from corelens.models.llava import grid_region, llava_layout
 from corelens.models.prepare import messages, prepare
-from corelens.models.tiny import INTERNVL_TILE, build_tiny_checkpoint, tiny_processor, tiny_tokenizer
+from corelens.models.tiny import build_tiny_checkpoint, tiny_processor, tiny_tokenizer
 
 SIZES = [[(301, 173)], [(173, 301)], [(97, 411), (64, 64), (56, 56)]]
 

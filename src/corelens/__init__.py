@@ -1,6 +1,8 @@
 """corelens: find, test and exploit the attention heads of multimodal LLMs that retrieve visual evidence."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("corelens")  # one source: pyproject.toml, as installed
 
 from corelens.attention.hybrid import hybrid  # noqa: E402
 from corelens.attention.interventions import Ablation, ablate  # noqa: E402

@@ -182,7 +182,7 @@ def _model_shape(m: Any) -> tuple[list[tuple[int, torch.nn.Module]], int, int, i
     """Return (layer modules, layers, heads, kv heads) of a `Loaded` model or a bare transformers model."""
     if hasattr(m, "layer_modules"):
         return m.layer_modules(), m.num_layers, m.num_heads, m.num_kv_heads
-    from corelens.models.loaded import decoder_attention_modules
+    from corelens.attention.modules import decoder_attention_modules
 
     modules = decoder_attention_modules(m)
     config = m.config.get_text_config()

@@ -78,16 +78,17 @@ def overhead(model_dir: Path, data: Path, root: Path, repeats: int) -> dict:
     """Return per-sample seconds of the stock path and of `corelens rank`'s step, interleaved by repeat."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    import corelens
     from corelens.data import read_samples
+    from corelens.experiments.rank import measure_sample, rank
+    from corelens.models import load
 
     torch.set_num_threads(1)
     samples, _ = read_samples(data)
     stock = AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     processor = AutoProcessor.from_pretrained(model_dir)
-    m = corelens.load(model_dir, device="cpu", dtype="float32")
+    m = load(model_dir, device="cpu", dtype="float32")
     _stock_forward(stock, processor, samples[0])  # warm-up of both paths
-    corelens.measure_sample(m, samples[0])
+    measure_sample(m, samples[0])
     plain, ours = [], []
     for r in range(repeats):
         start = time.perf_counter()
@@ -95,7 +96,7 @@ def overhead(model_dir: Path, data: Path, root: Path, repeats: int) -> dict:
             _stock_forward(stock, processor, sample)
         plain.append((time.perf_counter() - start) / len(samples))
         out = root / f"overhead-{r}"
-        corelens.rank(m, data, out=out)
+        rank(m, data, out=out)
         manifest = json.loads((out / "manifest.json").read_text())
         ours.append(manifest["processes"][0]["seconds"] / len(samples))
     ratios = [o / p for o, p in zip(ours, plain)]

@@ -27,8 +27,10 @@ def run_stats(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from corelens.data.stats import locate, render, stats
+    from corelens.models.prepare import token_counter
 
-    result = stats(args.target, args.model, rule=args.rule)
+    tokens = token_counter(args.model, args.rule) if args.model else None
+    result = stats(args.target, tokens, model=args.model)
     print(render(result))
     out = Path(args.out) if args.out else locate(args.target)[2]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,8 @@ def run_train(args: argparse.Namespace) -> None:
 
 def run_eval(args: argparse.Namespace) -> None:
     """Evaluate an organism on held-out samples and print / write the per-task table."""
+    from corelens.experiments.organism_eval import evaluate_organism
     from corelens.organism import organism_path
-    from corelens.organism.evaluate import evaluate_organism
 
     model = args.model or organism_path()
     result = evaluate_organism(
@@ -58,7 +58,7 @@ def run_eval(args: argparse.Namespace) -> None:
 
 def run_card(args: argparse.Namespace) -> None:
     """Evaluate the reference sample and write reference.json + CARD.md into the checkpoint folder."""
-    from corelens.organism.card import write_card, write_reference
+    from corelens.experiments.organism_card import write_card, write_reference
 
     evaluation = json.loads(Path(args.eval).read_text())
     reference = write_reference(args.model, args.model)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -85,49 +85,27 @@ def _summary(values: list[float]) -> dict | None:
     }
 
 
-def processor_only(path: str | Path):
-    """A `Loaded` with the checkpoint's processor and config but no weights: enough to lay out prompts."""
-    from transformers import AutoConfig, AutoProcessor
+def stats(
+    target: str | Path,
+    tokens: Callable[[Sample], dict] | None = None,
+    *,
+    model: str | Path | None = None,
+) -> dict:
+    """Per-dataset counts of `target` (see the module docstring).
 
-    from corelens.models.loaded import SUPPORTED, Loaded
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise CorelensError(f"{path}: not a checkpoint folder (no config.json)")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    if config.model_type not in SUPPORTED:
-        raise CorelensError(f"{path}: model_type {config.model_type!r} is not supported")
-    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    # prepare() reads the model's config only (tile sizes); the weights are never needed to count tokens.
-    return Loaded(SimpleNamespace(config=config), processor, path, config.model_type, [])
-
-
-def tokens(m, sample: Sample, rule: str = "any") -> dict:
-    """Prompt tokens, visual tokens and Ω tokens of one sample under model `m`'s processor."""
-    from corelens.models.prepare import prepare
-
-    prepared = prepare(m, sample)
-    visual = prepared.layout.visual
-    out = {"prompt_tokens": prepared.seq_len, "visual_tokens": int(len(visual))}
-    if sample.targets:
-        omega = prepared.layout.omega(sample.targets, rule, sample=sample.id)
-        out["omega_tokens"] = int(len(omega))
-        out["omega_share"] = len(omega) / len(visual) if len(visual) else None
-    return out
-
-
-def stats(target: str | Path, model: str | Path | None = None, *, rule: str = "any") -> dict:
-    """Per-dataset counts of `target` (see the module docstring); `model` adds token counts."""
+    `tokens(sample)` adds a model's token counts (`prompt_tokens`, `visual_tokens`, `omega_tokens`,
+    `omega_share`; `corelens.models.prepare.token_counter`), `model` names that model in the result. The
+    counting is passed in because it needs a model's processor, from a layer above this one.
+    """
     path, skipped, _ = locate(target)
     samples, bad = read_samples(path, skip_bad=True)
-    m = processor_only(model) if model is not None else None
     rows = []
     for s in samples:
         kind, count = _visuals(s)
         row = {"id": s.id, "dataset": _dataset(s), kind: count, "targets": len(s.targets)}
-        if m is not None:
+        if tokens is not None:
             try:
-                row.update(tokens(m, s, rule))
+                row.update(tokens(s))
             except InputError as err:
                 row["error"] = str(err)
         rows.append(row)
@@ -151,7 +129,7 @@ def stats(target: str | Path, model: str | Path | None = None, *, rule: str = "a
             values = [r[kind] for r in mine if kind in r]
             if values:
                 entry[f"{kind}_per_sample"] = _summary(values)
-        if m is not None:
+        if tokens is not None:
             for key in ("prompt_tokens", "visual_tokens", "omega_tokens", "omega_share"):
                 entry[key] = _summary([r[key] for r in mine if r.get(key) is not None])
             entry["errors"] = sum(1 for r in mine if "error" in r)

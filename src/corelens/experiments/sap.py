@@ -23,7 +23,6 @@ mass on Ω against the area share |Ω| / |V| and the model's own share Σ_Ω A /
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -159,6 +158,11 @@ def prior_complexity(m: Loaded, layout: Layout, sample: Sample, temperature: flo
 
 
 def _vision_tower(m: Loaded) -> torch.nn.Module:
+    if m.family.vision_rotary is None:
+        raise UnsupportedModelError(
+            f"the vis_attn prior recomputes the vision tower's attention, which corelens does not know for "
+            f"{m.model_type} (its family has no vision_rotary)"
+        )
     for name, module in m.model.named_modules():
         if name.endswith("visual") and hasattr(module, "blocks"):
             return module
@@ -166,10 +170,12 @@ def _vision_tower(m: Loaded) -> torch.nn.Module:
 
 
 def _column_mass(
-    attn: torch.nn.Module, hidden: torch.Tensor, cu_seqlens, position_embeddings
+    attn: torch.nn.Module, hidden: torch.Tensor, cu_seqlens, position_embeddings, rotary
 ) -> torch.Tensor:
-    """Return, per vision token, its attention received averaged over queries (per chunk) and heads."""
-    rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb_vision
+    """Return, per vision token, its attention received averaged over queries (per chunk) and heads.
+
+    `rotary` is the tower's rotary embedding (the family's `vision_rotary`), as its attention applies it.
+    """
     n = hidden.shape[0]
     q, k, _ = attn.qkv(hidden).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
     cos, sin = position_embeddings
@@ -212,7 +218,9 @@ def prior_vis_attn(m: Loaded, prepared: Prepared) -> np.ndarray:
                 visual(prepared.inputs[pixels].to(m.device, dtype), grid_thw=thw)
                 args, kwargs = seen[-1]
                 hidden = args[0] if args else kwargs["hidden_states"]
-                mass = _column_mass(attn, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"])
+                mass = _column_mass(
+                    attn, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"], m.family.rotary()
+                )
         finally:
             handle.remove()
         merged = mass.view(-1, merge).sum(1)

@@ -1,5 +1,7 @@
 """Loading checkpoints and, per family, turning samples into model inputs and a visual token layout."""
 
-from corelens.models.loaded import SUPPORTED, Loaded, decoder_attention_modules, load
+from corelens.attention.modules import decoder_attention_modules
+from corelens.models.families import FAMILIES, Family, family_of
+from corelens.models.loaded import SUPPORTED, Loaded, load
 
-__all__ = ["SUPPORTED", "Loaded", "decoder_attention_modules", "load"]
+__all__ = ["FAMILIES", "SUPPORTED", "Family", "Loaded", "decoder_attention_modules", "family_of", "load"]

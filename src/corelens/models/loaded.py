@@ -19,12 +19,15 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from corelens.attention import NAME, register
+from corelens.attention.modules import decoder_attention_modules
 from corelens.errors import CorelensError, UnsupportedModelError
+from corelens.models.families import FAMILIES, Family, family_of
 from corelens.models.hub import resolve
 
 DTYPES = {
@@ -37,15 +40,7 @@ DTYPES = {
 }
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
-SUPPORTED = {
-    "qwen2_vl": "qwen_vl",
-    "qwen2_5_vl": "qwen_vl",
-    "qwen3_vl": "qwen_vl",
-    "llava": "llava",
-    "llava_next": "llava_next",
-    "llava_onevision": "llava_onevision",
-    "internvl": "internvl",
-}
+SUPPORTED = FAMILIES  # model_type -> Family (corelens.models.families)
 
 
 @dataclass
@@ -60,9 +55,9 @@ class Loaded:
     source: dict = field(default_factory=dict)  # id, revision and commit of a hub checkpoint
 
     @property
-    def family(self) -> str:
-        """Return the layout family of the model ("qwen_vl", "llava", "llava_next", "llava_onevision", "internvl")."""
-        return SUPPORTED[self.model_type]
+    def family(self) -> Family:
+        """Return the model's registered family (its layout, processor quirks, vision tower)."""
+        return family_of(self.model_type)
 
     @property
     def text_config(self):
@@ -111,19 +106,6 @@ class Loaded:
         """Return a short sha256 of the model config (recorded in run manifests)."""
         text = json.dumps(self.model.config.to_dict(), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def decoder_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Return the text decoder's self-attention modules in layer order (those driven by the text config)."""
-    text_config = model.config.get_text_config()
-    found = {}
-    for module in model.modules():
-        is_text = getattr(module, "config", None) is text_config and hasattr(module, "layer_idx")
-        if is_text and hasattr(module, "q_proj") and hasattr(module, "o_proj"):
-            found[module.layer_idx] = module
-    if not found or sorted(found) != list(range(len(found))):
-        raise UnsupportedModelError(f"could not find the decoder attention layers of {type(model).__name__}")
-    return [found[i] for i in range(len(found))]
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
@@ -264,9 +246,9 @@ def load(
     found = resolve(path, revision)
     path = found.path
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    if config.model_type not in SUPPORTED:
+    if config.model_type not in FAMILIES:
         raise UnsupportedModelError(
-            f"{path}: model_type {config.model_type!r} is not supported; supported: {sorted(SUPPORTED)}"
+            f"{path}: model_type {config.model_type!r} is not supported; supported: {sorted(FAMILIES)}"
         )
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, config, target)
@@ -296,3 +278,16 @@ def load(
         decoder_attention_modules(model),
         source=found.to_dict(),
     )
+
+
+def processor_only(path: str | Path) -> Loaded:
+    """A `Loaded` with the checkpoint's processor and config but no weights: enough to lay out prompts."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CorelensError(f"{path}: not a checkpoint folder (no config.json)")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if config.model_type not in FAMILIES:
+        raise CorelensError(f"{path}: model_type {config.model_type!r} is not supported")
+    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    # prepare() reads the model's config only (tile sizes); the weights are never needed to count tokens.
+    return Loaded(SimpleNamespace(config=config), processor, path, config.model_type, [])

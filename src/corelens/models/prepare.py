@@ -6,7 +6,9 @@ with `add_generation_prompt=True` (docs/methods.md#layout). Teacher forcing appe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -14,13 +16,8 @@ from PIL import Image
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import InputError, UnsupportedModelError
 from corelens.layout import PADDING_RULES, Layout
-from corelens.models.effective import effective_images_kwargs
-from corelens.models.internvl import internvl_layout
-from corelens.models.llava import llava_layout
-from corelens.models.llava_next import llava_next_layout
-from corelens.models.llava_onevision import onevision_layout
-from corelens.models.loaded import Loaded
-from corelens.models.qwen_vl import processor_kwargs, qwen_layout
+from corelens.models.families import family_of
+from corelens.models.loaded import Loaded, processor_only
 
 QUERY_MODES = ("question", "last", "answer")
 
@@ -117,9 +114,7 @@ def prepare(
         images, frames = [blank_like(im) for im in images], [blank_like(f) for f in frames]
     prompt = processor.apply_chat_template(messages(sample), add_generation_prompt=True, tokenize=False)
     extra = processor_kwargs(m.model_type, times, sample.video.fps if sample.video else None)
-
-    # LLaVA-OneVision reads a nested list as one prompt's images (its multi-image mode).
-    given = [images] if images and m.family == "llava_onevision" else images or None
+    given = [images] if images and m.family.nested_images else images or None
 
     def run(text: str):
         return processor(
@@ -158,8 +153,10 @@ def prepare(
     )
 
 
-def _pair(value) -> int:
-    return int(value[0] if isinstance(value, (list, tuple)) else value)
+def processor_kwargs(model_type: str, frame_times: list[float] | None, fps: float | None) -> dict:
+    """Return the extra processor arguments of a prompt's video for `model_type` (none without a video)."""
+    family = family_of(model_type)
+    return family.processor_kwargs(frame_times, fps) if frame_times and family.video else {}
 
 
 def check_geometry(m: Loaded) -> None:
@@ -168,25 +165,7 @@ def check_geometry(m: Loaded) -> None:
     The layout places cells by the tower's geometry and counts tokens by the processor's; a checkpoint
     whose processor files were edited apart from its config would give a layout the model does not use.
     """
-    vision = m.model.config.vision_config
-    settings = effective_images_kwargs(m.processor)
-    checks = []
-    if m.family == "qwen_vl":
-        checks = [
-            ("patch_size", settings.get("patch_size"), vision.patch_size),
-            ("merge_size", settings.get("merge_size"), vision.spatial_merge_size),
-        ]
-    elif m.family == "internvl":
-        side = _pair(vision.image_size) // _pair(vision.patch_size) * m.model.config.downsample_ratio
-        size = settings.get("size") or {}
-        height = size.get("height") if isinstance(size, dict) else getattr(size, "height", None)
-        checks = [
-            ("image_seq_length", m.processor.image_seq_length, int(side) ** 2),
-            ("size.height", height, _pair(vision.image_size)),
-        ]
-    elif m.family in ("llava", "llava_next"):
-        checks = [("patch_size", m.processor.patch_size, vision.patch_size)]
-    for name, processor_value, tower_value in checks:
+    for name, processor_value, tower_value in m.family.geometry(m):
         if processor_value is not None and int(processor_value) != int(tower_value):
             raise UnsupportedModelError(
                 f"{m.path}: the processor's {name} = {processor_value} disagrees with the vision tower's "
@@ -197,45 +176,29 @@ def check_geometry(m: Loaded) -> None:
 def layout_of(m: Loaded, inputs, images: list, frames: list, times: list[float], sample: Sample) -> Layout:
     """Return the visual token layout of processed `inputs` for the model's family."""
     check_geometry(m)
-    sizes = [im.size for im in images]
-    if m.family == "internvl":
-        frame_size = frames[0].size if frames else None
-        return internvl_layout(inputs["input_ids"], m.processor, sizes, frame_size, times, sample=sample.id)
-    # Cell geometry comes from the vision tower itself: its input side and patch size.
-    vision = getattr(m.model.config, "vision_config", None)
-    tile, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
-    if m.family == "llava_onevision":
-        frame_size = frames[0].size if frames else None
-        return onevision_layout(
-            inputs["input_ids"],
-            m.processor,
-            int(tile),
-            sizes,
-            frame_size,
-            times,
-            patch=int(patch),
-            sample=sample.id,
-        )
-    if m.family in ("llava", "llava_next"):
-        if frames:
-            raise UnsupportedModelError(f"{m.model_type} takes images only, not video (sample {sample.id})")
-        if m.family == "llava_next":
-            return llava_next_layout(
-                inputs["input_ids"], m.processor, int(tile), sizes, patch=int(patch), sample=sample.id
-            )
-        return llava_layout(inputs["input_ids"], m.processor, sizes, patch=int(patch), sample=sample.id)
-    return qwen_layout(
-        inputs["input_ids"],
-        m.processor,
-        inputs.get("image_grid_thw"),
-        inputs.get("video_grid_thw"),
-        sizes,
-        frames[0].size if frames else None,
-        times,
-        sample=sample.id,
-    )
+    if frames and not m.family.video:
+        raise UnsupportedModelError(f"{m.model_type} takes images only, not video (sample {sample.id})")
+    return m.family.layout(m, inputs, images, frames, times, sample.id)
 
 
 def prompt_length(m: Loaded, sample: Sample) -> int:
     """Return the number of prompt tokens of `sample` (what balances the ranks of a torchrun launch)."""
     return prepare(m, sample).seq_len
+
+
+def token_counts(m: Loaded, sample: Sample, rule: str = "any") -> dict:
+    """Return the prompt, visual and Omega tokens of one sample under model `m`'s processor."""
+    prepared = prepare(m, sample)
+    visual = prepared.layout.visual
+    out = {"prompt_tokens": prepared.seq_len, "visual_tokens": int(len(visual))}
+    if sample.targets:
+        omega = prepared.layout.omega(sample.targets, rule, sample=sample.id)
+        out["omega_tokens"] = int(len(omega))
+        out["omega_share"] = len(omega) / len(visual) if len(visual) else None
+    return out
+
+
+def token_counter(path: str | Path, rule: str = "any") -> Callable[[Sample], dict]:
+    """Return sample -> `token_counts` through the processor of checkpoint `path` (no weights loaded)."""
+    m = processor_only(path)
+    return lambda sample: token_counts(m, sample, rule)

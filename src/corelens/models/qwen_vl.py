@@ -108,22 +108,3 @@ def qwen_layout(
         if offset != len(positions):
             raise InputError(f"{len(positions)} video tokens, expected {offset}", sample=sample)
     return Layout(tuple(segments), int(len(ids)))
-
-
-def processor_kwargs(model_type: str, frame_times: list[float] | None, fps: float | None) -> dict:
-    """Return the extra processor arguments a family needs for a video: no resampling, and its metadata.
-
-    corelens samples the frames itself (the sample's `fps` / `max_frames`), so the processor must take them
-    as given: `do_sample_frames=False` (Qwen3-VL's published video processor resamples at 2 fps by default,
-    which would drop frames the layout counts). Qwen3-VL writes the sampled fps as timestamps; Qwen2.5-VL
-    spaces its temporal rope positions by it (without it the processor assumes 24 fps).
-    """
-    if not frame_times:
-        return {}
-    videos_kwargs: dict = {"do_sample_frames": False}
-    if model_type in ("qwen2_5_vl", "qwen3_vl"):
-        indices = [round(t * fps) for t in frame_times]
-        videos_kwargs["video_metadata"] = [
-            {"fps": fps, "total_num_frames": max(indices) + 1, "frames_indices": indices}
-        ]
-    return {"videos_kwargs": videos_kwargs}

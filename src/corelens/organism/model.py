@@ -13,7 +13,8 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from corelens.errors import CorelensError
-from corelens.models.tiny import build_tokenizer, tiny_config, tiny_processor
+from corelens.models.tiny import tiny_config, tiny_processor
+from corelens.models.tiny_parts import build_tokenizer
 from corelens.organism.tasks import WORDS
 
 FAMILY = "qwen2_5_vl"

@@ -39,14 +39,14 @@ def file_hash(path: str | Path) -> str:
 
 def versions() -> dict[str, str]:
     """Return the versions of corelens and the libraries whose numerics matter."""
+    from importlib.metadata import version
+
     import numpy
     import torch
     import transformers
 
-    from corelens import __version__
-
     return {
-        "corelens": __version__,
+        "corelens": version("corelens"),  # pyproject.toml, as installed (= corelens.__version__)
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "numpy": numpy.__version__,

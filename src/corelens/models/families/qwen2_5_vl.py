@@ -1,0 +1,73 @@
+"""Qwen2.5-VL (`qwen2_5_vl`): Qwen2-VL's layout, a windowed vision tower, video metadata for its rope."""
+
+from __future__ import annotations
+
+from corelens.models.families.qwen2_vl import (
+    qwen_geometry,
+    qwen_layout_of,
+    qwen_released_video_processor,
+    qwen_tiny_config,
+    qwen_tiny_processor,
+)
+from corelens.models.registry import Family, FamilyInterface, video_as_given
+from corelens.models.tiny_parts import build_tokenizer
+
+
+def video_with_metadata(frame_times: list[float] | None, fps: float | None) -> dict:
+    """Return `video_as_given` plus the sampled frames' metadata.
+
+    Qwen2.5-VL spaces its temporal rope positions by the sampled fps (without it the processor assumes
+    24 fps); Qwen3-VL writes it as timestamps (and its published video processor resamples at 2 fps by
+    default, which `do_sample_frames=False` turns off).
+    """
+    out = video_as_given(frame_times, fps)
+    if frame_times:
+        indices = [round(t * fps) for t in frame_times]
+        out["videos_kwargs"]["video_metadata"] = [
+            {"fps": fps, "total_num_frames": max(indices) + 1, "frames_indices": indices}
+        ]
+    return out
+
+
+def tiny_config(tokenizer, *, vision_depth: int, **sizes):
+    """Return a tiny Qwen2.5-VL config (14-pixel patches, 112-pixel windows, the last block full attention)."""
+    vision = {
+        "depth": vision_depth,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": sizes["hidden"],
+        "patch_size": 14,
+        "window_size": 112,
+        "fullatt_block_indexes": [vision_depth - 1],
+    }
+    return qwen_tiny_config("qwen2_5_vl", vision, tokenizer, **sizes)
+
+
+def tiny_processor(tokenizer, **pixels):
+    """Return Qwen2.5-VL's processor around `tokenizer` (`min_pixels`, `max_pixels`)."""
+    return qwen_tiny_processor(tokenizer, "Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor", patch=14, **pixels)
+
+
+QWEN2_5_VL = FamilyInterface.register(
+    Family(
+        model_type="qwen2_5_vl",
+        config_class="Qwen2_5_VLConfig",
+        model_class="Qwen2_5_VLForConditionalGeneration",
+        processor_class="Qwen2_5_VLProcessor",
+        layout=qwen_layout_of,
+        geometry=qwen_geometry,
+        tiny_tokenizer=build_tokenizer,
+        tiny_config=tiny_config,
+        tiny_processor=tiny_processor,
+        released_geometry=(
+            "vision_config.patch_size",
+            "vision_config.spatial_merge_size",
+            "vision_config.temporal_patch_size",
+            "vision_config.window_size",
+        ),
+        processor_kwargs=video_with_metadata,
+        released_video_processor=qwen_released_video_processor,
+        vision_rotary="transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.apply_rotary_pos_emb_vision",
+    )
+)
