@@ -7,12 +7,14 @@ an earlier one), in a temporary folder prepared as the snippets expect:
 - each `data/NAME.jsonl` a snippet names holds 8 organism image samples;
 - `runs/rank` and `runs/headset`, the run folders the README's commands write (`corelens rank`, `corelens
   export`), are made with those commands.
+A block written as an interactive session (`>>>` lines) runs as a doctest, so its printed output is checked.
 A block that cannot run offline is marked by `<!-- norun: reason -->` on the line before its fence; the
 marker is the only way to skip one.
 """
 
 from __future__ import annotations
 
+import doctest
 import re
 import shutil
 from pathlib import Path
@@ -110,5 +112,10 @@ def test_python_blocks_run(document, tmp_path, monkeypatch):
     namespace: dict = {"__name__": "__readme__"}
     name = str(document.relative_to(ROOT))
     for line, code in runnable:
+        if code.lstrip().startswith(">>>"):  # an interactive session: its printed output is checked too
+            test = doctest.DocTestParser().get_doctest(code, namespace, name, name, line - 1)
+            runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+            runner.run(test, out=lambda text: pytest.fail(f"{name}:{line}:\n{text}", pytrace=False))
+            continue
         # Padded so that a traceback names the document's own line.
         exec(compile("\n" * (line - 1) + code, name, "exec"), namespace)
