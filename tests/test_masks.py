@@ -25,14 +25,21 @@ def documented(n, sink, window, model):
 
     s: the row's first real position, the first key its last query may attend.
     """
-    out = torch.zeros(model.shape[0], len(FULL), n, n, dtype=torch.bool)
+    out = []
     for b in range(model.shape[0]):
         last = model[b, 0, -1].tolist()
         s = last.index(True) if True in last else 0
-        allowed = model[b, 0].tolist()
-        for h, i, j in itertools.product(range(len(FULL)), range(n), range(n)):
-            out[b, h, i, j] = j <= i and (bool(FULL[h]) or j - s < sink or i - j < window) and allowed[i][j]
-    return out
+        ok = model[b, 0].tolist()
+        out.append(
+            [
+                [
+                    [j <= i and (full or j - s < sink or i - j < window) and ok[i][j] for j in range(n)]
+                    for i in range(n)
+                ]
+                for full in FULL.tolist()
+            ]
+        )
+    return torch.tensor(out, dtype=torch.bool)
 
 
 def model_mask(n, pads, holes=None):
