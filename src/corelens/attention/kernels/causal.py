@@ -21,7 +21,7 @@ def balance_pays(units: int, n: int, threads: int) -> bool:
     The flash kernel hands each thread a contiguous run of (unit, query block) items; a causal block's work
     is the keys it sees. Predicts the busiest thread's work both ways; the split must win by its own cost,
     O(n) copies and a merge against the O(n^2) call: a margin of 5 % at 16k tokens, scaled by 16k / n.
-    Measured against the prediction in benchmarks/README.md#hybrid (benchmarks/hybrid_anatomy.py).
+    Measured against the prediction: benchmarks/README.md#hybrid-kernel-constants.
     """
     if threads < 2:
         return False

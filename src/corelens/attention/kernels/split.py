@@ -14,8 +14,8 @@ import torch
 from corelens.attention.kernels.masks import Pattern, tile_mask, window_keys
 from corelens.attention.kernels.tiling import Group, Scratch, Tiles, additive
 
-# Block of the split tile path, chosen with benchmarks/hybrid_anatomy.py (see benchmarks/README.md#hybrid);
-# 96 keeps g * B >= 768 stacked rows for 8 heads.
+# Block of the split tile path: 96 keeps g * B >= 768 stacked rows for 8 heads; the block hardly matters
+# (benchmarks/README.md#hybrid-kernel-constants).
 SPLIT_BLOCK = 96
 
 

@@ -42,7 +42,7 @@ from corelens.attention.kernels.tiling import Group, Scratch
 PATHS = ("band", "split", "masked")
 _ATTEND = {"band": band.attend, "split": split.attend, "masked": masked.attend}
 # Query positions past the prefix from which the default path builds the band kernel (once per machine, then
-# cached): shorter prompts take the split tiles, which cost a fraction of a second there.
+# cached); shorter prompts take the split tiles (benchmarks/README.md#hybrid-kernel-constants).
 BAND_MIN = 2048
 
 

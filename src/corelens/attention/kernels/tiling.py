@@ -19,7 +19,8 @@ from corelens.attention.kernels.masks import Pattern
 NEG_INF = float("-inf")
 CHUNK_BYTES = 96 << 20  # key + value tiles per sdpa call: few calls (each a parallel region)
 # Outputs of one sdpa call at most: glibc serves blocks above 32 MB with fresh mmap'ed pages, and their page
-# faults cost more than the call's arithmetic saves; smaller blocks are reused from the heap.
+# faults cost more than the call's arithmetic saves; smaller blocks are reused from the heap
+# (benchmarks/README.md#hybrid-kernel-constants).
 OUT_BYTES = 16 << 20
 
 
