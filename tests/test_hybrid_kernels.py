@@ -223,3 +223,31 @@ def test_auto_prefers_flex_on_cuda_and_falls_back(monkeypatch):
     assert (out - reference(q, k, v, None, full, Pattern(3, 20), 0.25)).abs().max().item() <= 1e-5
     with pytest.raises(RuntimeError, match="no triton"):  # an explicit choice never falls back
         kernels.prefill("flex", q, k, v, None, full, Pattern(3, 20), 0.25)
+
+
+def test_plans_scan_each_mask_object_once():
+    """The padding of a mask is computed once per mask object (every layer of a forward passes the same one)."""
+    plans = tiles.Plans()
+    mask = _left_padded([0, 9, 120], 211)
+    first = plans.get(mask, 3)
+    assert first.left and first.starts == (0, 9, 120)
+    assert plans.get(mask, 3) is first
+    holes = mask & (torch.rand(3, 1, 211, 211, generator=torch.Generator().manual_seed(1)) < 0.9)
+    assert not plans.get(holes, 3).left  # a new mask object: scanned again
+    assert plans.get(mask.clone(), 3) == first and plans.get(mask.clone(), 3) is not first
+
+
+def test_a_hybrid_session_scans_the_prompt_mask_once_per_forward(tiny_dir, monkeypatch):
+    import corelens
+
+    scans = []
+    of = tiles.Padding.of
+    monkeypatch.setattr(tiles.Padding, "of", classmethod(lambda cls, *a: scans.append(1) or of(*a)))
+    m = corelens.load(tiny_dir("qwen2_5_vl", heads=4, kv_heads=2))
+    ids = torch.randint(20, 60, (2, 157), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :23] = 0
+    with torch.no_grad(), corelens.hybrid(m, [(0, 1)], sink=5, window=21, kernel="blocked") as h:
+        for _ in range(2):
+            m.model(input_ids=ids, attention_mask=mask)
+    assert h.stats["prefill:blocked"] == 2 * m.num_layers > 2 and len(scans) == 2
