@@ -169,7 +169,7 @@ def tile_mask(pattern: Pattern, block: int) -> torch.Tensor:
     Columns: the S sinks, then the window keys i0 - W + 1 .. i0 + block - 1 of the tile's first query i0
     (`window_keys`). Past the prefix the rule has the same shape for every tile, so it is evaluated once, at
     the first such tile (start 0). Raises if the rule keeps a key outside these columns: no tile path can
-    silently drop part of the rule.
+    silently drop part of the rule. Cached per (pattern, block): callers must not modify the tensor.
     """
     i0 = pattern.prefix_end(0, 1 << 62)
     first, stop = window_keys(pattern, i0, block)
