@@ -21,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from corelens.attention.kernels import pairs, tiles
+from corelens.attention.kernels import Pattern, causal, pairs, tiles, tiling
 
 SINK, WINDOW, DIM = 128, 1024, 128
 
@@ -51,9 +51,8 @@ def streaming(n: int, groups: int, block: int | None, path: str, heads: list[int
     k, v = torch.randn(n, DIM, generator=g), torch.randn(n, DIM, generator=g)
     out = torch.empty(n, 8, DIM)
     heads = torch.tensor(heads or list(range(groups)))
-    return lambda: tiles.streaming_group(
-        q, heads, k, v, out, 0, SINK, WINDOW, DIM**-0.5, block, tiles.Scratch(q.device), path=path
-    )
+    group = tiling.Group(q, heads, k, v, out, Pattern(SINK, WINDOW), DIM**-0.5)
+    return lambda: tiles.streaming_group(group, block, tiling.Scratch(q.device), path=path)
 
 
 def stock_per_pair(n: int) -> float:
@@ -111,7 +110,7 @@ def main() -> None:
 
     run = streaming(n, 8, None, "split")
     for label, limit in (("outputs <= 16 MB", 16 << 20), ("one call (outputs 48 MB)", 1 << 40)):
-        tiles.OUT_BYTES = limit
+        tiling.OUT_BYTES = limit
         run()
         best, pages = float("inf"), 0
         for _ in range(3):
@@ -119,7 +118,7 @@ def main() -> None:
             run()
             best, pages = min(best, time.perf_counter() - start), faults() - before
         print(f"split tiles, 8 heads, {label}: {best:.3f} s, {pages} minor page faults per call")
-    tiles.OUT_BYTES = 16 << 20
+    tiling.OUT_BYTES = 16 << 20
 
     for length in (4096, 16384):
         for heads in (1, 2, 3, 5):
@@ -127,10 +126,10 @@ def main() -> None:
             t = interleaved(
                 {
                     "one": lambda x=x: F.scaled_dot_product_attention(*x, is_causal=True, scale=0.1),
-                    "split": lambda x=x: tiles.causal_balanced(*x, 0.1),
+                    "split": lambda x=x: causal.causal_balanced(*x, 0.1),
                 }
             )
-            pays = tiles.balance_pays(heads, length, torch.get_num_threads())
+            pays = causal.balance_pays(heads, length, torch.get_num_threads())
             print(
                 f"N = {length}, {heads} head(s): one causal call {t['one']:.3f} s, causal_balanced {t['split']:.3f} s "
                 f"({t['one'] / t['split']:.2f}x; balance_pays: {pays})"

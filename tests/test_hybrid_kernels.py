@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from corelens.attention import kernels
-from corelens.attention.kernels import band, blocked, flex, reference, tiles
-from corelens.attention.kernels.flexattn import _mask_mod, policy_block_mask
-from corelens.attention.kernels.semantics import pairs, row_starts, streaming_keep
-from corelens.attention.kernels.tiles import causal_balanced
+from corelens.attention.kernels import Pattern, band, blocked, causal, flex, reference, split, tiles, tiling
+from corelens.attention.kernels.causal import causal_balanced
+from corelens.attention.kernels.flexattn import policy_block_mask
+from corelens.attention.kernels.masks import hybrid_mask_function, pairs, row_starts, streaming_keep
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -33,7 +33,7 @@ def _left_padded(pads, n):
 def test_streaming_rule_is_the_documented_one_and_pairs_count_it():
     q = torch.arange(40)[None]
     k = torch.arange(40)[None]
-    keep = streaming_keep(q, k, torch.zeros(1, dtype=torch.long), 3, 5)[0]
+    keep = streaming_keep(q, k, torch.zeros(1, dtype=torch.long), Pattern(3, 5))[0]
     want = torch.tensor([[j <= i and (j < 3 or i - j < 5) for j in range(40)] for i in range(40)])
     assert torch.equal(keep, want)
     assert pairs(40, 3, 5) == (40 * 41 // 2, int(want.sum()))
@@ -49,29 +49,29 @@ def test_streaming_rule_is_the_documented_one_and_pairs_count_it():
 def test_blocked_equals_reference(groups, n, sink, window, path):
     q, k, v, full = _inputs(1, 4 * groups if groups < 4 else 8, groups, n, seed=n + groups)
     scale = 16**-0.5
-    ref = reference(q, k, v, None, full, sink, window, scale)
+    ref = reference(q, k, v, None, full, Pattern(sink, window), scale)
     for block in (None, 8, 2):  # the default; many tiles per row; the smallest split block
-        out = blocked(q, k, v, None, full, sink, window, scale, block=block, path=path)
+        out = blocked(q, k, v, None, full, Pattern(sink, window), scale, block=block, path=path)
         assert (out - ref).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("out_bytes", [1, tiles.OUT_BYTES])  # one tile per call; all tiles in one call
+@pytest.mark.parametrize("out_bytes", [1, tiling.OUT_BYTES])  # one tile per call; all tiles in one call
 @pytest.mark.parametrize("full_heads", [[4], [1, 5, 6]])  # streaming heads 5-7; runs 0 | 2-3 and 4 | 7
 @pytest.mark.parametrize("path", tiles.PATHS)
 def test_blocked_tile_chunks_and_head_runs_equal_reference(monkeypatch, path, full_heads, out_bytes):
     """Whole tiles merge straight into the output, run by run of consecutive heads; a partial one through a copy."""
-    monkeypatch.setattr(tiles, "OUT_BYTES", out_bytes)
+    monkeypatch.setattr(tiling, "OUT_BYTES", out_bytes)
     q, k, v, _ = _inputs(1, 8, 4, 157, seed=11)
     full = torch.zeros(8, dtype=torch.bool)
     full[full_heads] = True
-    ref = reference(q, k, v, None, full, 5, 40, 0.25)
-    out = blocked(q, k, v, None, full, 5, 40, 0.25, block=16, path=path)
+    ref = reference(q, k, v, None, full, Pattern(5, 40), 0.25)
+    out = blocked(q, k, v, None, full, Pattern(5, 40), 0.25, block=16, path=path)
     assert (out - ref).abs().max().item() <= 1e-5
 
 
 def test_head_runs_cut_at_gaps():
-    assert tiles.head_runs(torch.tensor([8, 11, 13, 14, 15])) == [(0, 1, 8), (1, 2, 11), (2, 5, 13)]
-    assert tiles.head_runs(torch.tensor([3])) == [(0, 1, 3)]
+    assert tiling.head_runs(torch.tensor([8, 11, 13, 14, 15])) == [(0, 1, 8), (1, 2, 11), (2, 5, 13)]
+    assert tiling.head_runs(torch.tensor([3])) == [(0, 1, 3)]
 
 
 def test_band_reads_strided_queries_and_keys_in_place():
@@ -81,11 +81,11 @@ def test_band_reads_strided_queries_and_keys_in_place():
     q = torch.randn(1, n, heads, dim, generator=g).transpose(1, 2)
     k, v = (torch.randn(1, n, kv, dim, generator=g).transpose(1, 2) for _ in range(2))
     full = torch.tensor([False, True, False, False, False, True])
-    ref = reference(q, k, v, None, full, 6, 40, 0.25)
-    assert (blocked(q, k, v, None, full, 6, 40, 0.25, path="band") - ref).abs().max().item() <= 1e-5
+    ref = reference(q, k, v, None, full, Pattern(6, 40), 0.25)
+    assert (blocked(q, k, v, None, full, Pattern(6, 40), 0.25, path="band") - ref).abs().max().item() <= 1e-5
     out = torch.zeros(n, heads, dim)
     with pytest.raises(RuntimeError, match="head index out of range"):  # checked, never read out of bounds
-        band.band(q[0], torch.tensor([6]), k[0, 0], v[0, 0], out, torch.tensor([0]), 0, 46, 6, 40, 0.25)
+        band.attend(tiling.Group(q[0], torch.tensor([6]), k[0, 0], v[0, 0], out, Pattern(6, 40), 0.25))
 
 
 def test_without_the_band_kernel_the_split_tiles_run(monkeypatch):
@@ -100,18 +100,18 @@ def test_without_the_band_kernel_the_split_tiles_run(monkeypatch):
     assert tiles.streaming_path(torch.device("cpu"), 1) == "masked"
     q, k, v, full = _inputs(1, 4, 2, 157, seed=2)
     with pytest.raises(RuntimeError, match="band kernel is unavailable: disabled by CORELENS_NATIVE=0"):
-        blocked(q, k, v, None, full, 5, 40, 0.25, path="band")
-    ref = reference(q, k, v, None, full, 5, 40, 0.25)
-    assert (blocked(q, k, v, None, full, 5, 40, 0.25) - ref).abs().max().item() <= 1e-5
+        blocked(q, k, v, None, full, Pattern(5, 40), 0.25, path="band")
+    ref = reference(q, k, v, None, full, Pattern(5, 40), 0.25)
+    assert (blocked(q, k, v, None, full, Pattern(5, 40), 0.25) - ref).abs().max().item() <= 1e-5
     with pytest.raises(ValueError, match="unknown streaming path 'fast'"):
-        blocked(q, k, v, None, full, 5, 40, 0.25, path="fast")
+        blocked(q, k, v, None, full, Pattern(5, 40), 0.25, path="fast")
 
 
 def test_split_tiles_apply_only_where_every_query_keeps_a_middle_key():
-    assert tiles.split_block(1024) == tiles.SPLIT_BLOCK and tiles.split_block(40) == 40
-    assert tiles.split_block(7, 8) is None and tiles.split_block(7, 1) is None  # B > W; B < 2
-    assert tiles.split_block(1) is None
-    edge = tiles.edge_rule(4, 2)  # 2 sinks, 3 left columns (c >= r), 3 right columns (c < r)
+    assert split.split_block(1024) == split.SPLIT_BLOCK and split.split_block(40) == 40
+    assert split.split_block(7, 8) is None and split.split_block(7, 1) is None  # B > W; B < 2
+    assert split.split_block(1) is None
+    edge = split.edge_rule(Pattern(2, 4), 4)  # 2 sinks, 3 left columns (c >= r), 3 right columns (c < r)
     assert edge.sum(dim=1).tolist() == [2 + 3] * 4  # every row: its sinks and B - 1 edge keys
 
 
@@ -127,18 +127,18 @@ def test_balanced_causal_equals_sdpa(n, heads, batch):
 
 def test_balance_pays_only_where_one_call_leaves_a_thread_idle(monkeypatch):
     """An odd head count on 2 threads leaves one thread the late query blocks: the split pays at long prompts."""
-    assert tiles.balance_pays(1, 16384, 2) and not tiles.balance_pays(1, 16384, 1)
-    assert tiles.balance_pays(1, 4096, 2) and tiles.balance_pays(3, 16384, 2)
-    assert tiles.balance_pays(5, 32768, 2)
-    assert not tiles.balance_pays(2, 16384, 2) and not tiles.balance_pays(4, 32768, 2)
-    assert not tiles.balance_pays(3, 4096, 2)  # 17 % predicted, less than the split's cost at 4k
+    assert causal.balance_pays(1, 16384, 2) and not causal.balance_pays(1, 16384, 1)
+    assert causal.balance_pays(1, 4096, 2) and causal.balance_pays(3, 16384, 2)
+    assert causal.balance_pays(5, 32768, 2)
+    assert not causal.balance_pays(2, 16384, 2) and not causal.balance_pays(4, 32768, 2)
+    assert not causal.balance_pays(3, 4096, 2)  # 17 % predicted, less than the split's cost at 4k
     # Forced on, the full heads of the blocked kernel still equal the dense reference.
-    monkeypatch.setattr(tiles, "balance_pays", lambda *args: True)
+    monkeypatch.setattr(causal, "balance_pays", lambda *args: True)
     q, k, v, _ = _inputs(1, 4, 2, 301, seed=5)
     for full in ([True, False, False, True], [True, True, False, False]):  # two KV heads; one, read in place
         full = torch.tensor(full)
-        ref = reference(q, k, v, None, full, 8, 32, 0.25)
-        assert (blocked(q, k, v, None, full, 8, 32, 0.25) - ref).abs().max().item() <= 1e-5
+        ref = reference(q, k, v, None, full, Pattern(8, 32), 0.25)
+        assert (blocked(q, k, v, None, full, Pattern(8, 32), 0.25) - ref).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("path", tiles.PATHS)
@@ -148,21 +148,21 @@ def test_blocked_left_padding_and_other_masks(groups, path):
     q, k, v, full = _inputs(3, 3 * groups, groups, n, seed=7)
     scale = 0.3
     mask = _left_padded([0, 9, 120], n)
-    ref = reference(q, k, v, mask, full, sink, window, scale)
-    out = blocked(q, k, v, mask, full, sink, window, scale, block=16, path=path)
+    ref = reference(q, k, v, mask, full, Pattern(sink, window), scale)
+    out = blocked(q, k, v, mask, full, Pattern(sink, window), scale, block=16, path=path)
     assert (out - ref).abs().max().item() <= 1e-5
     assert out[2, :120].abs().max() == 0  # pad rows attend nothing, as in sdpa
     assert torch.equal(row_starts(mask, 3, q.device), torch.tensor([0, 9, 120]))
     # Right padding / any mask that is not causal + left padding: the exact dense path.
     holes = mask & (torch.rand(3, 1, n, n, generator=torch.Generator().manual_seed(1)) < 0.9)
-    ref = reference(q, k, v, holes, full, sink, window, scale)
-    assert (blocked(q, k, v, holes, full, sink, window, scale) - ref).abs().max().item() <= 1e-5
+    ref = reference(q, k, v, holes, full, Pattern(sink, window), scale)
+    assert (blocked(q, k, v, holes, full, Pattern(sink, window), scale) - ref).abs().max().item() <= 1e-5
 
 
 def test_blocked_keeps_the_input_dtype_with_fp32_accumulation():
     q, k, v, full = _inputs(1, 4, 2, 300, seed=3, dtype=torch.bfloat16)
-    out = blocked(q, k, v, None, full, 4, 32, 0.25)
-    ref = reference(q.float(), k.float(), v.float(), None, full, 4, 32, 0.25)
+    out = blocked(q, k, v, None, full, Pattern(4, 32), 0.25)
+    ref = reference(q.float(), k.float(), v.float(), None, full, Pattern(4, 32), 0.25)
     assert out.dtype == torch.bfloat16
     assert (out.float() - ref).abs().max().item() <= 2e-2  # bf16 output rounding only
 
@@ -172,8 +172,8 @@ def test_flex_equals_reference(pads):
     n = 197
     q, k, v, full = _inputs(2, 6, 3, n, seed=11)
     mask = None if pads is None else _left_padded(pads, n)
-    ref = reference(q, k, v, mask, full, 5, 33, 0.25)
-    out = flex(q, k, v, mask, full, 5, 33, 0.25, compiled=False)
+    ref = reference(q, k, v, mask, full, Pattern(5, 33), 0.25)
+    out = flex(q, k, v, mask, full, Pattern(5, 33), 0.25, compiled=False)
     assert (out - ref).abs().max().item() <= 1e-5
 
 
@@ -183,8 +183,8 @@ def test_flex_equals_reference(pads):
 def test_flex_block_mask_classifies_tiles_exactly(n, sink, window, block):
     """Full tiles must hold only kept pairs (their mask_mod is skipped); every kept pair must be in a tile."""
     flags = (True, False, False)
-    bm = policy_block_mask(flags, n, sink, window, "cpu", block=block)
-    mod = _mask_mod(torch.tensor(flags), None, None, sink, window)
+    bm = policy_block_mask(flags, n, Pattern(sink, window), "cpu", block=block)
+    mod = hybrid_mask_function(Pattern(sink, window), torch.tensor(flags))
     i = torch.arange(n)
     nb = -(-n // block)
     for h in range(len(flags)):
@@ -218,8 +218,36 @@ def test_auto_prefers_flex_on_cuda_and_falls_back(monkeypatch):
     monkeypatch.setattr(kernels, "choose", lambda kind, device: "flex")
     monkeypatch.setitem(kernels._IMPL, "flex", broken)
     q, k, v, full = _inputs(1, 4, 2, 90, seed=5)
-    out, ran, reason = kernels.prefill("auto", q, k, v, None, full, 3, 20, 0.25)
+    out, ran, reason = kernels.prefill("auto", q, k, v, None, full, Pattern(3, 20), 0.25)
     assert ran == "blocked" and "no triton here" in reason
-    assert (out - reference(q, k, v, None, full, 3, 20, 0.25)).abs().max().item() <= 1e-5
+    assert (out - reference(q, k, v, None, full, Pattern(3, 20), 0.25)).abs().max().item() <= 1e-5
     with pytest.raises(RuntimeError, match="no triton"):  # an explicit choice never falls back
-        kernels.prefill("flex", q, k, v, None, full, 3, 20, 0.25)
+        kernels.prefill("flex", q, k, v, None, full, Pattern(3, 20), 0.25)
+
+
+def test_plans_scan_each_mask_object_once():
+    """The padding of a mask is computed once per mask object (every layer of a forward passes the same one)."""
+    plans = tiles.Plans()
+    mask = _left_padded([0, 9, 120], 211)
+    first = plans.get(mask, 3)
+    assert first.left and first.starts == (0, 9, 120)
+    assert plans.get(mask, 3) is first
+    holes = mask & (torch.rand(3, 1, 211, 211, generator=torch.Generator().manual_seed(1)) < 0.9)
+    assert not plans.get(holes, 3).left  # a new mask object: scanned again
+    assert plans.get(mask.clone(), 3) == first and plans.get(mask.clone(), 3) is not first
+
+
+def test_a_hybrid_session_scans_the_prompt_mask_once_per_forward(tiny_dir, monkeypatch):
+    import corelens
+
+    scans = []
+    of = tiles.Padding.of
+    monkeypatch.setattr(tiles.Padding, "of", classmethod(lambda cls, *a: scans.append(1) or of(*a)))
+    m = corelens.load(tiny_dir("qwen2_5_vl", heads=4, kv_heads=2))
+    ids = torch.randint(20, 60, (2, 157), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :23] = 0
+    with torch.no_grad(), corelens.hybrid(m, [(0, 1)], sink=5, window=21, kernel="blocked") as h:
+        for _ in range(2):
+            m.model(input_ids=ids, attention_mask=mask)
+    assert h.stats["prefill:blocked"] == 2 * m.num_layers > 2 and len(scans) == 2

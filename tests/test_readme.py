@@ -115,7 +115,7 @@ def test_python_blocks_run(document, tmp_path, monkeypatch):
         if code.lstrip().startswith(">>>"):  # an interactive session: its printed output is checked too
             test = doctest.DocTestParser().get_doctest(code, namespace, name, name, line - 1)
             runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-            runner.run(test, out=lambda text: pytest.fail(f"{name}:{line}:\n{text}", pytrace=False))
+            runner.run(test, out=lambda text, at=line: pytest.fail(f"{name}:{at}:\n{text}", pytrace=False))
             continue
         # Padded so that a traceback names the document's own line.
         exec(compile("\n" * (line - 1) + code, name, "exec"), namespace)

@@ -34,7 +34,7 @@ from corelens.attention import kernels
 from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
 from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer
 from corelens.attention.kernels.dense import masked_attention, policy_allowed
-from corelens.attention.kernels.semantics import allowed_mask, is_dense, row_starts, streaming_keep
+from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
 from corelens.errors import CorelensError
 from corelens.metrics.headsets import SEEDED, k_count, select
 
@@ -89,6 +89,11 @@ class HybridPolicy:
         if kind == "random":
             source["random_from"] = random_from
         return cls(select(heads, kind, count, seed, random_from=random_from), sink, window, source)
+
+    @property
+    def pattern(self) -> Pattern:
+        """Return the streaming heads' (S, W) as the kernels take it."""
+        return Pattern(self.sink, self.window)
 
     def full_mask(self, layers: int, heads: int) -> torch.Tensor:
         """Return the (layers, heads) boolean full-head table for a model of that shape."""
@@ -210,6 +215,7 @@ class Hybrid:
         self.fallbacks: list[str] = []
         self.active = False
         # The session owns the cache it hands out: the hook reads its layer by index (`owned_layer`).
+        self.plans = kernels.Plans()  # the prompt mask's padding, scanned once per forward (not per layer)
         self.last_cache: HybridCache | None = None
         self.hook = HybridHook(self)
 
@@ -290,13 +296,13 @@ class HybridHook(AttentionHook):
     def _prefill(self, inner, full, layer, module, query, key, value, attention_mask, scaling=None, **kwargs):
         s = self.session
         p = s.policy
-        if bool(full.all()) or is_dense(query.shape[2], p.sink, p.window):
+        if bool(full.all()) or p.pattern.is_dense(query.shape[2]):
             # Every pair is kept: exactly the inner (by default the stock sdpa) call.
             out, _ = inner(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
             ran, reason = "sdpa", None
         else:
             out, ran, reason = kernels.prefill(
-                s.kernel, query, key, value, attention_mask, full, p.sink, p.window, scaling
+                s.kernel, query, key, value, attention_mask, full, p.pattern, scaling, plans=s.plans
             )
         s.stats[f"prefill:{ran}"] += 1
         if reason:
@@ -316,7 +322,7 @@ class HybridHook(AttentionHook):
         k_pos = torch.arange(k_len, device=device).expand(batch, k_len)
         q_pos = torch.arange(k_len - q_len, k_len, device=device).expand(batch, q_len)
         starts = row_starts(attention_mask, batch, device)
-        allowed = policy_allowed(full, attention_mask, q_pos, k_pos, starts, s.policy.sink, s.policy.window)
+        allowed = policy_allowed(full, attention_mask, q_pos, k_pos, starts, s.policy.pattern)
         s.stats["masked"] += 1
         return masked_attention(query, key, value, allowed, scaling), None
 
@@ -337,13 +343,13 @@ class HybridHook(AttentionHook):
         if len(full_kv):
             qh = (full_kv[:, None] * groups + torch.arange(groups, device=device)).flatten()
             k_pos = torch.arange(total, device=device).expand(batch, total)
-            allowed = policy_allowed(full[qh.cpu()], model, q_pos, k_pos, starts, p.sink, p.window)
+            allowed = policy_allowed(full[qh.cpu()], model, q_pos, k_pos, starts, p.pattern)
             out[:, :, qh] = masked_attention(query[:, qh], key, value, allowed, scaling)
 
         sk, sv, pos = layer.visible
         stream_kv = layer.stream_kv.to(device)
         qh = (stream_kv[:, None] * groups + torch.arange(groups, device=device)).flatten()
-        allowed = streaming_keep(q_pos, pos, starts, p.sink, p.window)  # (batch, q, slots); -1 slots excluded
+        allowed = streaming_keep(q_pos, pos, starts, p.pattern)  # (batch, q, slots); -1 slots excluded
         if model is not None:
             cols = pos.clamp(min=0)[:, None, :].expand(batch, q_len, pos.shape[1])
             allowed &= model[:, 0].gather(-1, cols)

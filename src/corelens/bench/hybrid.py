@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from corelens.attention.kernels import flex, ideal_speedup, pairs, prefill
+from corelens.attention.kernels import Pattern, flex, ideal_speedup, pairs, prefill
 from corelens.attention.kernels.flexattn import policy_block_mask
 from corelens.attention.kernels.tiles import streaming_path
 
@@ -199,11 +199,11 @@ def kernel_times(
     ran: dict[str, str] = {}
 
     def hybrid(keep):
-        y, ran[str(keep)], _ = prefill("auto", q, k, v, None, fulls[keep], sink, window, scale)
+        y, ran[str(keep)], _ = prefill("auto", q, k, v, None, fulls[keep], Pattern(sink, window), scale)
         return y
 
     def flexed(keep):
-        return flex(q, k, v, None, fulls[keep], sink, window, scale, compiled=True)
+        return flex(q, k, v, None, fulls[keep], Pattern(sink, window), scale, compiled=True)
 
     out: dict[str, Any] = {
         "kernel_full_heads": {str(keep): fulls[keep].nonzero().flatten().tolist() for keep in keeps},

@@ -1,4 +1,4 @@
-"""Hybrid attention kernels behind one interface: (query, key, value, mask, full, sink, window, scale) -> output.
+"""Hybrid attention kernels behind one interface: (query, key, value, mask, full, pattern, scale) -> output.
 
 - ``reference``: the dense masked reference (every decision materialised; tests and small inputs);
 - ``blocked``: the fast CPU path (sdpa for full heads, block-batched GEMMs for streaming heads);
@@ -7,7 +7,9 @@
 
 All take post-RoPE queries (batch, heads, n, dim) and un-repeated GQA keys/values (batch, kv_heads, n, dim) of a
 whole-prompt prefill (query i at key position i), the model's mask ((batch, 1, n, n) booleans, or None for
-plain causal) and `full`, a (heads,) boolean tensor; they return (batch, n, heads, dim) in the query dtype.
+plain causal), `full`, a (heads,) boolean tensor, and the `Pattern` (S sinks, W window) whose one rule
+(`masks.py`, docs/methods.md#hybrid) they all derive from; they return (batch, n, heads, dim) in the query
+dtype.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ import torch
 
 from corelens.attention.kernels.dense import masked_attention, policy_allowed, reference
 from corelens.attention.kernels.flexattn import flex
-from corelens.attention.kernels.semantics import (
+from corelens.attention.kernels.masks import (
+    Pattern,
     ideal_speedup,
     pairs,
     pooled_speedup,
     row_starts,
     streaming_keep,
 )
-from corelens.attention.kernels.tiles import blocked
+from corelens.attention.kernels.tiles import Plans, blocked
 
 KERNELS = ("auto", "reference", "blocked", "flex")
 log = logging.getLogger(__name__)
@@ -49,26 +52,36 @@ def prefill(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     full: torch.Tensor,
-    sink: int,
-    window: int,
+    pattern: Pattern,
     scale: float,
     *,
+    plans: Plans | None = None,
     fallback: str | None = "blocked",
 ) -> tuple[torch.Tensor, str, str | None]:
-    """Run kernel `kind`; return (output, the kernel that ran, why the fallback was taken or None)."""
+    """Run kernel `kind`; return (output, the kernel that ran, why the fallback was taken or None).
+
+    `plans`: the caller's memo of the mask's padding, for the blocked kernel (one scan per forward).
+    """
     name = choose(kind, query.device)
+    args = (query, key, value, mask, full, pattern, scale)
     try:
-        return _IMPL[name](query, key, value, mask, full, sink, window, scale), name, None
+        return _run(name, args, plans), name, None
     except Exception as err:  # any failure of an optional fast path falls back, logged once per call
         if fallback is None or fallback == name or kind != "auto":
             raise
         reason = f"{name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"
         log.warning("corelens hybrid: %s; using %s", reason, fallback)
-        return _IMPL[fallback](query, key, value, mask, full, sink, window, scale), fallback, reason
+        return _run(fallback, args, plans), fallback, reason
+
+
+def _run(name: str, args: tuple, plans: Plans | None) -> torch.Tensor:
+    return _IMPL[name](*args, plans=plans) if name == "blocked" else _IMPL[name](*args)
 
 
 __all__ = [
     "KERNELS",
+    "Pattern",
+    "Plans",
     "blocked",
     "choose",
     "flex",

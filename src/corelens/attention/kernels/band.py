@@ -13,9 +13,13 @@ import logging
 import os
 import shutil
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from corelens.attention.kernels.masks import Pattern, tile_mask
+from corelens.attention.kernels.tiling import Group, Scratch
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("band.cpp")
@@ -76,22 +80,50 @@ def band_rows(groups: int) -> int:
     return int(min(32, max(16, -(-128 // max(groups, 1)))))
 
 
-def band(
-    q: torch.Tensor,
-    q_heads: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    o_heads: torch.Tensor,
-    start: int,
-    end: int,
-    sink: int,
-    window: int,
-    scale: float,
-    rows: int | None = None,
-) -> None:
-    """Write streaming attention of query heads `q_heads` of `q` (heads, n, dim) for rows end .. n - 1 into
-    heads `o_heads` of `out` (n, heads, dim_v); fp32; sinks at start .. start + S - 1, end >= start + S + W."""
+def layout(pattern: Pattern, rows: int) -> torch.Tensor:
+    """Return the (R, S + W + R - 1) tile rule band.cpp applies: every sink; row r keeps window columns r .. r + W - 1.
+
+    C++ cannot call the rule, so `attend` checks this statement against it (`masks.tile_mask`) once per pattern.
+    """
+    span = torch.ones(rows, pattern.window + rows - 1, dtype=torch.bool).triu(0).tril(pattern.window - 1)
+    return torch.cat([torch.ones(rows, pattern.sink, dtype=torch.bool), span], dim=1)
+
+
+@lru_cache(maxsize=64)
+def _checked(pattern: Pattern, rows: int) -> None:
+    if not torch.equal(layout(pattern, rows), tile_mask(pattern, rows)):
+        raise ValueError(f"band.cpp's tile rule differs from the mask rule for {pattern} (R = {rows})")
+
+
+def attend(group: Group, block: int | None = None, scratch: Scratch | None = None) -> None:
+    """Write the rows of `group` past its prefix (`Group.end` .. n - 1) with the C++ band kernel; fp32 copies
+    of the query and output where they are not fp32 with a contiguous last dimension. `block`: R."""
+    if module() is None:
+        raise RuntimeError(f"the C++ band kernel is unavailable: {error()}")
+    heads, p = group.heads, group.pattern
+    rows = block or band_rows(len(heads))
+    _checked(p, rows)
+    g, end = len(heads), group.end
+    q, q_heads = group.query, heads
+    if q.dtype != torch.float32 or q.stride(-1) != 1:
+        q, q_heads = q[heads].float().contiguous(), torch.arange(g)
+    out, o_heads = group.out, heads
+    direct = out.dtype == torch.float32 and out.stride(-1) == 1
+    if not direct:
+        out, o_heads = torch.empty(group.n, g, group.value.shape[-1], device=q.device), torch.arange(g)
     module().band(  # type: ignore[union-attr]
-        q, q_heads, k, v, out, o_heads, start, end, sink, window, scale, rows or band_rows(len(q_heads))
+        q,
+        q_heads,
+        group.key,
+        group.value,
+        out,
+        o_heads,
+        group.start,
+        end,
+        p.sink,
+        p.window,
+        group.scale,
+        rows,
     )
+    if not direct:
+        group.write(end, out[end:])

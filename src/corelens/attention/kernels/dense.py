@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from corelens.attention.kernels.semantics import allowed_mask, row_starts, streaming_keep
+from corelens.attention.kernels.masks import Pattern, allowed_mask, evaluate, hybrid_mask_function, row_starts
 
 
 def masked_attention(
@@ -36,17 +36,15 @@ def policy_allowed(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     starts: torch.Tensor,
-    sink: int,
-    window: int,
+    pattern: Pattern,
 ) -> torch.Tensor:
-    """Return (batch, heads, q, k) booleans: the model mask AND (causal for full heads, streaming otherwise).
+    """Return (batch, heads, q, k) booleans: the model mask AND the hybrid rule (`masks.hybrid_mask_function`).
 
     `mask` is the model's mask over these queries and keys (None = causal); `q_pos` / `k_pos` (batch, q|k) are
     absolute positions, `starts` (batch,) the rows' first real positions, `full` (heads,) the full-head flags.
     """
-    causal = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_pos[:, None, :] >= 0)
-    stream = streaming_keep(q_pos, k_pos, starts, sink, window)
-    allowed = torch.where(full.to(causal.device)[None, :, None, None], causal[:, None], stream[:, None])
+    full = full.to(q_pos.device)
+    allowed = evaluate(hybrid_mask_function(pattern, full, starts), q_pos, k_pos, heads=len(full))
     model = allowed_mask(mask)
     return allowed if model is None else allowed & model
 
@@ -57,8 +55,7 @@ def reference(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     full: torch.Tensor,
-    sink: int,
-    window: int,
+    pattern: Pattern,
     scale: float,
 ) -> torch.Tensor:
     """Return hybrid attention (batch, q, heads, dim) from the dense mask; queries are the last q key positions."""
@@ -68,5 +65,5 @@ def reference(
     k_pos = torch.arange(k_len, device=device).expand(batch, k_len)
     q_pos = torch.arange(k_len - q_len, k_len, device=device).expand(batch, q_len)
     starts = row_starts(mask, batch, device)
-    allowed = policy_allowed(full, mask, q_pos, k_pos, starts, sink, window)
+    allowed = policy_allowed(full, mask, q_pos, k_pos, starts, pattern)
     return masked_attention(query, key, value, allowed, scale)

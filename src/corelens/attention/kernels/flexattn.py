@@ -3,7 +3,8 @@
 The default for CUDA tensors (compiled with `torch.compile`); on CPU it is what `corelens bench hybrid`
 compares against. Without a padding mask the block mask is built analytically from block corners (no N x N
 evaluation, so it scales to long prompts); with one, `create_block_mask` evaluates the per-position rule
-including the model's mask. Inside partial blocks `mask_mod` decides per (query, key), so the result is exact.
+including the model's mask. Inside partial blocks `mask_mod` (the rule of `masks.hybrid_mask_function`)
+decides per (query, key), so the result is exact.
 """
 
 from __future__ import annotations
@@ -12,22 +13,15 @@ from functools import lru_cache
 
 import torch
 
-from corelens.attention.kernels.semantics import allowed_mask, row_starts
+from corelens.attention.kernels.masks import (
+    Pattern,
+    allowed_mask,
+    block_keeps,
+    hybrid_mask_function,
+    row_starts,
+)
 
 BLOCK = 128
-
-
-def _mask_mod(
-    full: torch.Tensor, starts: torch.Tensor | None, model: torch.Tensor | None, sink: int, window: int
-):
-    """Return the per-position rule as a FlexAttention mask_mod (starts None: no padding, sinks from 0)."""
-
-    def mask_mod(b, h, q, k):
-        first = k if starts is None else k - starts[b]
-        keep = (k <= q) & (full[h] | (first < sink) | (q - k < window))
-        return keep & model[b, 0, q, k] if model is not None else keep
-
-    return mask_mod
 
 
 def _grid(n: int, block: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -48,30 +42,19 @@ def _pack(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @lru_cache(maxsize=32)
-def policy_block_mask(
-    full: tuple[bool, ...], n: int, sink: int, window: int, device: str, block: int = BLOCK
-):
+def policy_block_mask(full: tuple[bool, ...], n: int, pattern: Pattern, device: str, block: int = BLOCK):
     """Return the BlockMask of the hybrid pattern for an unpadded n-token prompt (cached: same for each call)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     dev = torch.device(device)
     flags = torch.tensor(full, dtype=torch.bool, device=dev)
-    i0, i1, j0, j1, whole = _grid(n, block, dev)
-    causal_any = j0 <= i1
-    causal_all = (j1 <= i0) & whole
-    # A streaming tile holds a kept pair iff some key is a sink or within W of some later-or-equal query.
-    stream_any = causal_any & ((j0 < sink) | ((i0 - j1).clamp(min=0) < window))
-    # ... and every pair is kept iff each key is a sink or every query is within W of it.
-    stream_all = causal_all & ((j1 < sink) | (i1 - j0.clamp(min=sink) < window))
-    f = flags[:, None, None]
-    any_ = torch.where(f, causal_any, stream_any)
-    all_ = torch.where(f, causal_all, stream_all)
+    any_, all_ = block_keeps(pattern, flags, *_grid(n, block, dev))
     partial = any_ & ~all_
     num, idx = _pack(partial)
     full_num, full_idx = _pack(all_)
     return BlockMask.from_kv_blocks(
         num, idx, full_num, full_idx, BLOCK_SIZE=block,
-        mask_mod=_mask_mod(flags, None, None, sink, window), seq_lengths=(n, n),
+        mask_mod=hybrid_mask_function(pattern, flags), seq_lengths=(n, n),
     )  # fmt: skip
 
 
@@ -79,8 +62,7 @@ def block_mask(
     full: torch.Tensor,
     mask: torch.Tensor | None,
     n: int,
-    sink: int,
-    window: int,
+    pattern: Pattern,
     device: torch.device,
     compile_mask: bool,
 ):
@@ -89,10 +71,10 @@ def block_mask(
 
     model = allowed_mask(mask)
     if model is None:
-        return policy_block_mask(tuple(bool(x) for x in full.tolist()), n, sink, window, str(device))
+        return policy_block_mask(tuple(bool(x) for x in full.tolist()), n, pattern, str(device))
     batch = model.shape[0]
     starts = row_starts(model, batch, device)
-    mod = _mask_mod(full.to(device), starts, model, sink, window)
+    mod = hybrid_mask_function(pattern, full.to(device), starts, model)
     return create_block_mask(mod, batch, len(full), n, n, device=device, _compile=compile_mask)
 
 
@@ -118,15 +100,14 @@ def flex(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     full: torch.Tensor,
-    sink: int,
-    window: int,
+    pattern: Pattern,
     scale: float,
     *,
     compiled: bool = True,
 ) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v) from FlexAttention with the per-head block mask."""
     n = query.shape[2]
-    bm = block_mask(full, mask, n, sink, window, query.device, compile_mask=compiled)
+    bm = block_mask(full, mask, n, pattern, query.device, compile_mask=compiled)
     gqa = query.shape[1] != key.shape[1]
     out = flex_fn(compiled)(query, key, value, block_mask=bm, scale=scale, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous()
