@@ -17,7 +17,7 @@ from typing import Any
 
 from PIL import Image
 
-from corelens.errors import InputError
+from corelens.errors import InputError, OptionError
 
 Box = tuple[float, float, float, float]
 
@@ -488,7 +488,7 @@ def read_samples(
 ) -> tuple[list[Sample], list[SkippedSample]]:
     """Read and check a JSONL sample file; a bad record raises InputError, or is listed if `skip_bad`."""
     if limit is not None and (not _is_int(limit) or limit < 0):
-        raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
+        raise OptionError(f"limit must be a non-negative integer or None, got {limit!r}")
     source = str(path)
     file_path = Path(path)
     if not file_path.exists():

@@ -17,6 +17,7 @@ import math
 import numpy as np
 import torch
 
+from corelens.errors import OptionError
 from corelens.metrics.spectra import as_float64
 
 TME_ROWS = ("mean", "last")
@@ -96,7 +97,7 @@ def tme(
     `alpha` sharpens the rows (P ∝ W^alpha; the authors' code uses 8, `corelens flow` 16).
     """
     if rows not in TME_ROWS:
-        raise ValueError(f"unknown TME rows {rows!r}; expected one of {TME_ROWS}")
+        raise OptionError(f"unknown TME rows {rows!r}; expected one of {TME_ROWS}")
     m = as_float64(x)
     s = m.shape[0]
     if s < 2:
@@ -120,7 +121,7 @@ def mixig(
 ) -> float:
     """Return MixIG = TME(X') − TME(X); `of='delta'` takes TME of the update ΔX = X' − X instead of X'."""
     if of not in MIXIG_OF:
-        raise ValueError(f"unknown MixIG target {of!r}; expected one of {MIXIG_OF}")
+        raise OptionError(f"unknown MixIG target {of!r}; expected one of {MIXIG_OF}")
     new = as_float64(x_new)
     if of == "delta":
         new = new - as_float64(x).to(new.device)

@@ -14,6 +14,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, PreTrainedTokenizerFast
 
+from corelens.errors import OptionError
+
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # image + video
 IMAGE_FAMILIES = ("llava", "llava_next")  # images only
 ALL_FAMILIES = (*FAMILIES, *IMAGE_FAMILIES, "llava_onevision", "internvl")
@@ -141,7 +143,7 @@ def _vision_config(family: str, text_hidden: int, depth: int) -> dict:
             "num_position_embeddings": 256,
             "deepstack_visual_indexes": [depth - 1],
         }
-    raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    raise OptionError(f"unknown family {family!r}; expected one of {FAMILIES}")
 
 
 def tiny_config(

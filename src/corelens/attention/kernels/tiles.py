@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from corelens.attention.kernels import band
 from corelens.attention.kernels.semantics import allowed_mask, is_dense, row_starts, streaming_keep
+from corelens.errors import OptionError
 
 NEG_INF = float("-inf")
 CHUNK_BYTES = 96 << 20  # key + value tiles per sdpa call: few calls (each a parallel region)
@@ -404,7 +405,7 @@ def streaming_group(
     where `split_block` applies) or the masked tiles (any device); `block` overrides the tile height of each.
     """
     if path not in (None, *PATHS):
-        raise ValueError(f"unknown streaming path {path!r}; expected one of {PATHS}")
+        raise OptionError(f"unknown streaming path {path!r}; expected one of {PATHS}")
     g = len(heads)
     n, dim = k.shape
     dim_v = v.shape[-1]
