@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
+
+from corelens.errors import CorelensError
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -78,3 +82,31 @@ def print_resampled(result, resamples: int) -> None:
     if result.resampled is not None:
         print(f"top-k over {resamples} resamples of the ranking (median, 90 % interval):")
         print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def checked(check: Callable[[str], Any], name: str | None = None) -> Callable[[str], Any]:
+    """Return an argparse `type` that runs `check(text)`: its CorelensError becomes the parser's error line.
+
+    So a malformed value stops the command while it parses, before any model loads, with the message of
+    the check the command itself would run later (argparse turns ArgumentTypeError into `usage` + one line).
+    """
+
+    def convert(text: str) -> Any:
+        try:
+            return check(text)
+        except CorelensError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = name or check.__name__
+    return convert
+
+
+def positive(text: str) -> int:
+    """argparse `type`: a whole number of at least 1 (sizes, counts, repeats)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
