@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from corelens.commands.common import positive
+from corelens.commands.common import device, output_path, positive
 from corelens.metrics.mixing import tme
 from corelens.metrics.spectra import FP32_EPS, kept_rank, rid_terms
 
@@ -225,8 +225,10 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--threads", type=positive, default=None, help="threads of every BLAS pool (default: as loaded)"
     )
-    p.add_argument("--device", default="cpu", help="device of corelens' side: cpu, cuda, cuda:1 ...")
-    p.add_argument("--json", default=None, help="write the result here")
+    p.add_argument(
+        "--device", type=device, default="cpu", help="device of corelens' side: cpu, cuda, cuda:1 ..."
+    )
+    p.add_argument("--json", type=output_path, default=None, help="write the result here")
 
 
 def run(args) -> int:

@@ -41,7 +41,7 @@ import torch
 
 from corelens.attention.kernels import flex, ideal_speedup, pairs, prefill
 from corelens.attention.kernels.tiles import streaming_path
-from corelens.commands.common import checked, positive
+from corelens.commands.common import checked, device, output_file, positive
 from corelens.errors import InputError, OptionError
 from corelens.metrics.headsets import k_value, parse_k
 
@@ -525,7 +525,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--keep", type=shares, default="0.2", help="kept (full) shares of heads: 0.05,10%%")
     parser.add_argument("--sink", type=int, default=128)
     parser.add_argument("--window", type=positive, default=1024)
-    parser.add_argument("--json", type=Path, help="write the results to this JSON file")
+    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
     parser.add_argument("--heads", type=positive, default=16)
     parser.add_argument("--kv-heads", type=positive, default=2)
     parser.add_argument("--hidden", type=positive, default=2048)
@@ -536,7 +536,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=positive, default=None, help="default: every core")
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--no-prefill", action="store_true", help="skip the whole-decoder prefill")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ...")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument(
         "--prefill-keep", type=shares, help="kept share(s) for the prefill (default: those of --keep)"

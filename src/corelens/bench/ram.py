@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from corelens.commands.common import positive
+from corelens.commands.common import device, output_file, positive
 
 MB = 1 << 20
 GB = 1 << 30
@@ -444,7 +444,7 @@ def summary(result: dict[str, Any]) -> str:
 def add_arguments(parser) -> None:
     """Add the options of `corelens bench ram` to `parser`."""
     parser.add_argument("--tokens", type=positive, required=True, help="prompt length N")
-    parser.add_argument("--json", type=Path, help="write the results to this JSON file")
+    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--no-eager", dest="eager", action="store_false", default=None, help="skip eager")
     group.add_argument(
@@ -459,7 +459,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--query-rows", type=positive, default=32)
     parser.add_argument("--repeats", type=positive, default=None, help="default: 3 up to 8192 tokens, else 1")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (GPU peak: allocator peak)")
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ... (GPU peak: allocator peak)"
+    )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
 
 

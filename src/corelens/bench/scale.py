@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from corelens.commands.common import positive
+from corelens.commands.common import output_file, positive
 
 SCALE_TARGET = 0.6  # 2 ranks finish in at most this share of 1 rank's time
 OVERHEAD_TARGET = 1.15  # corelens rank per sample vs processor + sdpa forward
@@ -206,7 +206,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--intermediate", type=positive, default=5632)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-overhead", action="store_true", help="skip the per-sample overhead measurement")
-    p.add_argument("--json", type=Path, help="write the results to this JSON file")
+    p.add_argument("--json", type=output_file, help="write the results to this JSON file")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, OptionError
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -25,6 +26,7 @@ def add_model_options(
     p.add_argument("--revision", default=None, help="hub branch, tag or commit (also ORG/NAME@REVISION)")
     p.add_argument(
         "--device",
+        type=device,
         default="auto",
         help="auto (CUDA when available), cpu, cuda, cuda:N; torchrun: cuda:LOCAL_RANK",
     )
@@ -36,11 +38,15 @@ def add_model_options(
     )
     p.add_argument(
         "--device-map",
+        type=device_map,
         default=None,
         help="spread a model over devices: auto, balanced, balanced_low_0, sequential or a JSON file",
     )
     p.add_argument(
-        "--max-memory", default=None, help="with --device-map: per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB"
+        "--max-memory",
+        type=max_memory,
+        default=None,
+        help="with --device-map: per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB",
     )
     p.add_argument("--offload-folder", default=None, help="with a device map that offloads to disk")
 
@@ -110,3 +116,111 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+# The types below check a value while the command line is parsed, so that a malformed one stops the command
+# before any model loads; each returns the text as given (the experiment reads it as before).
+
+
+def output_path(text: str) -> str:
+    """argparse `type` of a file or folder to write: refused when an existing part of its path is a file."""
+    for parent in Path(text).expanduser().parents:  # nearest first
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is a file, not a folder")
+            break
+    return text
+
+
+def output_file(text: str) -> Path:
+    """`output_path` as a Path (the benchmarks' --json)."""
+    return Path(output_path(text))
+
+
+def existing_path(text: str) -> str:
+    """argparse `type` of a file or folder to read: it must exist."""
+    if not Path(text).expanduser().exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or folder")
+    return text
+
+
+def samples_path(text: str) -> str:
+    """argparse `type` of `--data`: a sample file that exists, or NAME:PATH of a dataset whose PATH exists."""
+    from corelens.data.readers import parse_spec
+
+    parsed = parse_spec(text)
+    existing_path(str(parsed[1]) if parsed else text)
+    return text
+
+
+def _k_list(text: str) -> str:
+    from corelens.metrics.headsets import parse_k
+
+    parse_k(text)
+    return text
+
+
+def _k_one(text: str) -> str:
+    from corelens.metrics.headsets import k_value
+
+    k_value(text)
+    return text
+
+
+def _token_size(text: str) -> str:
+    """A token count (128) or a share of the median prompt (25%), as corelens.experiments.hybrid.resolve_size reads it."""
+    spec = text.strip()
+    try:
+        value = float(spec[:-1]) if spec.endswith("%") else int(spec)
+    except ValueError:
+        raise OptionError(f"bad size {text!r}: expected a token count (1024) or a share (25%)") from None
+    if value < 0:
+        raise OptionError(f"bad size {text!r}: must not be negative")
+    return text
+
+
+def _device(text: str) -> str:
+    import torch
+
+    if text != "auto":
+        try:
+            torch.device(text)
+        except (RuntimeError, ValueError):
+            raise OptionError(f"unknown device {text!r}: expected auto, cpu, cuda or cuda:N") from None
+    return text
+
+
+def _device_map(text: str) -> str:
+    from corelens.models.loaded import DEVICE_MAPS
+
+    if text not in DEVICE_MAPS and not Path(text).is_file():
+        raise OptionError(f"{text}: expected {', '.join(DEVICE_MAPS)} or a JSON file")
+    return text
+
+
+def _max_memory(text: str) -> str:
+    from corelens.models.loaded import parse_max_memory
+
+    parse_max_memory(text)
+    return text
+
+
+def names_of(allowed: tuple[str, ...], what: str) -> Callable[[str], str]:
+    """Return an argparse `type` of a comma list whose items are all in `allowed`."""
+
+    def check(text: str) -> str:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        unknown = [t for t in items if t not in allowed]
+        if unknown or not items:
+            raise OptionError(f"unknown {what} {unknown or text!r}; expected some of {', '.join(allowed)}")
+        return text
+
+    return checked(check, what.replace(" ", "_"))
+
+
+k_list = checked(_k_list, "k_list")
+k_one = checked(_k_one, "k")
+token_size = checked(_token_size, "size")
+device = checked(_device, "device")
+device_map = checked(_device_map, "device_map")
+max_memory = checked(_max_memory, "max_memory")
