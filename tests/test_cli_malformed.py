@@ -156,10 +156,7 @@ def test_malformed_value_is_one_clean_error(path, option, value, valid, capsys, 
     p = leaf(path)
     given = [value] if not option.startswith("-") else [option, value]
     argv = [*path, *required(p, option, valid), *given]
-    try:
-        code = main(argv)
-    except SystemExit as stop:
-        code = stop.code
+    code = main(argv)
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert code == 2, f"{argv} exited {code}: {err}"

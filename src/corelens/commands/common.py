@@ -140,7 +140,7 @@ def output_file(text: str) -> Path:
 def existing_path(text: str) -> str:
     """argparse `type` of a file or folder to read: it must exist."""
     if not Path(text).expanduser().exists():
-        raise argparse.ArgumentTypeError(f"{text}: no such file or folder")
+        raise argparse.ArgumentTypeError(f"{text} does not exist")
     return text
 
 
