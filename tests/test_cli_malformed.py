@@ -179,3 +179,27 @@ def test_every_command_is_walked() -> None:
         ("organism", "train"),
     } <= walked
     assert len(CASES) > 100
+
+
+@pytest.mark.parametrize("what", ["ram", "flow", "hybrid", "scale"])
+def test_python_m_bench_parses_with_the_main_parser(what, capsys) -> None:
+    """`python -m corelens.bench.WHAT` answers a malformed option as `corelens bench WHAT` does."""
+    import importlib
+
+    module = importlib.import_module(f"corelens.bench.{what}")
+    assert module.main(["--repeats", NOT_A_NUMBER]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        f"corelens bench {what}: error: argument --repeats"
+    ) and "Traceback" not in "".join(err)
+
+
+def test_bench_hybrid_table_is_an_option(capsys) -> None:
+    """`--table FILE...` prints the README table of saved results; it cannot be mixed with --tokens."""
+    from corelens.bench.hybrid import main as bench_hybrid
+
+    saved = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "hybrid-4096.json"
+    assert bench_hybrid(["--table", str(saved)]) == 0
+    assert capsys.readouterr().out.startswith("| N | F | f | sdpa s |")
+    assert bench_hybrid(["--table", str(saved), "--tokens", "64"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
