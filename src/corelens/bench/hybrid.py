@@ -41,7 +41,7 @@ import torch
 
 from corelens.attention.kernels import flex, ideal_speedup, pairs, prefill
 from corelens.attention.kernels.tiles import streaming_path
-from corelens.commands.common import checked, device, output_file, positive
+from corelens.commands.common import checked, device, existing_path, output_file, positive
 from corelens.errors import InputError, OptionError
 from corelens.metrics.headsets import k_value, parse_k
 
@@ -520,7 +520,11 @@ def add_arguments(parser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--tokens", type=positive, help="prompt length N")
     what.add_argument(
-        "--table", type=Path, nargs="+", metavar="FILE", help="print the README table of saved results"
+        "--table",
+        type=existing_path,
+        nargs="+",
+        metavar="FILE",
+        help="print the README table of saved results",
     )
     parser.add_argument("--keep", type=shares, default="0.2", help="kept (full) shares of heads: 0.05,10%%")
     parser.add_argument("--sink", type=int, default=128)
@@ -546,10 +550,17 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """Run the benchmark with parsed options (or, with --table, print the table of saved results)."""
     if args.table:
-        try:
-            results = [json.loads(path.read_text()) for path in args.table]
-        except (OSError, ValueError) as err:
-            raise InputError(f"not a saved benchmark result: {err}") from None
+        results = []
+        for path in args.table:
+            try:
+                results.append(json.loads(Path(path).read_text()))
+            except (OSError, ValueError) as err:
+                raise InputError(f"cannot read it: {err}", file=path) from None
+            if (
+                not isinstance(results[-1], dict)
+                or not {"tokens", "sdpa_s", "per_keep"} <= results[-1].keys()
+            ):
+                raise InputError("not a result of `corelens bench hybrid --json`", file=path)
         print(table(results))
         return 0
     result = run_hybrid_benchmark(
