@@ -25,7 +25,8 @@ from corelens.organism import organism_path
 
 MISSING = "/nonexistent/corelens-missing"  # an input path that is not there
 NOT_A_NUMBER = "x1"
-# Options of free text (no type, no choices) and the value the command must refuse, by option string.
+# By option string: the malformed value of an option of structured text (a list with a bad item, a spec that
+# does not parse, a hub id or path that is not there); those of free text must be here or in SKIP.
 FREE = {
     "--model": MISSING,
     "--heads": MISSING,
@@ -41,8 +42,6 @@ FREE = {
     "--device": "nonsense",
     "--device-map": "nonsense",
     "--max-memory": "0:70GiB",
-    "--rule": "nonsense",
-    "--random-from": "nonsense",
     "spec": "nonsense:/nowhere",
 }
 # Outputs (a folder or file under a regular file cannot be made) not typed `output_path`.
@@ -73,7 +72,7 @@ def malformed(action: argparse.Action, out_file: Path) -> str | None:
     """Return the malformed value of an option taking one, or None for a flag."""
     key = name(action)
     if action.nargs == 0 or isinstance(action, argparse._HelpAction):
-        return None
+        return None  # a flag (--skip-bad, --help) takes no value: there is nothing to malform
     if key in SKIP:
         return None
     if action.choices is not None:
