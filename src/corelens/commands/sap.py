@@ -24,10 +24,17 @@ def _items(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
-# Layer and head sets are checked for their syntax here, against the model's sizes once it is loaded.
-_ANY = 1 << 20
-layer_set = checked(lambda text: parse_layers(text, _ANY) and text, "layer_set")
-head_set = checked(lambda text: parse_heads(text, _ANY) and text, "head_set")
+def _syntax(parse):
+    """Return an argparse `type` checking a layer or head set's syntax; its range waits for the model's sizes."""
+
+    def check(text: str) -> str:
+        parse(text, 1 << 20)  # any size: only the syntax can be wrong before the model is loaded
+        return text
+
+    return checked(check, parse.__name__.removeprefix("parse_") + "_set")
+
+
+layer_set, head_set = _syntax(parse_layers), _syntax(parse_heads)
 
 
 def run(args: argparse.Namespace) -> None:
