@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from corelens.cli import main, parser
-from corelens.commands.common import existing_path, output_file, output_path, samples_path
+from corelens.commands.argtypes import existing_path, output_file, output_path, samples_path
 from corelens.organism import organism_path
 
 MISSING = "/nonexistent/corelens-missing"  # an input path that is not there

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from corelens.commands.common import device, output_path, positive
+from corelens.commands.argtypes import device, output_path, positive
 from corelens.metrics.mixing import tme
 from corelens.metrics.spectra import FP32_EPS, kept_rank, rid_terms
 

@@ -41,7 +41,7 @@ import torch
 
 from corelens.attention.kernels import flex, ideal_speedup, pairs, prefill
 from corelens.attention.kernels.tiles import streaming_path
-from corelens.commands.common import checked, device, existing_path, output_file, positive
+from corelens.commands.argtypes import checked, device, existing_path, output_file, positive
 from corelens.errors import InputError, OptionError
 from corelens.metrics.headsets import k_value, parse_k
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from corelens.commands.common import device, output_file, positive
+from corelens.commands.argtypes import device, output_file, positive
 
 MB = 1 << 20
 GB = 1 << 30

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from corelens.commands.common import output_file, positive
+from corelens.commands.argtypes import output_file, positive
 
 SCALE_TARGET = 0.6  # 2 ranks finish in at most this share of 1 rank's time
 OVERHEAD_TARGET = 1.15  # corelens rank per sample vs processor + sdpa forward

@@ -6,16 +6,13 @@ import argparse
 import sys
 
 from corelens.attention.interventions import KEY_SETS, OPS
+from corelens.commands.argtypes import k_list, names_of, output_path, samples_path
 from corelens.commands.common import (
     add_model_options,
     add_resample_options,
-    k_list,
     load_options,
     main_process,
-    names_of,
-    output_path,
     print_resampled,
-    samples_path,
 )
 from corelens.experiments.evaluate import SCORERS
 from corelens.heads import resolve_heads

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from corelens.commands.common import output_path, samples_path
+from corelens.commands.argtypes import output_path, samples_path
 
 
 def json_object(text: str) -> dict:

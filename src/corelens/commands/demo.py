@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from corelens.commands.common import add_model_options, load_options, output_path
+from corelens.commands.argtypes import output_path
+from corelens.commands.common import add_model_options, load_options
 
 
 def run(args: argparse.Namespace) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from corelens.commands.common import existing_path, k_one, names_of, output_path
+from corelens.commands.argtypes import existing_path, k_one, names_of, output_path
 
 TARGETS = ("duo", "sparsemm")
 

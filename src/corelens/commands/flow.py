@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corelens.commands.common import add_model_options, load_options, main_process, output_path, samples_path
+from corelens.commands.argtypes import output_path, samples_path
+from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.flow import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
 
 

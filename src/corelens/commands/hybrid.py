@@ -5,17 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.commands.argtypes import k_list, names_of, output_path, samples_path, token_size
 from corelens.commands.common import (
     add_model_options,
     add_resample_options,
-    k_list,
     load_options,
     main_process,
-    names_of,
-    output_path,
     print_resampled,
-    samples_path,
-    token_size,
 )
 from corelens.experiments.evaluate import SCORERS
 from corelens.heads import resolve_heads

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from corelens.commands.common import add_model_options, existing_path, load_options, output_path
+from corelens.commands.argtypes import existing_path, output_path
+from corelens.commands.common import add_model_options, load_options
 
 
 def run_train(args: argparse.Namespace) -> None:

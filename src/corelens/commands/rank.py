@@ -5,14 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corelens.commands.common import (
-    add_model_options,
-    k_list,
-    load_options,
-    main_process,
-    output_path,
-    samples_path,
-)
+from corelens.commands.argtypes import k_list, output_path, samples_path
+from corelens.commands.common import add_model_options, load_options, main_process
 
 
 def run(args: argparse.Namespace) -> None:

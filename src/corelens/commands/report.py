@@ -8,7 +8,7 @@ import http.server
 import sys
 from pathlib import Path
 
-from corelens.commands.common import existing_path, output_path
+from corelens.commands.argtypes import existing_path, output_path
 from corelens.errors import CorelensError
 
 

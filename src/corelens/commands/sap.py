@@ -6,15 +6,8 @@ import argparse
 import sys
 
 from corelens.attention.priors import CONVENTIONS, parse_heads, parse_layers
-from corelens.commands.common import (
-    add_model_options,
-    checked,
-    load_options,
-    main_process,
-    names_of,
-    output_path,
-    samples_path,
-)
+from corelens.commands.argtypes import checked, names_of, output_path, samples_path
+from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.sap import CONTROLS, PRIORS
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corelens.commands.common import existing_path, k_list, output_path
+from corelens.commands.argtypes import existing_path, k_list, output_path
 
 
 def curve(args: argparse.Namespace) -> None:
