@@ -7,7 +7,7 @@ __version__ = _version("corelens")  # one source: pyproject.toml, as installed
 from corelens.attention.hybrid import hybrid  # noqa: E402
 from corelens.attention.interventions import Ablation, ablate  # noqa: E402
 from corelens.data import Sample, read_samples  # noqa: E402
-from corelens.errors import CorelensError, InputError, UnsupportedModelError  # noqa: E402
+from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError  # noqa: E402
 from corelens.experiments.rank import Ranking, measure_sample, rank  # noqa: E402
 from corelens.heads import HeadSet  # noqa: E402
 from corelens.models import Loaded, load  # noqa: E402
@@ -19,6 +19,7 @@ __all__ = [
     "HeadSet",
     "InputError",
     "Loaded",
+    "OptionError",
     "Ranking",
     "Sample",
     "UnsupportedModelError",

@@ -30,7 +30,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook, activate
-from corelens.errors import UnsupportedModelError
+from corelens.errors import OptionError, UnsupportedModelError
 from corelens.models.loaded import Loaded
 
 
@@ -52,7 +52,7 @@ class LayerStates:
             return self.x_in, self.x_mid
         if name == "ffn":
             return (self.x_in if reference == "layer" else self.x_mid), self.x_out
-        raise ValueError(f"unknown module {name!r}; expected 'attn' or 'ffn'")
+        raise OptionError(f"unknown module {name!r}; expected 'attn' or 'ffn'")
 
 
 def decoder_layers(m: Loaded) -> list[torch.nn.Module]:

@@ -23,8 +23,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the corelens command line; return the exit code."""
-    args = parser().parse_args(argv)
+    """Run the corelens command line; return the exit code (2: a malformed command, or a CorelensError)."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as stop:  # argparse printed the usage and one error line (2), or the help (0)
+        return stop.code
     from corelens.runs.dist import launched
 
     # Under torchrun every rank prints its own error: which rank met it, on a line of its own (rank 0's

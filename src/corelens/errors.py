@@ -33,6 +33,13 @@ class InputError(CorelensError):
         super().__init__((", ".join(where) + ": " if where else "") + message)
 
 
+class OptionError(CorelensError, ValueError):
+    """A value the caller chose that cannot work: a command-line option, or a keyword of the Python API.
+
+    Also a `ValueError`, so that code catching the built-in error for a bad value still does.
+    """
+
+
 class UnsupportedModelError(CorelensError):
     """A checkpoint whose architecture corelens does not (yet) support."""
 

@@ -35,7 +35,7 @@ from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, ac
 from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer
 from corelens.attention.kernels.dense import masked_attention, policy_allowed
 from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, OptionError
 from corelens.metrics.headsets import SEEDED, k_count, select
 
 FORMAT = "corelens.hybrid-policy/1"
@@ -57,9 +57,9 @@ class HybridPolicy:
         pairs = tuple(sorted({(int(layer), int(head)) for layer, head in self.full}))
         object.__setattr__(self, "full", pairs)
         if self.sink < 0 or self.window < 1:
-            raise ValueError(f"need sink >= 0 and window >= 1, got sink={self.sink}, window={self.window}")
+            raise OptionError(f"need sink >= 0 and window >= 1, got sink={self.sink}, window={self.window}")
         if any(layer < 0 or head < 0 for layer, head in pairs):
-            raise ValueError("layer and head indices must be non-negative")
+            raise OptionError("layer and head indices must be non-negative")
 
     @classmethod
     def from_heads(
@@ -171,7 +171,7 @@ def as_policy(
     elif isinstance(full, (str, Path, pd.DataFrame)) or hasattr(full, "heads"):
         table = full.heads if hasattr(full, "heads") else full
         if keep is None:
-            raise ValueError("choosing full heads from a head table needs `keep` (a count or a fraction)")
+            raise OptionError("choosing full heads from a head table needs `keep` (a count or a fraction)")
         policy = HybridPolicy.from_heads(table, keep)
     else:
         policy = HybridPolicy(tuple(tuple(p) for p in full))
@@ -200,7 +200,7 @@ class Hybrid:
 
     def __init__(self, m: Any, policy: HybridPolicy, kernel: str = "auto", decode: str = "full") -> None:
         if kernel not in kernels.KERNELS:
-            raise ValueError(f"unknown hybrid kernel {kernel!r}; expected one of {kernels.KERNELS}")
+            raise OptionError(f"unknown hybrid kernel {kernel!r}; expected one of {kernels.KERNELS}")
         if decode not in DECODES:
             raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
         self.modules, self.layers, self.heads, self.kv_heads = _model_shape(m)

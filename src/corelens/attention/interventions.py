@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, OptionError
 
 if TYPE_CHECKING:
     from corelens.data.sample import Sample
@@ -73,9 +73,9 @@ class Ablation:
         # Normalise so equal policies compare (and hash their JSON) equal, whatever the input container.
         object.__setattr__(self, "heads", tuple(sorted({(int(lh[0]), int(lh[1])) for lh in self.heads})))
         if self.op not in OPS:
-            raise ValueError(f"unknown ablation op {self.op!r}; expected one of {OPS}")
+            raise OptionError(f"unknown ablation op {self.op!r}; expected one of {OPS}")
         if self.keys not in KEY_SETS:
-            raise ValueError(f"unknown knockout key set {self.keys!r}; expected one of {KEY_SETS}")
+            raise OptionError(f"unknown knockout key set {self.keys!r}; expected one of {KEY_SETS}")
 
     def to_dict(self) -> dict:
         """Return the policy as a JSON-ready dict."""

@@ -30,7 +30,7 @@ import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook
 from corelens.attention.probes import row_scores
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, OptionError
 
 CONVENTIONS = ("mass", "logits", "mean_logits")
 
@@ -141,7 +141,7 @@ def rebuild_rows(
         scale = torch.where(m == 0, torch.ones_like(m), m.abs())  # m = 0: unit scale, not a flat prior
         new_scores[..., visual] = m + scale * (pi * pi.shape[-1] - 1)
     else:
-        raise ValueError(f"unknown SAP convention {convention!r}; expected one of {CONVENTIONS}")
+        raise OptionError(f"unknown SAP convention {convention!r}; expected one of {CONVENTIONS}")
     return torch.softmax(new_scores, dim=-1)
 
 
@@ -167,12 +167,12 @@ class SapHook(AttentionHook):
 
     def __post_init__(self) -> None:
         if self.convention not in CONVENTIONS:
-            raise ValueError(f"unknown SAP convention {self.convention!r}; expected one of {CONVENTIONS}")
+            raise OptionError(f"unknown SAP convention {self.convention!r}; expected one of {CONVENTIONS}")
         self.visual = torch.as_tensor(self.visual, dtype=torch.long)
         if self.prior is not None:
             self.prior = torch.as_tensor(self.prior, dtype=torch.float32)
             if self.prior.shape != self.visual.shape:
-                raise ValueError(
+                raise OptionError(
                     f"prior has {self.prior.numel()} values for {self.visual.numel()} visual tokens"
                 )
 

@@ -19,7 +19,6 @@ ratios and the largest relative difference of any metric are written. `--threads
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from corelens.commands.argtypes import device, output_path, positive
 from corelens.metrics.mixing import tme
 from corelens.metrics.spectra import FP32_EPS, kept_rank, rid_terms
 
@@ -216,23 +216,29 @@ def run_flow_benchmark(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry: run the benchmark, print a summary, optionally write JSON."""
-    p = argparse.ArgumentParser(prog="corelens bench flow", description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=4096)
-    p.add_argument("--hidden", type=int, default=3584)
-    p.add_argument("--repeats", type=int, default=1)
+def add_arguments(p) -> None:
+    """Add the options of `corelens bench flow` to `p`."""
+    p.add_argument("--tokens", type=positive, default=4096)
+    p.add_argument("--hidden", type=positive, default=3584)
+    p.add_argument("--repeats", type=positive, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--threads", type=int, default=None, help="threads of every BLAS pool (default: as loaded)"
+        "--threads", type=positive, default=None, help="threads of every BLAS pool (default: as loaded)"
     )
-    p.add_argument("--device", default="cpu", help="device of corelens' side: cpu, cuda, cuda:1 ...")
-    p.add_argument("--json", default=None, help="write the result here")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--device", type=device, default="cpu", help="device of corelens' side: cpu, cuda, cuda:1 ..."
+    )
+    p.add_argument("--json", type=output_path, default=None, help="write the result here")
+
+
+def run(args) -> int:
+    """Run the benchmark with parsed options, print a summary, optionally write JSON."""
     if args.threads and os.environ.get(_THREADS_ENV[0]) != str(args.threads):
         # OpenBLAS (numpy, scipy) fixes its thread count when loaded: run again with every pool set to N.
         env = {**os.environ, **{k: str(args.threads) for k in _THREADS_ENV}}
-        child = [sys.executable, "-m", "corelens.bench.flow", *(argv if argv is not None else sys.argv[1:])]
+        options = ["--tokens", args.tokens, "--hidden", args.hidden, "--repeats", args.repeats, "--seed", args.seed,
+                   "--threads", args.threads, "--device", args.device] + (["--json", args.json] if args.json else [])  # fmt: skip
+        child = [sys.executable, "-m", "corelens.bench.flow", *map(str, options)]
         raise SystemExit(subprocess.run(child, env=env).returncode)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -248,7 +254,15 @@ def main(argv: list[str] | None = None) -> None:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m corelens.bench.flow ...``, parsed as `corelens bench flow`."""
+    from corelens.cli import main as cli
+
+    return cli(["bench", "flow", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

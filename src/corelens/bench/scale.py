@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from corelens.commands.argtypes import output_file, positive
+
 SCALE_TARGET = 0.6  # 2 ranks finish in at most this share of 1 rank's time
 OVERHEAD_TARGET = 1.15  # corelens rank per sample vs processor + sdpa forward
 
@@ -192,32 +194,24 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Add (or build) the options of `corelens bench scale`."""
-    p = p or argparse.ArgumentParser(prog="corelens bench scale", description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the options of `corelens bench scale` to `p`."""
     p.add_argument("--samples", type=_sizes, default=(32, 256), help="run sizes, e.g. 32,256 (default)")
     p.add_argument("--task", choices=("image", "video", "document"), default="document")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--intermediate", type=int, default=5632)
+    p.add_argument("--repeats", type=positive, default=2)
+    p.add_argument("--layers", type=positive, default=4)
+    p.add_argument("--hidden", type=positive, default=2048)
+    p.add_argument("--heads", type=positive, default=16)
+    p.add_argument("--kv-heads", type=positive, default=2)
+    p.add_argument("--head-dim", type=positive, default=128)
+    p.add_argument("--intermediate", type=positive, default=5632)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-overhead", action="store_true", help="skip the per-sample overhead measurement")
-    p.add_argument("--json", type=Path, help="write the results to this JSON file")
-    return p
+    p.add_argument("--json", type=output_file, help="write the results to this JSON file")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``corelens bench scale [--samples N] [--json FILE]``."""
-    args = parser().parse_args(argv)
-    for name in ("repeats", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate"):
-        if getattr(args, name) < 1:
-            from corelens.errors import CorelensError
-
-            raise CorelensError(f"--{name.replace('_', '-')} must be at least 1")
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
     result = run_scale_benchmark(
         sizes=args.samples, task=args.task, repeats=args.repeats, layers=args.layers, hidden=args.hidden,
         heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, intermediate=args.intermediate,
@@ -228,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(summary(result))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m corelens.bench.scale [--samples N] [--json FILE]``, as `corelens bench scale`."""
+    from corelens.cli import main as cli
+
+    return cli(["bench", "scale", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

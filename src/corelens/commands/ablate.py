@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from corelens.attention.interventions import KEY_SETS, OPS
+from corelens.commands.argtypes import k_list, names_of, output_path, samples_path
 from corelens.commands.common import (
     add_model_options,
     add_resample_options,
@@ -60,16 +61,21 @@ def register(sub) -> None:
     """Add the `ablate` parser."""
     a = sub.add_parser("ablate", help="ablate top / bottom / random head sets and measure accuracy")
     add_model_options(a)
-    a.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
+    a.add_argument(
+        "--data", type=samples_path, required=True, help="samples to evaluate on (JSONL, with answers)"
+    )
     a.add_argument(
         "--heads",
         required=True,
         help="heads.csv of a rank run, an exported head-set folder or its hub id (found on other data)",
     )
-    a.add_argument("--out", required=True, help="run directory (resumed if it exists)")
-    a.add_argument("--k", default="1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8")
+    a.add_argument("--out", type=output_path, required=True, help="run directory (resumed if it exists)")
+    a.add_argument(
+        "--k", type=k_list, default="1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8"
+    )
     a.add_argument(
         "--sets",
+        type=names_of(SETS + OPTIONAL, "head set"),
         default=",".join(SETS),
         help=f"comma-separated, of {', '.join(SETS + OPTIONAL)} (stable: heads with P(top-k) >= --stable-p)",
     )
@@ -80,7 +86,10 @@ def register(sub) -> None:
     a.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
     add_random_from(a)
     a.add_argument(
-        "--reference", default=None, help="op mean: reference samples (default: the rank run's data)"
+        "--reference",
+        type=samples_path,
+        default=None,
+        help="op mean: reference samples (default: the rank run's data)",
     )
     a.add_argument("--scorer", choices=SCORERS, default="auto")
     a.add_argument("--max-new-tokens", type=int, default=8)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from corelens.commands.argtypes import device, device_map, max_memory
+
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -21,6 +23,7 @@ def add_model_options(
     p.add_argument("--revision", default=None, help="hub branch, tag or commit (also ORG/NAME@REVISION)")
     p.add_argument(
         "--device",
+        type=device,
         default="auto",
         help="auto (CUDA when available), cpu, cuda, cuda:N; torchrun: cuda:LOCAL_RANK",
     )
@@ -32,11 +35,15 @@ def add_model_options(
     )
     p.add_argument(
         "--device-map",
+        type=device_map,
         default=None,
         help="spread a model over devices: auto, balanced, balanced_low_0, sequential or a JSON file",
     )
     p.add_argument(
-        "--max-memory", default=None, help="with --device-map: per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB"
+        "--max-memory",
+        type=max_memory,
+        default=None,
+        help="with --device-map: per device, e.g. 0=70GiB,1=70GiB,cpu=200GiB",
     )
     p.add_argument("--offload-folder", default=None, help="with a device map that offloads to disk")
 

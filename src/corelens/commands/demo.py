@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from corelens.commands.argtypes import output_path
 from corelens.commands.common import add_model_options, load_options
 
 
@@ -17,7 +18,7 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `demo` parser."""
     d = sub.add_parser("demo", help="the main job on the bundled default model")
-    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--out", type=output_path, default="runs/demo")
     add_model_options(d, required=False)
     d.set_defaults(model=None)
     d.add_argument("--n", type=int, default=8, help="samples per task")

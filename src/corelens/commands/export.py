@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from corelens.commands.argtypes import existing_path, k_one, names_of, output_path
+
 TARGETS = ("duo", "sparsemm")
 
 
@@ -39,13 +41,25 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `export` parser."""
     e = sub.add_parser("export", help="write a rank run's heads as a publishable head-set folder")
-    e.add_argument("run", help="a `corelens rank` run directory")
+    e.add_argument("run", type=existing_path, help="a `corelens rank` run directory")
     e.add_argument(
-        "--out", required=True, help="folder to write (huggingface_hub.upload_folder publishes it)"
+        "--out",
+        type=output_path,
+        required=True,
+        help="folder to write (huggingface_hub.upload_folder publishes it)",
     )
-    e.add_argument("--keep", default=None, help="the published set: top K heads, a count or a share (10%%)")
-    e.add_argument("--to", default="", help=f"also write these formats (needs --keep): {', '.join(TARGETS)}")
+    e.add_argument(
+        "--keep", type=k_one, default=None, help="the published set: top K heads, a count or a share (10%%)"
+    )
+    e.add_argument(
+        "--to",
+        type=names_of(TARGETS, "format"),
+        default=None,
+        help=f"also write these formats (needs --keep): {', '.join(TARGETS)}",
+    )
     e.add_argument("--sink", type=int, default=128, help="duo: sink tokens S of streaming heads")
     e.add_argument("--window", type=int, default=1024, help="duo: recent window W of streaming heads")
-    e.add_argument("--model", default=None, help="the checkpoint folder, when the run's is gone")
+    e.add_argument(
+        "--model", type=existing_path, default=None, help="the checkpoint folder, when the run's is gone"
+    )
     e.set_defaults(func=run)

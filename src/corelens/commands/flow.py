@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.commands.argtypes import output_path, samples_path
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.flow import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
 
@@ -50,8 +51,8 @@ def register(sub) -> None:
     """Add the `flow` parser."""
     f = sub.add_parser("flow", help="RID / MixIG of every attention and FFN module: docs/methods.md#geometry")
     add_model_options(f)
-    f.add_argument("--data", required=True, help="samples (JSONL)")
-    f.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    f.add_argument("--data", type=samples_path, required=True, help="samples (JSONL)")
+    f.add_argument("--out", type=output_path, required=True, help="run directory (resumed if it exists)")
     f.add_argument(
         "--baseline",
         action="append",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.commands.argtypes import k_list, names_of, output_path, samples_path, token_size
 from corelens.commands.common import (
     add_model_options,
     add_resample_options,
@@ -60,26 +61,37 @@ def register(sub) -> None:
     """Add the `hybrid` parser."""
     h = sub.add_parser("hybrid", help="accuracy vs heads kept full under hybrid (full + streaming) attention")
     add_model_options(h)
-    h.add_argument("--data", required=True, help="samples to evaluate on (JSONL, with answers)")
+    h.add_argument(
+        "--data", type=samples_path, required=True, help="samples to evaluate on (JSONL, with answers)"
+    )
     h.add_argument(
         "--heads",
         required=True,
         help="heads.csv of a rank run, an exported head-set folder or its hub id (found on other data)",
     )
-    h.add_argument("--out", required=True, help="run directory (resumed if it exists)")
-    h.add_argument("--keep", default="5%,10%,20%,50%", help="shares (or counts) of heads kept full")
+    h.add_argument("--out", type=output_path, required=True, help="run directory (resumed if it exists)")
+    h.add_argument(
+        "--keep", type=k_list, default="5%,10%,20%,50%", help="shares (or counts) of heads kept full"
+    )
     h.add_argument(
         "--sets",
+        type=names_of(("top", "bottom", "random", "layer-matched", "stable"), "head set"),
         default="top,random,bottom",
         help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p), "
         "adaptive (the top set's count per layer, the heads chosen per prompt)",
     )
     add_resample_options(h, "keep full")
     h.add_argument(
-        "--sink", default="128", help="sink tokens S: a count, or a share of the median prompt (5%%)"
+        "--sink",
+        type=token_size,
+        default="128",
+        help="sink tokens S: a count, or a share of the median prompt (5%%)",
     )
     h.add_argument(
-        "--window", default="1024", help="window W: a count, or a share of the median prompt (25%%)"
+        "--window",
+        type=token_size,
+        default="1024",
+        help="window W: a count, or a share of the median prompt (25%%)",
     )
     h.add_argument(
         "--decode",

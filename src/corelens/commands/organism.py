@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from corelens.commands.argtypes import existing_path, output_path
 from corelens.commands.common import add_model_options, load_options
 
 
@@ -76,7 +77,7 @@ def register(sub) -> None:
     actions = o.add_subparsers(dest="action", required=True)
     defaults, sizes = TrainConfig(), OrganismConfig()
     t = actions.add_parser("train", help="train an organism from scratch on the CPU")
-    t.add_argument("--out", required=True, help="checkpoint folder to write")
+    t.add_argument("--out", type=output_path, required=True, help="checkpoint folder to write")
     t.add_argument("--steps", type=int, default=defaults.steps)
     t.add_argument("--batch", type=int, default=defaults.batch, help="scenes per step")
     t.add_argument("--turns", type=int, default=defaults.turns, help="questions per scene (chat turns)")
@@ -93,15 +94,19 @@ def register(sub) -> None:
     add_model_options(e, required=False)
     e.add_argument("--n", type=int, default=200, help="samples per task")
     e.add_argument("--seed", type=int, default=1, help="sample seed (training uses 0)")
-    e.add_argument("--json", default=None, help="write the results here")
-    e.add_argument("--data", default=None, help="keep the generated samples in this folder")
+    e.add_argument("--json", type=output_path, default=None, help="write the results here")
+    e.add_argument("--data", type=output_path, default=None, help="keep the generated samples in this folder")
     e.add_argument(
         "--baseline-train", type=int, default=600, help="training samples for the text-only baseline"
     )
     e.add_argument("--progress", action="store_true")
     e.set_defaults(func=run_eval)
     c = actions.add_parser("card", help="write reference.json and CARD.md into a trained checkpoint folder")
-    c.add_argument("--model", required=True, help="checkpoint folder written by `organism train`")
-    c.add_argument("--eval", required=True, help="JSON written by `organism eval --json`")
-    c.add_argument("--ram-text", default=None, help="markdown paragraph on what RAM finds (optional)")
+    c.add_argument(
+        "--model", type=existing_path, required=True, help="checkpoint folder written by `organism train`"
+    )
+    c.add_argument("--eval", type=existing_path, required=True, help="JSON written by `organism eval --json`")
+    c.add_argument(
+        "--ram-text", type=existing_path, default=None, help="markdown paragraph on what RAM finds (optional)"
+    )
     c.set_defaults(func=run_card)

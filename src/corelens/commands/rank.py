@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.commands.argtypes import k_list, output_path, samples_path
 from corelens.commands.common import add_model_options, load_options, main_process
 
 
@@ -54,8 +55,8 @@ def register(sub) -> None:
     """Add the `rank` parser."""
     r = sub.add_parser("rank", help="rank heads by Retrieval Attention Mass")
     add_model_options(r)
-    r.add_argument("--data", required=True, help="samples (JSONL)")
-    r.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    r.add_argument("--data", type=samples_path, required=True, help="samples (JSONL)")
+    r.add_argument("--out", type=output_path, required=True, help="run directory (resumed if it exists)")
     r.add_argument("--query", choices=("question", "last", "answer"), default="question")
     r.add_argument("--rule", choices=("any", "centre", "coverage"), default="any", help="box -> token rule")
     r.add_argument(
@@ -88,6 +89,7 @@ def register(sub) -> None:
     )
     r.add_argument(
         "--k",
+        type=k_list,
         default="1%,5%,10%",
         help="top-k sizes for the bootstrap P(top-k) columns of heads.csv: counts or shares, e.g. 1%%,5%% or 8",
     )

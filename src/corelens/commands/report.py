@@ -8,6 +8,7 @@ import http.server
 import sys
 from pathlib import Path
 
+from corelens.commands.argtypes import existing_path, output_path
 from corelens.errors import CorelensError
 
 
@@ -49,8 +50,13 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `report` parser."""
     r = sub.add_parser("report", help="one self-contained HTML page for a study")
-    r.add_argument("runs", nargs="+", help="run directories (rank, stability, ablate, hybrid, flow, sap)")
-    r.add_argument("--out", required=True, help="HTML file to write")
+    r.add_argument(
+        "runs",
+        nargs="+",
+        type=existing_path,
+        help="run directories (rank, stability, ablate, hybrid, flow, sap)",
+    )
+    r.add_argument("--out", type=output_path, required=True, help="HTML file to write")
     r.add_argument("--title", default="corelens report")
     r.add_argument(
         "--serve",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corelens.attention.priors import CONVENTIONS
+from corelens.attention.priors import CONVENTIONS, parse_heads, parse_layers
+from corelens.commands.argtypes import checked, names_of, output_path, samples_path
 from corelens.commands.common import add_model_options, load_options, main_process
 from corelens.experiments.sap import CONTROLS, PRIORS
 
@@ -14,6 +15,19 @@ def _items(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
     if not values:
         return list(default)
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _syntax(parse):
+    """Return an argparse `type` checking a layer or head set's syntax; its range waits for the model's sizes."""
+
+    def check(text: str) -> str:
+        parse(text, 1 << 20)  # any size: only the syntax can be wrong before the model is loaded
+        return text
+
+    return checked(check, parse.__name__.removeprefix("parse_") + "_set")
+
+
+layer_set, head_set = _syntax(parse_layers), _syntax(parse_heads)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -54,19 +68,23 @@ def register(sub) -> None:
     """Add the `sap` parser."""
     s = sub.add_parser("sap", help="accuracy with attention priors in place of learned visual attention")
     add_model_options(s)
-    s.add_argument("--data", required=True, help="samples (JSONL) with answers")
-    s.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    s.add_argument("--data", type=samples_path, required=True, help="samples (JSONL) with answers")
+    s.add_argument("--out", type=output_path, required=True, help="run directory (resumed if it exists)")
     s.add_argument(
         "--prior",
         action="append",
+        type=names_of(PRIORS + CONTROLS, "prior"),
         help=f"comma list or repeated; of {', '.join(PRIORS + CONTROLS)} (default: the four priors)",
     )
     s.add_argument(
         "--layers",
         action="append",
+        type=layer_set,
         help="layer set, repeat for a sweep: all, early, middle, late (default), first:N, last:N, 21-27,29",
     )
-    s.add_argument("--heads", default="all", help="all, 0-3,7, or band:P0-P1 (percentiles of visual mass)")
+    s.add_argument(
+        "--heads", type=head_set, default="all", help="all, 0-3,7, or band:P0-P1 (percentiles of visual mass)"
+    )
     s.add_argument("--convention", choices=CONVENTIONS, default="mass", help="how the prior is written")
     s.add_argument(
         "--prior-temperature",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.commands.argtypes import existing_path, k_list, output_path
+
 
 def curve(args: argparse.Namespace) -> None:
     """Write the stability curve of one rank run into it and print where the top-k settles."""
@@ -48,16 +50,18 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `stability` parser."""
     s = sub.add_parser("stability", help="cross-task / cross-model stability of rank runs")
-    s.add_argument("runs", nargs="*", help="rank run directories (two or more)")
-    s.add_argument("--out", default=None, help="run directory to write (not with --curve)")
+    s.add_argument("runs", nargs="*", type=existing_path, help="rank run directories (two or more)")
+    s.add_argument("--out", type=output_path, default=None, help="run directory to write (not with --curve)")
     s.add_argument(
         "--curve",
+        type=existing_path,
         default=None,
         metavar="RUN",
         help="write RUN's stability curve into it: top-k Jaccard and Spearman of two disjoint n-sample rankings",
     )
     s.add_argument(
         "--k",
+        type=k_list,
         default="5%",
         help="top-k for Jaccard / universal heads / depth: a count or N%% (--curve: a list)",
     )

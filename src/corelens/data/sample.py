@@ -17,7 +17,7 @@ from typing import Any
 
 from PIL import Image
 
-from corelens.errors import InputError
+from corelens.errors import InputError, OptionError
 
 Box = tuple[float, float, float, float]
 
@@ -502,7 +502,7 @@ def read_samples(
         (2, 3, 'images[0]')
     """
     if limit is not None and (not _is_int(limit) or limit < 0):
-        raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
+        raise OptionError(f"limit must be a non-negative integer or None, got {limit!r}")
     source = str(path)
     file_path = Path(path)
     if not file_path.exists():

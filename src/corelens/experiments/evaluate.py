@@ -26,6 +26,7 @@ from scipy.stats import binomtest
 from tqdm import tqdm
 
 from corelens.data.sample import Sample
+from corelens.errors import OptionError
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
 
@@ -93,7 +94,7 @@ def score(prediction: str, gold: str, choices: Sequence[str] | None = None, scor
             return False
         # Otherwise the response must be the gold choice's text (with or without an answer phrase).
         return normalise(choices[index]) in (normalise(prediction), normalise(_answer_part(prediction)))
-    raise ValueError(f"unknown scorer {scorer!r}; expected one of {SCORERS}")
+    raise OptionError(f"unknown scorer {scorer!r}; expected one of {SCORERS}")
 
 
 def answer(

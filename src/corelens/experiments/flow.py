@@ -25,7 +25,7 @@ import torch
 
 from corelens.capture import LayerStates, ResidualCapture
 from corelens.data.sample import Sample, read_samples
-from corelens.errors import CorelensError, InputError
+from corelens.errors import CorelensError, InputError, OptionError
 from corelens.metrics.mixing import MIXIG_OF, TME_ROWS, tme
 from corelens.metrics.spectra import FP32_EPS, RANK_RULES, SPECTRUM_METHODS, Spectrum, rid_terms, spectrum
 from corelens.models.loaded import Loaded, load
@@ -100,7 +100,7 @@ class FlowOptions:
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"flow option {name}={getattr(self, name)!r}; expected one of {allowed}")
+                raise OptionError(f"flow option {name}={getattr(self, name)!r}; expected one of {allowed}")
 
 
 class _State:
@@ -221,7 +221,7 @@ def measure_flow(
     """Return (rows, measured tokens): one row per layer and module ('attn', 'ffn', and 'rope' = ε_RoPE)."""
     opts = opts or FlowOptions()
     if baseline not in BASELINES:
-        raise ValueError(f"unknown baseline {baseline!r}; expected one of {BASELINES}")
+        raise OptionError(f"unknown baseline {baseline!r}; expected one of {BASELINES}")
     prepared = prepare(m, sample)
     try:
         positions = _positions(prepared, opts.positions)

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from corelens.data.sample import read_samples
+from corelens.errors import OptionError
 from corelens.experiments.evaluate import evaluate, interval
 from corelens.models.loaded import Loaded, load
 from corelens.organism.tasks import TASKS, generate, render
@@ -51,7 +52,7 @@ def evaluate_organism(
 ) -> dict:
     """Return per-task accuracy, blank_accuracy, chance, n and text-only baselines on `n` held-out samples."""
     if seed == TRAIN_DATA_SEED:
-        raise ValueError(f"seed {seed} is the training seed; evaluate on another seed")
+        raise OptionError(f"seed {seed} is the training seed; evaluate on another seed")
     m = model if isinstance(model, Loaded) else load(model, **(load_options or {}))
     start = time.time()
     results: dict[str, dict] = {}

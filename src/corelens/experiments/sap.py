@@ -36,7 +36,7 @@ from PIL import Image
 from corelens.attention import RamProbe, activate
 from corelens.attention.priors import CONVENTIONS, SapHook, parse_heads, parse_layers
 from corelens.data.sample import Sample, load_images, load_video, read_samples
-from corelens.errors import CorelensError, InputError, UnsupportedModelError
+from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.experiments.flow import sample_seed
 from corelens.layout import Layout, Segment
@@ -266,7 +266,7 @@ def build_prior(
         return prior_complexity(m, prepared.layout, sample, temperature)
     if kind == "vis_attn":
         return prior_vis_attn(m, prepared)
-    raise ValueError(f"unknown prior {kind!r}; expected one of {PRIORS + CONTROLS}")
+    raise OptionError(f"unknown prior {kind!r}; expected one of {PRIORS + CONTROLS}")
 
 
 def key_region(m: Loaded, sample: Sample, prepared: Prepared | None = None) -> tuple[float, float]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, OptionError
 
 SETS = ("top", "bottom", "random", "layer-matched")
 SEEDED = ("random", "layer-matched")
@@ -62,10 +62,28 @@ def parse_k(text: str | Iterable[str]) -> list[str]:
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text)]
     items = [t for t in items if t]
     if not items:
-        raise CorelensError("--k: give at least one value (a count like 8 or a share like 5%)")
+        raise OptionError("give at least one head count (8) or share (5%)")
     for item in items:
-        k_count(item, 100)  # validates the syntax
+        k_value(item)  # validates the syntax; the counts are checked against a model's heads later
     return items
+
+
+def k_value(k: str | int | float) -> int | float:
+    """Return `k` as a count (an int, at least 1) or a share (a float in (0, 1]): "8" -> 8, "5%" / 0.05 -> 0.05."""
+    text = str(k).strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1]) / 100
+        else:
+            value = float(text)
+            if value.is_integer() and value >= 1:
+                return int(value)
+            share = value
+    except ValueError:
+        raise OptionError(f"bad k {text!r}: expected a count (8) or a share (5% or 0.05)") from None
+    if not 0 < share <= 1:
+        raise OptionError(f"bad k {text!r}: a share must be in (0, 100 %]")
+    return share
 
 
 def k_count(k: str | int | float, total: int) -> int:
@@ -75,23 +93,12 @@ def k_count(k: str | int | float, total: int) -> int:
         >>> k_count("25%", 8), k_count(3, 8), k_count(0.01, 32)  # a share rounds to at least one head
         (2, 3, 1)
     """
-    text = str(k).strip()
-    try:
-        if text.endswith("%"):
-            share = float(text[:-1]) / 100
-        else:
-            value = float(text)
-            if value.is_integer() and value >= 1:
-                count = int(value)
-                if count > total:
-                    raise CorelensError(f"k = {text} exceeds the {total} heads of the model")
-                return count
-            share = value
-    except ValueError:
-        raise CorelensError(f"bad k {text!r}: expected a count (8) or a share (5% or 0.05)") from None
-    if not 0 < share <= 1:
-        raise CorelensError(f"bad k {text!r}: a share must be in (0, 100 %]")
-    return max(1, round(share * total))
+    value = k_value(k)
+    if isinstance(value, float):
+        return max(1, round(value * total))
+    if value > total:
+        raise CorelensError(f"k = {str(k).strip()} exceeds the {total} heads of the model")
+    return value
 
 
 def _ordered(table: pd.DataFrame) -> list[Head]:

@@ -17,6 +17,7 @@ import math
 import numpy as np
 import torch
 
+from corelens.errors import OptionError
 from corelens.metrics.spectra import as_float64
 
 TME_ROWS = ("mean", "last")
@@ -108,7 +109,7 @@ def tme(
         0.322
     """
     if rows not in TME_ROWS:
-        raise ValueError(f"unknown TME rows {rows!r}; expected one of {TME_ROWS}")
+        raise OptionError(f"unknown TME rows {rows!r}; expected one of {TME_ROWS}")
     m = as_float64(x)
     s = m.shape[0]
     if s < 2:
@@ -140,7 +141,7 @@ def mixig(
         0.03
     """
     if of not in MIXIG_OF:
-        raise ValueError(f"unknown MixIG target {of!r}; expected one of {MIXIG_OF}")
+        raise OptionError(f"unknown MixIG target {of!r}; expected one of {MIXIG_OF}")
     new = as_float64(x_new)
     if of == "delta":
         new = new - as_float64(x).to(new.device)

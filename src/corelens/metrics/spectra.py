@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from corelens.errors import OptionError
 from corelens.metrics.symeig import SymEig
 
 FP32_EPS = float(np.finfo(np.float32).eps)
@@ -146,7 +147,7 @@ def spectrum(x: np.ndarray | torch.Tensor, *, method: str = "auto", vectors: boo
     only gives its eRank): the CPU then takes the faster eigenvalue-only routine first.
     """
     if method not in SPECTRUM_METHODS:
-        raise ValueError(f"unknown spectrum method {method!r}; expected one of {SPECTRUM_METHODS}")
+        raise OptionError(f"unknown spectrum method {method!r}; expected one of {SPECTRUM_METHODS}")
     z, transposed = _orient(as_float64(x))
     if method == "svd" or (method == "auto" and z.shape[1] < _SMALL_SIDE):
         return _svd_spectrum(z, transposed)
@@ -200,13 +201,13 @@ def kept_rank(
         (2, 1)
     """
     if rule not in RANK_RULES:
-        raise ValueError(f"unknown rank rule {rule!r}; expected one of {RANK_RULES}")
+        raise OptionError(f"unknown rank rule {rule!r}; expected one of {RANK_RULES}")
     if sigma.numel() == 0 or float(sigma[0]) <= 0:
         return 0
     if rule == "numerical":
         return int((sigma > max(shape) * eps * sigma[0]).sum())
     if not 0.0 < energy <= 1.0:
-        raise ValueError(f"energy must be in (0, 1], got {energy}")
+        raise OptionError(f"energy must be in (0, 1], got {energy}")
     share = torch.cumsum(sigma**2, 0) / (sigma**2).sum()
     return min(int((share < energy).sum()) + 1, sigma.numel())
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from corelens.errors import OptionError
 from corelens.metrics.ram import head_table, top_heads
 
 
@@ -45,7 +46,7 @@ def spearman_pairs(
     matrices = {label: sample_matrix(ram, value) for label, ram in rams.items()}
     shapes = {label: m.shape[1] for label, m in matrices.items()}
     if len(set(shapes.values())) > 1:
-        raise ValueError(f"the runs rank different numbers of heads: {shapes}")
+        raise OptionError(f"the runs rank different numbers of heads: {shapes}")
     rows = []
     for a, b in combinations(matrices, 2):
         ma, mb = matrices[a], matrices[b]
@@ -129,7 +130,7 @@ def aggregate_ranking(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         part = table[["layer", "head", "rank"]].rename(columns={"rank": f"rank_{label}"})
         merged = part if merged is None else merged.merge(part, on=["layer", "head"], how="inner")
     if merged is None:
-        raise ValueError("no head tables to aggregate")
+        raise OptionError("no head tables to aggregate")
     merged["mean_rank"] = merged[[c for c in merged.columns if c.startswith("rank_")]].mean(axis=1)
     order = np.lexsort(
         (merged["head"].to_numpy(), merged["layer"].to_numpy(), merged["mean_rank"].to_numpy())

@@ -14,6 +14,8 @@ import numpy as np
 import scipy.linalg.lapack as lapack
 import torch
 
+from corelens.errors import OptionError
+
 EIG_METHODS = ("auto", "tridiagonal", "eigh", "eigvalsh")
 _SMALL = 256  # below this size a full eigh is cheap: 'auto' takes it
 _WY_BLOCK = 128  # reflectors applied together in the back-transformation (fewer, larger products)
@@ -46,7 +48,7 @@ class SymEig:
 
     def __init__(self, g: torch.Tensor, method: str = "auto") -> None:
         if method not in EIG_METHODS:
-            raise ValueError(f"unknown eigen method {method!r}; expected one of {EIG_METHODS}")
+            raise OptionError(f"unknown eigen method {method!r}; expected one of {EIG_METHODS}")
         n = g.shape[0]
         if method == "auto":
             method = "tridiagonal" if g.device.type == "cpu" and n >= _SMALL else "eigh"

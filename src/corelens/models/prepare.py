@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from corelens.data.sample import Sample, load_images, load_video
-from corelens.errors import InputError, UnsupportedModelError
+from corelens.errors import InputError, OptionError, UnsupportedModelError
 from corelens.layout import PADDING_RULES, Layout
 from corelens.models.families import family_of
 from corelens.models.loaded import Loaded, processor_only
@@ -45,9 +45,11 @@ class Prepared:
             return np.array([self.prompt_len - 1])
         if mode == "answer":
             if not len(self.answer_rows):
-                raise ValueError("query 'answer' needs the sample prepared with its answer (teacher forcing)")
+                raise OptionError(
+                    "query 'answer' needs the sample prepared with its answer (teacher forcing)"
+                )
             return self.answer_rows
-        raise ValueError(f"unknown query mode {mode!r}; expected one of {QUERY_MODES}")
+        raise OptionError(f"unknown query mode {mode!r}; expected one of {QUERY_MODES}")
 
 
 def messages(sample: Sample) -> list[dict]:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import AutoModelForImageTextToText
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, OptionError
 from corelens.models.tiny import tiny_config, tiny_processor
 from corelens.models.tiny_parts import build_tokenizer
 from corelens.organism.tasks import WORDS
@@ -42,7 +42,7 @@ class OrganismConfig:
     def __post_init__(self) -> None:
         # Qwen2.5-VL's text attention derives its head size from hidden / heads; rope sections from head_dim.
         if self.heads * self.head_dim != self.hidden or self.heads % self.kv_heads:
-            raise ValueError(
+            raise OptionError(
                 f"organism sizes: need heads x head_dim = hidden and kv_heads dividing heads, got heads "
                 f"{self.heads}, head_dim {self.head_dim}, hidden {self.hidden}, kv_heads {self.kv_heads}"
             )

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from corelens.data.sample import write_samples
+from corelens.errors import OptionError
 
 PALETTE: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
@@ -117,7 +118,7 @@ def draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: Box, colour: tuple[in
         draw.rectangle((x0, cy - t, x1, cy + t), fill=colour)
         draw.rectangle((cx - t, y0, cx + t, y1), fill=colour)
     else:
-        raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
+        raise OptionError(f"unknown shape {shape!r}; expected one of {SHAPES}")
 
 
 def _muted(rng: np.random.Generator, low: int = 60, high: int = 190) -> tuple[int, int, int]:
@@ -474,7 +475,7 @@ def questions(record: dict) -> list[tuple[str, str]]:
         return [
             (f"what {ask} is the figure in the marked block ?", figure[ask]) for ask in ("colour", "shape")
         ]
-    raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+    raise OptionError(f"unknown task {task!r}; expected one of {TASKS}")
 
 
 GENERATORS: dict[str, Callable[[np.random.Generator, int, float], Rendered]] = {
@@ -490,7 +491,7 @@ def render(task: str, index: int, seed: int = 0, level: float = 1.0) -> Rendered
     `level` < 1 is for the training curriculum only: fewer objects (image, video) or pages (document).
     """
     if task not in GENERATORS:
-        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+        raise OptionError(f"unknown task {task!r}; expected one of {TASKS}")
     return GENERATORS[task](sample_rng(seed, task, index), index, level)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from corelens.errors import OptionError
 from corelens.organism.aux import AuxHeads, batch_labels
 from corelens.organism.batch import IGNORE, encode
 from corelens.organism.model import FAMILY, OrganismConfig, build_model, build_processor, count_parameters
@@ -95,9 +96,9 @@ class TaskSchedule:
         self.cfg = cfg
         weights = list(cfg.task_weights) or [1.0] * len(cfg.tasks)
         if len(weights) != len(cfg.tasks):
-            raise ValueError(f"{len(weights)} task weights for {len(cfg.tasks)} tasks")
+            raise OptionError(f"{len(weights)} task weights for {len(cfg.tasks)} tasks")
         if cfg.join_by and len(cfg.join_by) != len(cfg.tasks):
-            raise ValueError(f"{len(cfg.join_by)} join_by entries for {len(cfg.tasks)} tasks")
+            raise OptionError(f"{len(cfg.join_by)} join_by entries for {len(cfg.tasks)} tasks")
         self.weights = dict(zip(cfg.tasks, weights))
         self.joined = {t: 0 for t in (cfg.tasks if not cfg.join_by else cfg.tasks[:1])}
         self.credit = dict.fromkeys(cfg.tasks, 0.0)

@@ -29,6 +29,7 @@ from corelens.attention.kernels.masks import (
     streaming_keep,
 )
 from corelens.attention.kernels.tiles import Plans, blocked
+from corelens.errors import OptionError
 
 KERNELS = ("auto", "reference", "blocked", "flex")
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ _IMPL = {"reference": reference, "blocked": blocked, "flex": flex}
 def choose(kind: str, device: torch.device) -> str:
     """Return the concrete kernel `kind` resolves to on `device`."""
     if kind not in KERNELS:
-        raise ValueError(f"unknown hybrid kernel {kind!r}; expected one of {KERNELS}")
+        raise OptionError(f"unknown hybrid kernel {kind!r}; expected one of {KERNELS}")
     if kind != "auto":
         return kind
     return "flex" if device.type == "cuda" else "blocked"

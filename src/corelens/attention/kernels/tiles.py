@@ -38,6 +38,7 @@ from corelens.attention.kernels import band, masked, split
 from corelens.attention.kernels.causal import full_heads
 from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
 from corelens.attention.kernels.tiling import Group, Scratch
+from corelens.errors import OptionError
 
 PATHS = ("band", "split", "masked")
 _ATTEND = {"band": band.attend, "split": split.attend, "masked": masked.attend}
@@ -126,7 +127,7 @@ def streaming_group(
     the tile height of each.
     """
     if path not in (None, *PATHS):
-        raise ValueError(f"unknown streaming path {path!r}; expected one of {PATHS}")
+        raise OptionError(f"unknown streaming path {path!r}; expected one of {PATHS}")
     query, heads, k, v, start, end = group.query, group.heads, group.key, group.value, group.start, group.end
     g, (n, dim), dim_v = len(heads), k.shape, v.shape[-1]
     device = k.device

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from corelens.errors import InputError
+from corelens.errors import InputError, OptionError
 
 
 class Limit(Exception):
@@ -95,7 +95,7 @@ def page_window(n_pages: int, evidence: list[int], max_pages: int | None, mode: 
     Raises ValueError when the evidence pages alone are more than `max_pages`.
     """
     if mode not in PAGE_MODES:
-        raise ValueError(f"pages must be one of {PAGE_MODES}, got {mode!r}")
+        raise OptionError(f"pages must be one of {PAGE_MODES}, got {mode!r}")
     if mode == "all" or max_pages is None or n_pages <= max_pages:
         return list(range(n_pages))
     if mode == "first":
