@@ -11,8 +11,8 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 for n in 4096 16384 32768; do
-  timeout 150 python3 -m corelens.bench.hybrid --device cuda --dtype bfloat16 --tokens $n \
+  timeout 150 python3 -m corelens bench hybrid --device cuda --dtype bfloat16 --tokens $n \
     --keep 0.05,0.1,0.2,0.5 --prefill-keep 0.2 --repeats 5 --layers 2 --json "$out/hybrid-gpu-$n.json" \
     || echo "N=$n did not finish in 150 s" | tee -a "$out/gpu.txt"
 done
-python3 -m corelens.bench.hybrid --table "$out"/hybrid-gpu-*.json | tee "$out/table.md"
+python3 -m corelens bench hybrid --table "$out"/hybrid-gpu-*.json | tee "$out/table.md"

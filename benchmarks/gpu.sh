@@ -17,15 +17,15 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 width=(--hidden 3584 --heads 28 --kv-heads 4 --intermediate 18944)
 python3 -c "import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)" | tee "$out/gpu.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$out/gpu.txt"
-timeout 100 python3 -m corelens.bench.ram --device cuda --dtype bfloat16 --tokens 32768 "${width[@]}" \
+timeout 100 python3 -m corelens bench ram --device cuda --dtype bfloat16 --tokens 32768 "${width[@]}" \
   --layers 4 --no-eager --repeats 3 --json "$out/ram-gpu-32768.json" 2>&1 | tail -3 | tee -a "$out/gpu.txt"
 for n in 32768 65536; do
-  timeout 130 python3 -m corelens.bench.hybrid --device cuda --dtype bfloat16 --tokens $n "${width[@]}" \
+  timeout 130 python3 -m corelens bench hybrid --device cuda --dtype bfloat16 --tokens $n "${width[@]}" \
     --keep 0.05,0.1,0.2,0.5 --prefill-keep 0.2 --repeats 3 --layers 2 --json "$out/hybrid-gpu-$n.json" \
     2>&1 | tail -3 | tee -a "$out/gpu.txt" || echo "hybrid N=$n did not finish" | tee -a "$out/gpu.txt"
 done
-python3 -m corelens.bench.hybrid --table "$out"/hybrid-gpu-*.json | tee "$out/hybrid-table.md"
-timeout 60 python3 -m corelens.bench.flow --device cuda --tokens 4096 --hidden 3584 --repeats 3 \
+python3 -m corelens bench hybrid --table "$out"/hybrid-gpu-*.json | tee "$out/hybrid-table.md"
+timeout 60 python3 -m corelens bench flow --device cuda --tokens 4096 --hidden 3584 --repeats 3 \
   --json "$out/flow-gpu.json" 2>&1 | tail -2 | tee -a "$out/gpu.txt"
 gpus=$(nvidia-smi --list-gpus | wc -l)
 if [ "$gpus" -gt 1 ]; then

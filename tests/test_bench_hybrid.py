@@ -8,6 +8,7 @@ import pytest
 
 from corelens.bench import hybrid as bench
 from corelens.bench.hybrid import fractions, paired, prefill_flops, run_hybrid_benchmark, table
+from corelens.cli import main as cli_main
 
 TINY = {"heads": 4, "kv_heads": 2, "hidden": 64, "intermediate": 96, "layers": 2}
 
@@ -84,7 +85,7 @@ def test_main_parses_fractions_and_prefill_subset(monkeypatch, tmp_path, result:
     monkeypatch.setattr(bench, "run_hybrid_benchmark", fake)
     path = tmp_path / "h.json"
     argv = ["--tokens", "300", "--keep", "5%,0.2", "--prefill-keep", "20%", "--no-flex", "--json", str(path)]
-    assert bench.main([*argv, "--device", "cuda:1", "--dtype", "bfloat16"]) == 0
+    assert cli_main(["bench", "hybrid", *argv, "--device", "cuda:1", "--dtype", "bfloat16"]) == 0
     assert seen["keeps"] == [0.05, 0.2] and seen["prefill_keeps"] == [0.2] and seen["with_flex"] is False
     assert seen["device"] == "cuda:1" and seen["dtype"] == "bfloat16"
     assert json.loads(path.read_text())["tokens"] == 300

@@ -10,6 +10,7 @@ import pytest
 from corelens.bench import ram
 from corelens.bench.memory import PeakRSS, max_rss_mb, rss_bytes
 from corelens.bench.ram import estimate_eager_peak_mb, mrope_section, probe_sets, run_ram_benchmark
+from corelens.cli import main as cli_main
 
 TINY = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "intermediate": 256}
 
@@ -76,7 +77,9 @@ def test_main_writes_json_and_passes_no_eager(result: dict, tmp_path, monkeypatc
 
     monkeypatch.setattr(ram, "run_ram_benchmark", fake)
     path = tmp_path / "out" / "ram.json"
-    assert ram.main(["--tokens", "256", "--json", str(path), "--no-eager", "--layers", "2"]) == 0
+    assert (
+        cli_main(["bench", "ram", "--tokens", "256", "--json", str(path), "--no-eager", "--layers", "2"]) == 0
+    )
     assert seen["tokens"] == 256 and seen["eager"] is False and seen["layers"] == 2
     assert json.loads(path.read_text())["probe_check"] == result["probe_check"]
     assert "probe/sdpa" in capsys.readouterr().out

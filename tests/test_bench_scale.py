@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from corelens.bench.scale import main
+from corelens.cli import main as cli
 
 
 def test_bench_scale_runs_both_sides_at_each_size_and_checks_identical_heads(tmp_path, capsys):
     out = tmp_path / "scale.json"
     small = ["--samples", "3,5", "--repeats", "1", "--layers", "1", "--hidden", "128", "--heads", "4",
              "--kv-heads", "2", "--head-dim", "32", "--intermediate", "256", "--task", "image"]  # fmt: skip
-    assert main([*small, "--json", str(out)]) == 0
+    assert cli(["bench", "scale", *small, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["model"]["hidden"] == 128 and [s["samples"] for s in result["sizes"]] == [3, 5]
     for size in result["sizes"]:

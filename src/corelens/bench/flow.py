@@ -13,26 +13,21 @@ RID, ΔS, ΔD, eRank(X), eRank(X'), TME(X), TME(X'), MixIG.
 Both run in the same process, alternately, `repeats` times; the median wall and process-CPU times, their
 ratios and the largest relative difference of any metric are written. `--threads N` sets every BLAS pool
 (OpenBLAS, OpenMP, MKL) to N threads. Run as
-``python -m corelens.bench.flow --tokens 4096 --hidden 3584 --threads 1 --json FILE``
+``corelens bench flow --tokens 4096 --hidden 3584 --threads 1 --json FILE``
 (or ``corelens bench flow ...``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from corelens.commands.argtypes import device, output_path, positive
 from corelens.metrics.mixing import tme
 from corelens.metrics.spectra import FP32_EPS, kept_rank, rid_terms
 
@@ -214,55 +209,3 @@ def run_flow_benchmark(
             "numpy": np.__version__,
         },
     }
-
-
-def add_arguments(p) -> None:
-    """Add the options of `corelens bench flow` to `p`."""
-    p.add_argument("--tokens", type=positive, default=4096)
-    p.add_argument("--hidden", type=positive, default=3584)
-    p.add_argument("--repeats", type=positive, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--threads", type=positive, default=None, help="threads of every BLAS pool (default: as loaded)"
-    )
-    p.add_argument(
-        "--device", type=device, default="cpu", help="device of corelens' side: cpu, cuda, cuda:1 ..."
-    )
-    p.add_argument("--json", type=output_path, default=None, help="write the result here")
-
-
-def run(args) -> int:
-    """Run the benchmark with parsed options, print a summary, optionally write JSON."""
-    if args.threads and os.environ.get(_THREADS_ENV[0]) != str(args.threads):
-        # OpenBLAS (numpy, scipy) fixes its thread count when loaded: run again with every pool set to N.
-        env = {**os.environ, **{k: str(args.threads) for k in _THREADS_ENV}}
-        options = ["--tokens", args.tokens, "--hidden", args.hidden, "--repeats", args.repeats, "--seed", args.seed,
-                   "--threads", args.threads, "--device", args.device] + (["--json", args.json] if args.json else [])  # fmt: skip
-        child = [sys.executable, "-m", "corelens.bench.flow", *map(str, options)]
-        raise SystemExit(subprocess.run(child, env=env).returncode)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    result = run_flow_benchmark(
-        args.tokens, args.hidden, repeats=args.repeats, seed=args.seed, device=args.device
-    )
-    print(
-        f"S={args.tokens} H={args.hidden}: direct {result['direct_s']:.2f} s, corelens "
-        f"{result['corelens_s']:.2f} s, speed-up {result['speedup']:.1f}x (CPU time {result['cpu_speedup']:.1f}x), "
-        f"max relative difference {result['max_rel_diff']:.2e}"
-    )
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m corelens.bench.flow ...``, parsed as `corelens bench flow`."""
-    from corelens.cli import main as cli
-
-    return cli(["bench", "flow", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,20 +29,17 @@ slow spell of the machine during one repeat moves both sides of its ratio.
 If FlexAttention cannot compile here, ``flex_error`` says why and no flex number is given.
 
 Run as ``corelens bench hybrid --tokens N --keep 0.05,0.1,0.2,0.5 --sink S --window W --json FILE``
-(``python -m corelens.bench.hybrid`` takes the same options); ``corelens bench hybrid --table FILE...`` prints
+(``python -m corelens bench hybrid`` from a source tree); ``corelens bench hybrid --table FILE...`` prints
 the README table of saved results.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,8 +47,7 @@ import torch
 from corelens.attention.kernels import Pattern, flex, ideal_speedup, pairs, prefill
 from corelens.attention.kernels.flexattn import policy_block_mask
 from corelens.attention.kernels.tiles import streaming_path
-from corelens.commands.argtypes import checked, device, existing_path, output_file, positive
-from corelens.errors import InputError, OptionError
+from corelens.errors import OptionError
 from corelens.metrics.headsets import k_value, parse_k
 
 CPU = torch.device("cpu")
@@ -578,80 +574,3 @@ def fractions(text: str) -> list[float]:
     if counts:
         raise OptionError(f"expected shares of the heads (5% or 0.05), got the count(s) {counts}")
     return values
-
-
-def add_arguments(parser) -> None:
-    """Add the options of `corelens bench hybrid` to `parser`."""
-    shares = checked(fractions, "shares")
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--tokens", type=positive, help="prompt length N")
-    what.add_argument(
-        "--table",
-        type=existing_path,
-        nargs="+",
-        metavar="FILE",
-        help="print the README table of saved results",
-    )
-    parser.add_argument("--keep", type=shares, default="0.2", help="kept (full) shares of heads: 0.05,10%%")
-    parser.add_argument("--sink", type=int, default=128)
-    parser.add_argument("--window", type=positive, default=1024)
-    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
-    parser.add_argument("--heads", type=positive, default=16)
-    parser.add_argument("--kv-heads", type=positive, default=2)
-    parser.add_argument("--hidden", type=positive, default=2048)
-    parser.add_argument("--intermediate", type=positive, default=5632)
-    parser.add_argument("--layers", type=positive, default=2, help="decoder layers of the prefill model")
-    parser.add_argument("--repeats", type=positive, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=positive, default=None, help="default: every core")
-    parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention")
-    parser.add_argument("--no-prefill", action="store_true", help="skip the whole-decoder prefill")
-    parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ...")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument(
-        "--prefill-keep", type=shares, help="kept share(s) for the prefill (default: those of --keep)"
-    )
-    parser.add_argument(
-        "--adaptive", action="store_true", help="also time the prefill with the full heads chosen per prompt"
-    )
-
-
-def run(args) -> int:
-    """Run the benchmark with parsed options (or, with --table, print the table of saved results)."""
-    if args.table:
-        results = []
-        for path in args.table:
-            try:
-                results.append(json.loads(Path(path).read_text()))
-            except (OSError, ValueError) as err:
-                raise InputError(f"cannot read it: {err}", file=path) from None
-            if (
-                not isinstance(results[-1], dict)
-                or not {"tokens", "sdpa_s", "per_keep"} <= results[-1].keys()
-            ):
-                raise InputError("not a result of `corelens bench hybrid --json`", file=path)
-        print(table(results))
-        return 0
-    result = run_hybrid_benchmark(
-        args.tokens, args.keep, sink=args.sink, window=args.window, heads=args.heads, kv_heads=args.kv_heads,
-        hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
-        seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
-        prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
-        adaptive=args.adaptive,
-    )  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(summary(result))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m corelens.bench.hybrid --tokens N --keep F[,F...] ...``, as `corelens bench hybrid`."""
-    from corelens.cli import main as cli
-
-    return cli(["bench", "hybrid", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ seed) where "peak" is the activation memory of the forward, i.e. the largest inc
 over its value just before the forward (`corelens.bench.memory.PeakRSS`, sampled about every 1 ms); the
 child's lifetime ``ru_maxrss`` (weights and interpreter included) is reported next to it.
 
-Run as ``python -m corelens.bench.ram --tokens N --json FILE [--no-eager]``.
+Run as ``corelens bench ram --tokens N --json FILE [--no-eager]``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from corelens.commands.argtypes import device, output_file, positive
 
 MB = 1 << 20
 GB = 1 << 30
@@ -441,64 +439,6 @@ def summary(result: dict[str, Any]) -> str:
     return line
 
 
-def add_arguments(parser) -> None:
-    """Add the options of `corelens bench ram` to `parser`."""
-    parser.add_argument("--tokens", type=positive, required=True, help="prompt length N")
-    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--no-eager", dest="eager", action="store_false", default=None, help="skip eager")
-    group.add_argument(
-        "--eager", dest="eager", action="store_true", help="run eager even past the memory limit"
-    )
-    parser.add_argument("--layers", type=positive, default=4)
-    parser.add_argument("--hidden", type=positive, default=2048)
-    parser.add_argument("--heads", type=positive, default=16)
-    parser.add_argument("--kv-heads", type=positive, default=2)
-    parser.add_argument("--intermediate", type=positive, default=5632)
-    parser.add_argument("--target-tokens", type=positive, default=1024)
-    parser.add_argument("--query-rows", type=positive, default=32)
-    parser.add_argument("--repeats", type=positive, default=None, help="default: 3 up to 8192 tokens, else 1")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ... (GPU peak: allocator peak)"
-    )
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-
-
-def run(args) -> int:
-    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
-    result = run_ram_benchmark(
-        args.tokens,
-        layers=args.layers,
-        hidden=args.hidden,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
-        target_tokens=args.target_tokens,
-        query_rows=args.query_rows,
-        eager=args.eager,
-        seed=args.seed,
-        repeats=args.repeats,
-        device=args.device,
-        dtype=args.dtype,
-    )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(summary(result))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m corelens.bench.ram --tokens N --json FILE [--no-eager]``, as `corelens bench ram`."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == _CHILD_FLAG:  # measure_memory's child process, not a user's command
-        print(json.dumps(_memory_child(json.loads(argv[1]))))
-        return 0
-    from corelens.cli import main as cli
-
-    return cli(["bench", "ram", *argv])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__" and sys.argv[1:2] == [_CHILD_FLAG]:
+    # The child process of `measure_memory` (not a user's command: users run `corelens bench ram`).
+    print(json.dumps(_memory_child(json.loads(sys.argv[2]))))

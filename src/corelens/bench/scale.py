@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,8 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-
-from corelens.commands.argtypes import output_file, positive
 
 SCALE_TARGET = 0.6  # 2 ranks finish in at most this share of 1 rank's time
 OVERHEAD_TARGET = 1.15  # corelens rank per sample vs processor + sdpa forward
@@ -182,54 +179,3 @@ def summary(result: dict) -> str:
             f"{statistics.median(o['corelens_s']):.3f} s: {o['ratio']:.3f}x (target <= {OVERHEAD_TARGET})"
         )
     return "\n".join(lines)
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected sample counts such as 32,256, got {text!r}") from None
-    if min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"sample counts must be at least 1, got {text!r}")
-    return sizes
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the options of `corelens bench scale` to `p`."""
-    p.add_argument("--samples", type=_sizes, default=(32, 256), help="run sizes, e.g. 32,256 (default)")
-    p.add_argument("--task", choices=("image", "video", "document"), default="document")
-    p.add_argument("--repeats", type=positive, default=2)
-    p.add_argument("--layers", type=positive, default=4)
-    p.add_argument("--hidden", type=positive, default=2048)
-    p.add_argument("--heads", type=positive, default=16)
-    p.add_argument("--kv-heads", type=positive, default=2)
-    p.add_argument("--head-dim", type=positive, default=128)
-    p.add_argument("--intermediate", type=positive, default=5632)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-overhead", action="store_true", help="skip the per-sample overhead measurement")
-    p.add_argument("--json", type=output_file, help="write the results to this JSON file")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
-    result = run_scale_benchmark(
-        sizes=args.samples, task=args.task, repeats=args.repeats, layers=args.layers, hidden=args.hidden,
-        heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, intermediate=args.intermediate,
-        seed=args.seed, with_overhead=not args.no_overhead,
-    )  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(summary(result))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m corelens.bench.scale [--samples N] [--json FILE]``, as `corelens bench scale`."""
-    from corelens.cli import main as cli
-
-    return cli(["bench", "scale", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

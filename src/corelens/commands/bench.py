@@ -1,29 +1,248 @@
 """`corelens bench WHAT ...`: performance benchmarks (each times both sides in one run).
 
-Each benchmark module (corelens.bench.*) has `add_arguments(parser)` and `run(args)`: its options belong to
-this parser, so `corelens bench WHAT --help` and a malformed value are answered like any other command's;
-its `main(argv)` (`python -m corelens.bench.WHAT ...`) parses through the same parser.
+The benchmark code lives in corelens.bench.*; this module holds their options and how a parsed command line
+runs them, so `corelens bench WHAT --help` and a malformed value are answered like any other command's.
+From a source tree without the `corelens` script, `python -m corelens bench WHAT ...` is the same command.
 """
 
 from __future__ import annotations
 
-import importlib
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from corelens.commands.argtypes import checked, device, existing_path, output_file, output_path, positive
+from corelens.errors import InputError
+
+
+def _ram_arguments(parser) -> None:
+    """Add the options of `corelens bench ram` to `parser`."""
+    parser.add_argument("--tokens", type=positive, required=True, help="prompt length N")
+    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--no-eager", dest="eager", action="store_false", default=None, help="skip eager")
+    group.add_argument(
+        "--eager", dest="eager", action="store_true", help="run eager even past the memory limit"
+    )
+    parser.add_argument("--layers", type=positive, default=4)
+    parser.add_argument("--hidden", type=positive, default=2048)
+    parser.add_argument("--heads", type=positive, default=16)
+    parser.add_argument("--kv-heads", type=positive, default=2)
+    parser.add_argument("--intermediate", type=positive, default=5632)
+    parser.add_argument("--target-tokens", type=positive, default=1024)
+    parser.add_argument("--query-rows", type=positive, default=32)
+    parser.add_argument("--repeats", type=positive, default=None, help="default: 3 up to 8192 tokens, else 1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ... (GPU peak: allocator peak)"
+    )
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+
+
+def _run_ram(args) -> int:
+    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
+    from corelens.bench.ram import run_ram_benchmark, summary
+
+    result = run_ram_benchmark(
+        args.tokens,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        target_tokens=args.target_tokens,
+        query_rows=args.query_rows,
+        eager=args.eager,
+        seed=args.seed,
+        repeats=args.repeats,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(summary(result))
+    return 0
+
+
+def _flow_arguments(p) -> None:
+    """Add the options of `corelens bench flow` to `p`."""
+    p.add_argument("--tokens", type=positive, default=4096)
+    p.add_argument("--hidden", type=positive, default=3584)
+    p.add_argument("--repeats", type=positive, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--threads", type=positive, default=None, help="threads of every BLAS pool (default: as loaded)"
+    )
+    p.add_argument(
+        "--device", type=device, default="cpu", help="device of corelens' side: cpu, cuda, cuda:1 ..."
+    )
+    p.add_argument("--json", type=output_path, default=None, help="write the result here")
+
+
+def _run_flow(args) -> int:
+    """Run the benchmark with parsed options, print a summary, optionally write JSON."""
+    import torch
+
+    from corelens.bench.flow import _THREADS_ENV, run_flow_benchmark
+
+    if args.threads and os.environ.get(_THREADS_ENV[0]) != str(args.threads):
+        # OpenBLAS (numpy, scipy) fixes its thread count when loaded: run again with every pool set to N.
+        env = {**os.environ, **{k: str(args.threads) for k in _THREADS_ENV}}
+        options = ["--tokens", args.tokens, "--hidden", args.hidden, "--repeats", args.repeats, "--seed", args.seed,
+                   "--threads", args.threads, "--device", args.device] + (["--json", args.json] if args.json else [])  # fmt: skip
+        child = [sys.executable, "-m", "corelens", "bench", "flow", *map(str, options)]
+        raise SystemExit(subprocess.run(child, env=env).returncode)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = run_flow_benchmark(
+        args.tokens, args.hidden, repeats=args.repeats, seed=args.seed, device=args.device
+    )
+    print(
+        f"S={args.tokens} H={args.hidden}: direct {result['direct_s']:.2f} s, corelens "
+        f"{result['corelens_s']:.2f} s, speed-up {result['speedup']:.1f}x (CPU time {result['cpu_speedup']:.1f}x), "
+        f"max relative difference {result['max_rel_diff']:.2e}"
+    )
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _hybrid_arguments(parser) -> None:
+    """Add the options of `corelens bench hybrid` to `parser`."""
+    shares = checked(_fractions, "shares")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--tokens", type=positive, help="prompt length N")
+    what.add_argument(
+        "--table",
+        type=existing_path,
+        nargs="+",
+        metavar="FILE",
+        help="print the README table of saved results",
+    )
+    parser.add_argument("--keep", type=shares, default="0.2", help="kept (full) shares of heads: 0.05,10%%")
+    parser.add_argument("--sink", type=int, default=128)
+    parser.add_argument("--window", type=positive, default=1024)
+    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
+    parser.add_argument("--heads", type=positive, default=16)
+    parser.add_argument("--kv-heads", type=positive, default=2)
+    parser.add_argument("--hidden", type=positive, default=2048)
+    parser.add_argument("--intermediate", type=positive, default=5632)
+    parser.add_argument("--layers", type=positive, default=2, help="decoder layers of the prefill model")
+    parser.add_argument("--repeats", type=positive, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=positive, default=None, help="default: every core")
+    parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention")
+    parser.add_argument("--no-prefill", action="store_true", help="skip the whole-decoder prefill")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument(
+        "--prefill-keep", type=shares, help="kept share(s) for the prefill (default: those of --keep)"
+    )
+    parser.add_argument(
+        "--adaptive", action="store_true", help="also time the prefill with the full heads chosen per prompt"
+    )
+
+
+def _fractions(text: str) -> list[float]:
+    from corelens.bench.hybrid import fractions
+
+    return fractions(text)
+
+
+def _run_hybrid(args) -> int:
+    """Run the benchmark with parsed options (or, with --table, print the table of saved results)."""
+    from corelens.bench.hybrid import run_hybrid_benchmark, summary, table
+
+    if args.table:
+        results = []
+        for path in args.table:
+            try:
+                results.append(json.loads(Path(path).read_text()))
+            except (OSError, ValueError) as err:
+                raise InputError(f"cannot read it: {err}", file=path) from None
+            if (
+                not isinstance(results[-1], dict)
+                or not {"tokens", "sdpa_s", "per_keep"} <= results[-1].keys()
+            ):
+                raise InputError("not a result of `corelens bench hybrid --json`", file=path)
+        print(table(results))
+        return 0
+    result = run_hybrid_benchmark(
+        args.tokens, args.keep, sink=args.sink, window=args.window, heads=args.heads, kv_heads=args.kv_heads,
+        hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
+        seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
+        prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
+        adaptive=args.adaptive,
+    )  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(summary(result))
+    return 0
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sample counts such as 32,256, got {text!r}") from None
+    if min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sample counts must be at least 1, got {text!r}")
+    return sizes
+
+
+def _scale_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the options of `corelens bench scale` to `p`."""
+    p.add_argument("--samples", type=_sizes, default=(32, 256), help="run sizes, e.g. 32,256 (default)")
+    p.add_argument("--task", choices=("image", "video", "document"), default="document")
+    p.add_argument("--repeats", type=positive, default=2)
+    p.add_argument("--layers", type=positive, default=4)
+    p.add_argument("--hidden", type=positive, default=2048)
+    p.add_argument("--heads", type=positive, default=16)
+    p.add_argument("--kv-heads", type=positive, default=2)
+    p.add_argument("--head-dim", type=positive, default=128)
+    p.add_argument("--intermediate", type=positive, default=5632)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-overhead", action="store_true", help="skip the per-sample overhead measurement")
+    p.add_argument("--json", type=output_file, help="write the results to this JSON file")
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
+    from corelens.bench.scale import run_scale_benchmark, summary
+
+    result = run_scale_benchmark(
+        sizes=args.samples, task=args.task, repeats=args.repeats, layers=args.layers, hidden=args.hidden,
+        heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, intermediate=args.intermediate,
+        seed=args.seed, with_overhead=not args.no_overhead,
+    )  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(summary(result))
+    return 0
+
 
 BENCHMARKS = {
-    "ram": "corelens.bench.ram",
-    "flow": "corelens.bench.flow",
-    "hybrid": "corelens.bench.hybrid",
-    "scale": "corelens.bench.scale",
-}
+    "ram": ("RAM probe against stock sdpa and eager attention: time and peak memory", _ram_arguments, _run_ram),
+    "flow": ("RID + MixIG of one module against a direct SVD + dense implementation", _flow_arguments, _run_flow),
+    "hybrid": ("hybrid attention kernels and prefill against stock sdpa and FlexAttention", _hybrid_arguments,
+               _run_hybrid),
+    "scale": ("corelens rank on 1 and 2 processes, and its per-sample overhead", _scale_arguments, _run_scale),
+}  # fmt: skip
 
 
 def register(sub) -> None:
     """Add the `bench` parser and one sub-parser per benchmark."""
     b = sub.add_parser("bench", help="performance benchmarks (see benchmarks/)")
     what = b.add_subparsers(dest="what", required=True, metavar="WHAT")
-    for name, path in BENCHMARKS.items():
-        module = importlib.import_module(path)
-        summary = module.__doc__.splitlines()[0]
+    for name, (summary, arguments, run) in BENCHMARKS.items():
         w = what.add_parser(name, help=summary, description=summary)
-        module.add_arguments(w)
-        w.set_defaults(func=module.run)
+        arguments(w)
+        w.set_defaults(func=run)

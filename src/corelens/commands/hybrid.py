@@ -14,6 +14,7 @@ from corelens.commands.common import (
     print_resampled,
 )
 from corelens.experiments.evaluate import SCORERS
+from corelens.experiments.hybrid import SET_KINDS
 from corelens.heads import resolve_heads
 from corelens.metrics.headsets import add_random_from
 
@@ -75,7 +76,7 @@ def register(sub) -> None:
     )
     h.add_argument(
         "--sets",
-        type=names_of(("top", "bottom", "random", "layer-matched", "stable"), "head set"),
+        type=names_of(SET_KINDS, "head set"),
         default="top,random,bottom",
         help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p), "
         "adaptive (the top set's count per layer, the heads chosen per prompt)",

@@ -43,6 +43,7 @@ from corelens.runs.driver import Loop, drive, prompt_lengths
 DENSE = "dense"
 SETS = ("top", "random", "bottom")
 ADAPTIVE = "adaptive"
+SET_KINDS = ("top", "bottom", "random", "layer-matched", "stable", ADAPTIVE)  # what `sets` may name
 COLUMNS = [
     "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
     "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction", "short_by",
@@ -234,7 +235,7 @@ def curve(
     keeps = parse_k(keeps)
     if decode not in DECODES:
         raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
-    unknown = set(sets) - {"top", "bottom", "random", "layer-matched", "stable", ADAPTIVE}
+    unknown = set(sets) - set(SET_KINDS)
     if unknown:
         raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
     if ADAPTIVE in sets and decode != "full":
