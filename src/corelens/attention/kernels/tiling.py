@@ -9,6 +9,7 @@ output stays under `OUT_BYTES` and the tiles reuse `Scratch` buffers.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -88,7 +89,7 @@ def additive(ok: torch.Tensor, groups: int) -> torch.Tensor:
     return bias.view(1, 1, groups * block, keys)
 
 
-class Tiles:
+class Tiles(ABC):
     """The tiles of one streaming group past its prefix: tile t holds queries end + t B .. end + t B + B - 1.
 
     A subclass sets `per_call` (tiles per sdpa call) and implements `attend`.
@@ -125,13 +126,14 @@ class Tiles:
         out[:, 0, : self.sink] = src[start : start + self.sink]
         return out
 
+    @abstractmethod
     def attend(self, qv: torch.Tensor, t0: int, t1: int, into=None) -> torch.Tensor | None:
         """Return the (m, 1, g B, dim_v) outputs of tiles t0 .. t1 - 1 for their stacked queries `qv`.
 
         With `into` (where the path supports it), pairs of (first stacked head i, an fp32 (m, heads, B, dim_v)
         view of the output for the stacked heads i ..): the outputs are written there and None returned.
+        Each path (split.py, masked.py) implements it.
         """
-        raise NotImplementedError
 
     def run(self, direct: bool = False) -> None:
         """Stack each chunk of tiles' queries, attend, and write the rows end .. n - 1 of the group.
