@@ -3,6 +3,7 @@
 # repository root, timeout_s 540): `bash benchmarks/gpu.sh`. It runs the source tree with the machine's own
 # python3 (the JSON files record the torch / transformers versions), in bfloat16 on cuda:0, on random-weight
 # decoders of Qwen2.5-VL-7B's width (hidden 3584, 28 query heads, 4 KV heads, head dim 128, MLP 18944):
+#   0. benchmarks/gpu_parity.py: compiled FlexAttention against the mask rule written out literally;
 #   1. bench ram at 32k tokens: probe vs stock sdpa time and the allocator's peak (4 layers, no eager);
 #   2. bench hybrid at 32k and 64k: corelens (FlexAttention on CUDA) vs stock sdpa (flash backend, which is
 #      what transformers' sdpa path runs) at kept fractions 5-50 %, and the whole 2-layer prefill at 20 %;
@@ -17,6 +18,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 width=(--hidden 3584 --heads 28 --kv-heads 4 --intermediate 18944)
 python3 -c "import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)" | tee "$out/gpu.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$out/gpu.txt"
+timeout 120 python3 benchmarks/gpu_parity.py 2>&1 | grep -v Warning | tee -a "$out/gpu.txt"
 timeout 100 python3 -m corelens bench ram --device cuda --dtype bfloat16 --tokens 32768 "${width[@]}" \
   --layers 4 --no-eager --repeats 3 --json "$out/ram-gpu-32768.json" 2>&1 | tail -3 | tee -a "$out/gpu.txt"
 for n in 32768 65536; do
