@@ -68,8 +68,7 @@ class AttentionCall:
         return self.key.shape[2] - self.query.shape[2]
 
 
-ORDER = ("query", "pattern", "output", "probe")  # the order of `pre` and of `post` within one call
-KINDS = ORDER
+ORDER = ("query", "pattern", "output", "probe")  # the kinds, in the order of `pre` and of `post` in one call
 
 
 class AttentionHook:
@@ -99,27 +98,21 @@ class AttentionHook:
 
 def refused(outer: AttentionHook, inner: AttentionHook) -> str | None:
     """Return why `outer` and `inner` may not be active on one module together, or None when they may."""
-    kinds = {outer.kind, inner.kind}
     if outer.kind == inner.kind == "pattern":
         # Each would compute attention without the other's pattern: there is no order in which both hold.
         return "both change the attention pattern, and each computes attention without the other's"
-    if "pattern" in kinds and "scores" in {outer.reads, inner.reads}:
+    if "pattern" in {outer.kind, inner.kind} and "scores" in {outer.reads, inner.reads}:
         # The probe scores rows with the stock causal pattern, which the other hook no longer runs.
         return "the probe scores rows with the stock causal pattern, which the other hook changes"
-    for hook, other in ((outer, inner), (inner, outer)):
-        for name, reason in REFUSED:
-            if hook.name == name[0] and other.name == name[1]:
-                return reason
-    return None
+    return REFUSED.get(frozenset({outer.name, inner.name}))
 
 
-# Named refusals beyond the kind rules above: (hook name, other hook name) -> why.
-REFUSED = [
-    (
-        ("RoPE-free capture", "uniform ablation"),
-        "the RoPE-free twin is computed from the queries before the ablation zeroes them",
+# Named refusals beyond the kind rules above, in either order: {hook name, other hook name} -> why.
+REFUSED = {
+    frozenset({"RoPE-free capture", "uniform ablation"}): (
+        "the RoPE-free twin is computed from the queries before the ablation zeroes them"
     ),
-]
+}
 
 
 _lock = threading.Lock()
@@ -204,8 +197,8 @@ def activate(layers: Iterable[tuple[int, torch.nn.Module]], hook: AttentionHook)
         2
     """
     pairs = list(layers)
-    if hook.kind not in KINDS:
-        raise ValueError(f"{hook.name}: unknown hook kind {hook.kind!r}; expected one of {KINDS}")
+    if hook.kind not in ORDER:
+        raise ValueError(f"{hook.name}: unknown hook kind {hook.kind!r}; expected one of {ORDER}")
     with _lock:
         for layer, module in pairs:
             for other in _active.get(id(module), (layer, []))[1]:

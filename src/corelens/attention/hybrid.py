@@ -56,8 +56,7 @@ class HybridPolicy:
     def __post_init__(self) -> None:
         pairs = tuple(sorted({(int(layer), int(head)) for layer, head in self.full}))
         object.__setattr__(self, "full", pairs)
-        if self.sink < 0 or self.window < 1:
-            raise OptionError(f"need sink >= 0 and window >= 1, got sink={self.sink}, window={self.window}")
+        Pattern(self.sink, self.window)  # checks sink >= 0 and window >= 1
         if any(layer < 0 or head < 0 for layer, head in pairs):
             raise OptionError("layer and head indices must be non-negative")
 

@@ -18,6 +18,16 @@ from corelens.commands.argtypes import checked, device, existing_path, output_fi
 from corelens.errors import InputError
 
 
+def _report(result: dict, line: str, path: str | Path | None) -> int:
+    """Print a benchmark's summary `line` and write its `result` as JSON to `path`, if given; return 0."""
+    if path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    print(line)
+    return 0
+
+
 def _ram_arguments(parser) -> None:
     """Add the options of `corelens bench ram` to `parser`."""
     parser.add_argument("--tokens", type=positive, required=True, help="prompt length N")
@@ -61,11 +71,7 @@ def _run_ram(args) -> int:
         device=args.device,
         dtype=args.dtype,
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(summary(result))
-    return 0
+    return _report(result, summary(result), args.json)
 
 
 def _flow_arguments(p) -> None:
@@ -101,16 +107,12 @@ def _run_flow(args) -> int:
     result = run_flow_benchmark(
         args.tokens, args.hidden, repeats=args.repeats, seed=args.seed, device=args.device
     )
-    print(
+    line = (
         f"S={args.tokens} H={args.hidden}: direct {result['direct_s']:.2f} s, corelens "
         f"{result['corelens_s']:.2f} s, speed-up {result['speedup']:.1f}x (CPU time {result['cpu_speedup']:.1f}x), "
         f"max relative difference {result['max_rel_diff']:.2e}"
     )
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return _report(result, line, args.json)
 
 
 def _hybrid_arguments(parser) -> None:
@@ -180,11 +182,7 @@ def _run_hybrid(args) -> int:
         prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
         adaptive=args.adaptive,
     )  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(summary(result))
-    return 0
+    return _report(result, summary(result), args.json)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -222,11 +220,7 @@ def _run_scale(args: argparse.Namespace) -> int:
         heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, intermediate=args.intermediate,
         seed=args.seed, with_overhead=not args.no_overhead,
     )  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(summary(result))
-    return 0
+    return _report(result, summary(result), args.json)
 
 
 BENCHMARKS = {

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from transformers.masking_utils import and_masks, causal_mask_function, or_masks, sliding_window_overlay
 
+from corelens.errors import OptionError
+
 MaskFunction = Callable[..., torch.Tensor]
 
 
@@ -38,7 +40,7 @@ class Pattern:
 
     def __post_init__(self) -> None:
         if self.sink < 0 or self.window < 1:
-            raise ValueError(f"need sink >= 0 and window >= 1, got sink={self.sink}, window={self.window}")
+            raise OptionError(f"need sink >= 0 and window >= 1, got sink={self.sink}, window={self.window}")
 
     def is_dense(self, n: int) -> bool:
         """Return whether the rule keeps every causal pair of an n-token prompt (no padding): n <= S + W."""
