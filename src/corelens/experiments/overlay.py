@@ -10,6 +10,7 @@ import torch
 
 from corelens.attention import activate
 from corelens.attention.probes import KeyMapProbe
+from corelens.data.paths import inside, safe_name
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
@@ -73,8 +74,7 @@ def write_overlays(
         prepared, maps = attention_maps(m, sample, top + bottom, query)
         rows = [(f"top {i + 1}: L{lh[0]}H{lh[1]}", maps[lh]) for i, lh in enumerate(top)]
         rows += [(f"bottom: L{lh[0]}H{lh[1]}", maps[lh]) for lh in bottom]
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in sample.id)
-        path = Path(folder) / f"overlay-{safe}.png"
+        path = inside(folder, Path(folder) / f"overlay-{safe_name(sample.id)}.png")
         paths.append(
             overlay_figure(panels(sample, prepared), rows, path, title=f"{sample.id}: {sample.question}")
         )
