@@ -211,9 +211,8 @@ class HeadSet:
 
 def _config(model: str | Path | None, settings: dict) -> Any:
     """Return the checkpoint config of a run: its folder, else its hub id from the cache."""
-    from transformers import AutoConfig
-
     from corelens.models.hub import resolve
+    from corelens.models.loaded import read_config
 
     tries = [model] if model else []
     if settings.get("model_id"):
@@ -224,7 +223,7 @@ def _config(model: str | Path | None, settings: dict) -> Any:
         )
     for spec in tries:
         try:
-            return AutoConfig.from_pretrained(resolve(spec).path, local_files_only=True)
+            return read_config(resolve(spec).path)
         except CorelensError:
             continue
     raise CorelensError(
