@@ -36,7 +36,12 @@ _HASHED = re.compile(r".*--[0-9a-f]{16}")
 def safe_name(value: object) -> str:
     """Return the file name for dataset value `value` (see the module docstring): itself when safe, else slug--hash."""
     text = str(value)
-    if _SAFE.fullmatch(text) and text not in (".", "..") and len(text) <= KEEP and not _HASHED.fullmatch(text):
+    if (
+        _SAFE.fullmatch(text)
+        and text not in (".", "..")
+        and len(text) <= KEEP
+        and not _HASHED.fullmatch(text)
+    ):
         return text
     slug = re.sub(r"[^a-z0-9._-]", "_", text.lower())[:SLUG].strip(".") or "_"
     return f"{slug}--{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
@@ -47,5 +52,7 @@ def inside(root: str | Path, path: str | Path) -> Path:
     base = Path(root).resolve()
     resolved = Path(path).resolve()
     if resolved != base and base not in resolved.parents:
-        raise InputError(f"refusing to write {path}: it resolves to {resolved}, outside {base}", file=str(path))
+        raise InputError(
+            f"refusing to write {path}: it resolves to {resolved}, outside {base}", file=str(path)
+        )
     return Path(path)

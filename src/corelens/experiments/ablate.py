@@ -23,7 +23,7 @@ from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, InputError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
-from corelens.heads import check_heads
+from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
 from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, k_count, parse_k, select
 from corelens.metrics.uncertainty import RESAMPLED, resampled_summary, resampled_tables
 from corelens.models.loaded import Loaded, load
@@ -97,17 +97,14 @@ def read_heads(path: str | Path, m: Loaded) -> pd.DataFrame:
     if not path.is_file():
         raise CorelensError(f"{path}: no such head table (expected a rank run's heads.csv)")
     check_heads(path, m)  # an exported head set: the model must have its config
-    table = pd.read_csv(path)
-    missing = {"layer", "head", "rank"} - set(table.columns)
-    if missing:
-        raise CorelensError(f"{path}: missing column(s) {sorted(missing)}")
-    layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
-    if (layers, heads) != (m.num_layers, m.num_heads) or len(table) != layers * heads:
+    table = read_table(path)
+    try:
+        # Integers in the model's range, each head once, finite ranks; named by the line at fault.
+        return check_table(table, m.num_layers, m.num_heads, csv_line)
+    except CorelensError as err:
         raise CorelensError(
-            f"{path}: a table of {len(table)} heads ({layers} layers x {heads} heads) does not fit the model "
-            f"({m.num_layers} x {m.num_heads})"
-        )
-    return table
+            f"{path}: {err} (the model has {m.num_layers} layers x {m.num_heads} heads)"
+        ) from None
 
 
 def ranking_data(heads: str | Path) -> pd.DataFrame:

@@ -69,7 +69,12 @@ def check_revision(spec: str, revision: str) -> None:
     huggingface_hub reads a branch name as a file under the repo's `refs/` in the cache, so a revision that
     climbs out of it would load a snapshot from anywhere and record it under the id.
     """
-    if len(revision) > 255 or not _REVISION.fullmatch(revision) or ".." in revision or revision.endswith(".lock"):
+    if (
+        len(revision) > 255
+        or not _REVISION.fullmatch(revision)
+        or ".." in revision
+        or revision.endswith(".lock")
+    ):
         raise CorelensError(
             f"{spec}: revision {revision!r} is not a commit sha or a branch or tag name "
             "(letters, digits, '.', '_', '-', '/' between names; no '..', no leading '/' or '.', no backslash)"

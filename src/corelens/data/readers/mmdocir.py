@@ -25,7 +25,15 @@ from pathlib import Path
 from PIL import Image
 
 from corelens.data.paths import inside, safe_name
-from corelens.data.readers.common import PAGE_MODES, Records, clip_box, find_one, number, page_window, run_until_limit
+from corelens.data.readers.common import (
+    PAGE_MODES,
+    Records,
+    clip_box,
+    find_one,
+    number,
+    page_window,
+    run_until_limit,
+)
 from corelens.errors import InputError
 
 LEVELS = ("auto", "page", "layout", "both")

@@ -105,7 +105,9 @@ def _convert(
                     pdf = documents / doc
                     if Path(doc).is_absolute() or ".." in Path(doc).parts:
                         # doc_id names a file under documents/; it may not point elsewhere.
-                        raise InputError(f"doc_id {doc!r} is not a path inside {documents}", **where, field="doc_id")
+                        raise InputError(
+                            f"doc_id {doc!r} is not a path inside {documents}", **where, field="doc_id"
+                        )
                     if not pdf.is_file():
                         raise InputError(f"document {doc} not found in {documents}", **where, field="doc_id")
                     opened[doc] = Pdf(pdf, inside(out, out / "pages" / safe_name(doc)), max_side)

@@ -177,7 +177,9 @@ def _trajectory_box(b, fid: int, where: dict) -> list[float]:
     """Return a VidOR `{xmin, ymin, xmax, ymax}` box as numbers; raise InputError naming the frame otherwise."""
     keys = ("xmin", "ymin", "xmax", "ymax")
     if not isinstance(b, dict) or any(k not in b for k in keys):
-        raise InputError(f"frame {fid}: bbox must be {{xmin, ymin, xmax, ymax}}", **where, field="trajectories")
+        raise InputError(
+            f"frame {fid}: bbox must be {{xmin, ymin, xmax, ymax}}", **where, field="trajectories"
+        )
     return [number(b[k], where, f"trajectories[{fid}].bbox.{k}") for k in keys]
 
 
