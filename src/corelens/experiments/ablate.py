@@ -25,6 +25,7 @@ from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
 from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, k_count, parse_k, select
+from corelens.metrics.ram import read_ram
 from corelens.metrics.uncertainty import RESAMPLED, resampled_summary, resampled_tables
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare, prompt_length
@@ -112,7 +113,7 @@ def ranking_data(heads: str | Path) -> pd.DataFrame:
     path = Path(heads).parent / "ram.parquet"
     if not path.is_file():
         raise CorelensError(f"--rank-resamples needs the rank run's ram.parquet next to {heads}")
-    return pd.read_parquet(path)
+    return read_ram(path)
 
 
 def resampled_sets(

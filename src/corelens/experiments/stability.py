@@ -15,6 +15,7 @@ import pandas as pd
 
 from corelens.errors import CorelensError
 from corelens.metrics.headsets import k_count, parse_k
+from corelens.metrics.ram import RANKED, read_ram
 from corelens.metrics.stability import (
     aggregate_ranking,
     head_tables,
@@ -50,7 +51,7 @@ def read_rank_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     info = json.loads(manifest.read_text())
     if info.get("command") != "rank":
         raise CorelensError(f"{path} holds a {info.get('command')!r} run, not a rank run")
-    return pd.read_parquet(table), info
+    return read_ram(table, ("sample_id", "task", *RANKED[1:]), all_columns=True), info
 
 
 def run_labels(paths: list[Path], rams: list[pd.DataFrame]) -> list[str]:

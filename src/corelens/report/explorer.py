@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from corelens.metrics.ram import read_ram
+
 
 def _short(value: float) -> float | None:
     """Return `value` to 5 significant digits (per-sample RAM of every head: the page's largest table)."""
@@ -31,9 +33,7 @@ def _task(run: Path) -> dict | None:
         return None
     meta = json.loads((run / "explorer.json").read_text())
     heads = pd.read_csv(run / "heads.csv")
-    ram = pd.read_parquet(
-        run / "ram.parquet", columns=["sample_id", "layer", "head", "mass", "share", "lift"]
-    )
+    ram = read_ram(run / "ram.parquet")
     arrays = np.load(run / "explorer.npz")
     ram["name"] = "L" + ram["layer"].astype(str) + "H" + ram["head"].astype(str)
     values = ram[["mass", "share", "lift"]].astype(float).map(_short)
