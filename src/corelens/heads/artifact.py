@@ -45,18 +45,25 @@ def count(value: Any, what: str) -> int:
     return int(value)
 
 
+def _plain(value: Any) -> Any:
+    """Return a numpy scalar as the Python value it holds (so that a message shows 0.5, not np.float64(0.5))."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _integers(column: pd.Series, name: str, entry: Callable[[int], str]) -> np.ndarray:
     """Return a layer or head column as int64; raise naming the first entry that is not an integer."""
     if pd.api.types.is_bool_dtype(column) or not pd.api.types.is_numeric_dtype(column):
-        bad = next(
-            (i for i, v in enumerate(column) if isinstance(v, bool) or not isinstance(v, numbers.Real)), 0
+        # Bools, or text (a CSV column holding "x" reads as text throughout): name the first value not a number.
+        numeric = pd.to_numeric(
+            column.where(~column.map(lambda v: isinstance(v, bool)), None), errors="coerce"
         )
-        raise CorelensError(f"{entry(bad)}: {name} {column.iloc[bad]!r} is not an integer")
+        bad = int(np.argmax(numeric.isna().to_numpy())) if numeric.isna().any() else 0
+        raise CorelensError(f"{entry(bad)}: {name} {_plain(column.iloc[bad])!r} is not an integer")
     values = column.to_numpy(dtype=float)
     wrong = ~np.isfinite(values) | (values != np.round(values))  # NaN, infinities, 0.5
     if wrong.any():
         bad = int(np.argmax(wrong))
-        raise CorelensError(f"{entry(bad)}: {name} {column.iloc[bad]!r} is not an integer")
+        raise CorelensError(f"{entry(bad)}: {name} {_plain(column.iloc[bad])!r} is not an integer")
     return values.astype(np.int64)
 
 
@@ -91,7 +98,7 @@ def check_table(
     bad_rank = ~np.isfinite(rank.to_numpy(dtype=float)) if finite else np.ones(len(rank), dtype=bool)
     if bad_rank.any():
         bad = int(np.argmax(bad_rank))
-        raise CorelensError(f"{entry(bad)}: rank {rank.iloc[bad]!r} is not a finite number")
+        raise CorelensError(f"{entry(bad)}: rank {_plain(rank.iloc[bad])!r} is not a finite number")
     if len(table) != layers * heads:
         raise CorelensError(
             f"a head set of {len(table)} heads does not cover {layers} layers x {heads} heads"
