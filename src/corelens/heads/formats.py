@@ -116,7 +116,9 @@ def write_duo(
 def read_duo(folder: str | Path, *, heads: int | None = None, threshold: float = THRESHOLD) -> HeadSet:
     """Return the head set of a DuoAttention pattern folder: KV heads at or above `threshold` are the set.
 
-    `heads` (query heads per layer) is needed for a GQA model unless config.json records it.
+    `heads` (query heads per layer) is needed for a GQA model unless config.json records it. Values must be
+    finite numbers; a `num_attention_heads` that is not a positive integer, or (without `heads`) implies more
+    than `MAX_HEADS` heads, is refused before the table of heads is made.
     """
     folder = Path(folder)
     if not (folder / DUO_TSV).is_file():
