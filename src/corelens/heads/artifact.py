@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from corelens.errors import CorelensError
+from corelens.metrics import kvheads
 
 FORMAT = "corelens.headset/1"
 FILE = "headset.json"
@@ -106,11 +107,49 @@ class HeadSet:
         if missing:
             raise CorelensError(f"a head set needs the columns layer, head, rank; missing {sorted(missing)}")
         self.heads = self.heads.sort_values("rank").reset_index(drop=True)
-        shape = (self.model.get("layers"), self.model.get("heads"))
-        if len(self.heads) != shape[0] * shape[1]:
+        # A KV-granular table (`rank --granularity kv`) holds one row per KV head.
+        unit = "KV heads" if self.granularity == "kv" else "heads"
+        per_layer = self.model.get("kv_heads") if unit == "KV heads" else self.model.get("heads")
+        shape = (self.model.get("layers"), per_layer)
+        if shape[1] is None or len(self.heads) != shape[0] * shape[1]:
             raise CorelensError(
-                f"a head set of {len(self.heads)} heads does not cover {shape[0]} layers x {shape[1]} heads"
+                f"a head set of {len(self.heads)} {unit} does not cover {shape[0]} layers x {shape[1]} {unit}"
             )
+
+    @property
+    def granularity(self) -> str:
+        """Return "kv" when the ranked rows are KV heads (`corelens rank --granularity kv`), else "query"."""
+        return kvheads.granularity_of(self.heads)
+
+    @property
+    def group(self) -> int:
+        """Return the query heads per KV head of the model (1 without GQA)."""
+        return kvheads.group_size(self.model["heads"], self.model.get("kv_heads"))
+
+    def query_top(self, k: int | None = None) -> list[tuple[int, int]]:
+        """Return the query heads of the top `k` rows: the rows themselves, or all members of the KV heads."""
+        top = self.top(k)
+        return list(kvheads.expand(top, self.group)) if self.granularity == "kv" else sorted(top)
+
+    def effective(self, k: int | None = None, *, sink: int = 128, window: int = 1024) -> dict[str, Any]:
+        """Return the asked and the effective shares of the top `k` rows (None: `keep`), and the sparsity
+        (DuoAttention `--sparsity`, kvpress `head_compression_ratio`) that reproduces its KV heads.
+
+        Effective: query heads full, KV heads full (any member full) and KV-cache bytes kept at a long
+        prompt (`corelens.metrics.kvheads.shares`).
+        """
+        top, model = self.top(k), self.model
+        got = kvheads.shares(self.query_top(k), model["layers"], model["heads"], model.get("kv_heads"))
+        sparsity = kvheads.duo_sparsity(got["kv_full"], model["layers"] * model["heads"] // self.group)
+        return {
+            "granularity": self.granularity,
+            "asked": len(top),
+            "asked_fraction": len(top) / len(self.heads),
+            **got,
+            "cache_kept_note": f"long-prompt limit: a streaming KV head keeps {sink} + {window} tokens",
+            "duo_sparsity": sparsity,
+            "kvpress_head_compression_ratio": sparsity,
+        }
 
     def top(self, k: int | None = None) -> list[tuple[int, int]]:
         """Return the top `k` (layer, head) pairs, best first; `k=None` is the published set (`keep`)."""
