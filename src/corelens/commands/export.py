@@ -48,10 +48,11 @@ def effective_line(e: dict) -> str:
     """Return the one-line summary of `HeadSet.effective`: asked and effective shares, and the sparsity."""
     unit = "KV heads" if e["granularity"] == "kv" else "query heads"
     return (
-        f"asked {e['asked']} {unit} ({e['asked_fraction']:.1%}); effective: {e['query_full']} query heads full "
-        f"({e['query_fraction']:.1%}), {e['kv_full']} KV heads full ({e['kv_fraction']:.1%}), KV-cache bytes "
-        f"kept {e['cache_kept_fraction']:.1%} at a long prompt; DuoAttention --sparsity "
-        f"{e['duo_sparsity']:.6f} (kvpress head_compression_ratio) reproduces these KV heads"
+        f"asked {e['asked']} {unit} ({e['asked_fraction']:.1%}); effective: {e['query_full']} query heads "
+        f"full ({e['query_fraction']:.1%}) in corelens, {e['kv_full']} KV heads full ({e['kv_fraction']:.1%}, "
+        f"their {e['query_full_by_kv']} query heads full in DuoAttention / kvpress), KV-cache bytes kept "
+        f"{e['cache_kept_fraction']:.1%} at a long prompt; DuoAttention --sparsity {e['duo_sparsity']:.6f} "
+        "(kvpress head_compression_ratio) reproduces these KV heads"
     )
 
 

@@ -152,13 +152,16 @@ def shares(
 ) -> dict[str, float | int]:
     """Return the effective shares of a full set of query heads on a (layers, heads, kv_heads) model.
 
-    `query_full` / `query_fraction`: query heads full; `kv_full` / `kv_fraction`: KV heads with a full
-    member (they cannot be trimmed); `cache_kept_fraction`: KV-cache bytes kept, averaged over the prompt
-    lengths `tokens` (None: the long-prompt limit, = `kv_fraction`).
+    `query_full` / `query_fraction`: query heads full (corelens' own kernels decide per query head);
+    `kv_full` / `kv_fraction`: KV heads with a full member (they cannot be trimmed); `query_full_by_kv`: the
+    query heads of those KV heads, which a tool deciding per KV head (DuoAttention, kvpress) runs full;
+    `cache_kept_fraction`: KV-cache bytes kept, averaged over the prompt lengths `tokens` (None: the
+    long-prompt limit, = `kv_fraction`).
 
     Examples:
-        >>> shares([(0, 0), (0, 2), (1, 1)], 2, 4, 2)  # 3 of 8 query heads hold 3 of 4 KV heads
-        {'query_full': 3, 'query_fraction': 0.375, 'kv_full': 3, 'kv_fraction': 0.75, 'cache_kept_fraction': 0.75}
+        >>> s = shares([(0, 0), (0, 2), (1, 1)], 2, 4, 2)  # 3 of 8 query heads hold 3 of 4 KV heads
+        >>> s["query_full"], s["kv_full"], s["kv_fraction"], s["query_full_by_kv"], s["cache_kept_fraction"]
+        (3, 3, 0.75, 6, 0.75)
     """
     group = group_size(heads, kv_heads)
     full = {(int(layer), int(head)) for layer, head in full}
@@ -174,6 +177,7 @@ def shares(
         "query_fraction": len(full) / (layers * heads),
         "kv_full": kv_full,
         "kv_fraction": kv_full / kv_total,
+        "query_full_by_kv": kv_full * group,
         "cache_kept_fraction": kept,
     }
 
