@@ -289,6 +289,20 @@ def test_hybrid_conditions_expand_kv_heads_to_their_query_heads():
     assert len(top.policy.full) == 4 and top.policy.source["granularity"] == "kv"
 
 
+def test_policy_from_a_kv_table_keeps_whole_kv_heads(ranked):
+    from corelens.attention.hybrid import HybridPolicy
+
+    kv = pd.read_csv(ranked["kv"] / "heads.csv")
+    policy = HybridPolicy.from_heads(kv, 2, sink=2, window=4)
+    assert policy.full == kvheads.expand(zip(kv["layer"][:2], kv["head"][:2]), GROUP)
+    assert policy.source["granularity"] == "kv"
+    assert (
+        not policy.streaming_kv(LAYERS, HEADS, KV)
+        .view(-1)[[2 * lyr + h for lyr, h in zip(kv["layer"][:2], kv["head"][:2])]]
+        .any()
+    )
+
+
 def test_hybrid_command_states_asked_and_effective_shares(ranked, tmp_path):
     data = generate("image", tmp_path / "data", 2, seed=11)
     out = tmp_path / "hybrid"

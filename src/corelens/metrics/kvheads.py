@@ -53,6 +53,13 @@ def granularity_of(table: pd.DataFrame) -> str:
     return "query"
 
 
+def table_group(table: pd.DataFrame) -> int:
+    """Return the query heads per KV head that a KV-head table records (its `query_heads` column)."""
+    if MEMBERS not in table.columns or not len(table):
+        raise CorelensError(f"a KV-head table needs its {MEMBERS} column (written by rank --granularity kv)")
+    return len(str(table[MEMBERS].iloc[0]).split())
+
+
 def kv_frame(ram: pd.DataFrame, group: int, rule: str = DEFAULT_RULE) -> pd.DataFrame:
     """Return the per-sample RAM table at KV granularity: `head` = KV head, `mass` = `rule` over its members.
 
