@@ -365,3 +365,19 @@ def test_ablate_counts_kv_heads_and_ablates_their_query_heads(ranked, tmp_path):
     top = next(p for p in policies if p["name"].startswith("top"))
     best = pd.read_csv(ranked["kv"] / "heads.csv").iloc[0]
     assert sorted(map(tuple, top["heads"])) == list(kvheads.expand([(best["layer"], best["head"])], GROUP))
+
+
+def test_bench_hybrid_draws_whole_kv_heads():
+    from corelens.bench import hybrid as bench
+
+    assert bench.choose_full(8, 0.5, 3) == bench.choose_full(8, 0.5, 3, group=1)  # query draws unchanged
+    for seed in range(5):
+        chosen = bench.choose_full(16, 0.25, seed, group=4)
+        assert len(chosen) == 4 and len({i // 4 for i in chosen}) == 1  # one whole KV head
+    got = bench.kernel_times(64, [0.5], heads=4, kv_heads=2, head_dim=8, sink=2, window=8, repeats=1,
+                             seed=0, with_flex=False, granularity="kv")  # fmt: skip
+    row = got["per_keep"]["0.5"]
+    assert row["full_fraction"] == 0.5 and row["kv_full_fraction"] == 0.5
+    assert len({h // 2 for h in got["kernel_full_heads"]["0.5"]}) == 1
+    with pytest.raises(OptionError, match="--granularity"):
+        bench.choose_full(8, 0.5, 0, group=bench._group("layer", 8, 2))
