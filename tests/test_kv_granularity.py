@@ -238,11 +238,15 @@ def test_sparsemm_reads_the_kv_scores_of_both_granularities(tmp_path):
     expected = np.zeros((3, 2))
     for row in table.itertuples():
         expected[row.layer, row.head // 4] += row.mass
-    expected /= expected.sum()
+    total = expected.sum()
+    expected /= total
     for name, hs in (("query", query_set), ("kv", kv_set)):
         chosen, scores = write_sparsemm(hs, tmp_path / name, 2)
         assert scores.name == SPARSEMM_SCORES
         assert sparsemm_kv_scores(scores, 3, 8, 2) == pytest.approx(expected, abs=1e-12)
+        # Before SparseMM's normalisation, too: its members' scores add up to each KV head's mass.
+        raw = np.array([np.mean(v) for v in json.loads(scores.read_text()).values()]).reshape(3, 2, 4).sum(-1)
+        assert raw == pytest.approx(expected * total, abs=1e-12)
     # The set of a KV export lists every query head of its KV heads.
     plain = json.loads((tmp_path / "kv" / "sparsemm_heads.json").read_text())
     listed = sorted((int(layer), h) for layer, hs in plain.items() for h in hs)
