@@ -88,7 +88,7 @@ def ranked(tmp_path_factory):
         "max": ["--granularity", "kv", "--kv-rule", "max"],
     }.items():
         runs[name] = root / name
-        assert main([*base, "--out", str(runs[name]), "--k", "1,2", *extra]) == 0
+        assert main([*base, "--out", str(runs[name]), "--k", "1,50%", *extra]) == 0
     return {"model": model, "data": data, **runs}
 
 
@@ -122,7 +122,8 @@ def test_kv_scores_are_the_sum_of_their_query_heads(ranked):
         assert row.query_heads == " ".join(str(row.head * GROUP + i) for i in range(GROUP))
     # Ranked by that mass, best first, 1..L x KV.
     assert kv["mass"].is_monotonic_decreasing and list(kv["rank"]) == list(range(1, LAYERS * KV + 1))
-    # --k counts KV heads: P(top-k) sums to k over the KV heads.
+    # --k counts KV heads: 50 % of 4 KV heads is 2 (of 8 query heads, 4); P(top-k) sums to k.
+    assert sorted(c for c in kv.columns if c.startswith("p_top")) == ["p_top1", "p_top2"]
     assert kv["p_top1"].sum() == pytest.approx(1) and kv["p_top2"].sum() == pytest.approx(2)
     manifest = json.loads((ranked["kv"] / "manifest.json").read_text())
     assert manifest["granularity"] == {
