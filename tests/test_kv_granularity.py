@@ -266,6 +266,7 @@ def test_export_command_prints_and_stores_the_effective_shares(ranked, tmp_path,
     assert "asked 3 query heads (37.5%)" in printed and f"{len(groups)} KV heads full" in printed
     assert f"--sparsity {sparsity:.6f}" in printed
     stored = json.loads((out / "headset.json").read_text())["provenance"]["effective"]
+    assert f"{stored['kv_full']} of the KV heads full" in (out / "README.md").read_text()
     assert stored["kv_full"] == len(groups) and stored["duo_sparsity"] == pytest.approx(sparsity)
     values, _, _ = duo_load(out / "duo_attention")
     assert duo_sparsify(values, stored["duo_sparsity"]).sum() == len(groups)
@@ -273,6 +274,7 @@ def test_export_command_prints_and_stores_the_effective_shares(ranked, tmp_path,
     out = tmp_path / "kv_export"
     assert main(["export", str(ranked["kv"]), "--out", str(out), "--keep", "1", "--to", "duo"]) == 0
     assert "top 1 of 4 KV heads" in capsys.readouterr().out
+    assert "every decoder attention KV head" in (out / "README.md").read_text()
     back = HeadSet.load(out)
     assert back.granularity == "kv" and len(back.heads) == LAYERS * KV and len(back.query_top()) == GROUP
     values, _, _ = duo_load(out / "duo_attention")
@@ -386,3 +388,16 @@ def test_bench_hybrid_draws_whole_kv_heads():
     assert len({h // 2 for h in got["kernel_full_heads"]["0.5"]}) == 1
     with pytest.raises(OptionError, match="--granularity"):
         bench.choose_full(8, 0.5, 0, group=bench._group("layer", 8, 2))
+
+
+def test_core_press_states_the_effective_shares_of_a_query_set():
+    pytest.importorskip("kvpress")
+    from corelens.integrations.kvpress import CorePress
+
+    hs = HeadSet(_model(3, 8, 2), _query_table(seed=4))
+    press = CorePress(heads=hs, keep=3, sink=4, window=16)
+    sink, window, values = press.load_attention_pattern(None)
+    groups = {(layer, head // 4) for layer, head in hs.top(3)}
+    assert press.effective["asked"] == 3 and press.effective["kv_full"] == len(groups)
+    assert press.head_compression_ratio == pytest.approx(press.effective["kvpress_head_compression_ratio"])
+    assert kvpress_full(values, press.head_compression_ratio).sum() == len(groups)
