@@ -8,6 +8,7 @@ import sys
 from corelens.attention.interventions import KEY_SETS, OPS
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path
 from corelens.commands.common import (
+    add_granularity,
     add_model_options,
     add_resample_options,
     load_options,
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> None:
         skip_bad=args.skip_bad,
         rank_resamples=args.rank_resamples,
         stable_p=args.stable_p,
+        granularity=args.granularity,
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
@@ -80,6 +82,7 @@ def register(sub) -> None:
         help=f"comma-separated, of {', '.join(SETS + OPTIONAL)} (stable: heads with P(top-k) >= --stable-p)",
     )
     add_resample_options(a, "ablate")
+    add_granularity(a, "ablated")
     a.add_argument("--op", choices=OPS, default="zero", help="operator: docs/methods.md#interventions")
     a.add_argument("--keys", choices=KEY_SETS, default="visual", help="knockout key set")
     a.add_argument("--seeds", type=int, default=5, help="draws per random / layer-matched set")

@@ -149,6 +149,12 @@ def _hybrid_arguments(parser) -> None:
     parser.add_argument(
         "--adaptive", action="store_true", help="also time the prefill with the full heads chosen per prompt"
     )
+    parser.add_argument(
+        "--granularity",
+        choices=("query", "kv"),
+        default="query",
+        help="draw the full heads as query heads or as whole KV heads (--keep: a share of KV heads)",
+    )
 
 
 def _fractions(text: str) -> list[float]:
@@ -180,7 +186,7 @@ def _run_hybrid(args) -> int:
         hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
         seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
         prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
-        adaptive=args.adaptive,
+        adaptive=args.adaptive, granularity=args.granularity,
     )  # fmt: skip
     return _report(result, summary(result), args.json)
 

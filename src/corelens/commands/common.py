@@ -85,3 +85,15 @@ def print_resampled(result, resamples: int) -> None:
     if result.resampled is not None:
         print(f"top-k over {resamples} resamples of the ranking (median, 90 % interval):")
         print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def add_granularity(p: argparse.ArgumentParser, verb: str) -> None:
+    """Add `--granularity query|kv` (the unit that --keep / --k count) to a command taking --heads."""
+    p.add_argument(
+        "--granularity",
+        choices=("query", "kv"),
+        default=None,
+        help=f"unit of the heads {verb}: query heads, or KV heads (all their query heads; a query heads.csv "
+        "is then scored per KV head by its members' summed mass); default: the heads.csv's own "
+        "(docs/methods.md#kv-heads)",
+    )

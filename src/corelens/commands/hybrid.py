@@ -7,6 +7,7 @@ import sys
 
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path, token_size
 from corelens.commands.common import (
+    add_granularity,
     add_model_options,
     add_resample_options,
     load_options,
@@ -42,13 +43,15 @@ def run(args: argparse.Namespace) -> None:
         skip_bad=args.skip_bad,
         rank_resamples=args.rank_resamples,
         stable_p=args.stable_p,
+        granularity=args.granularity,
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
     )
     if not main_process():
         return
-    cols = ["set", "keep", "full_heads", "seed", "accuracy", "n", "ci_low", "ci_high", "cache_saved_fraction"]
+    cols = ["set", "keep", "full_heads", "kv_full_heads", "seed", "accuracy", "n", "ci_low", "ci_high"]
+    cols += ["cache_kept_fraction", "cache_saved_fraction"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print_resampled(result, args.rank_resamples)
     print(
@@ -100,6 +103,7 @@ def register(sub) -> None:
         default="full",
         help="decoding after the hybrid prefill: full attention (the paper) or the streaming pattern",
     )
+    add_granularity(h, "kept full")
     h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
     h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
     add_random_from(h)

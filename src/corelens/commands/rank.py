@@ -7,6 +7,7 @@ import sys
 
 from corelens.commands.argtypes import k_list, output_path, samples_path
 from corelens.commands.common import add_model_options, load_options, main_process
+from corelens.metrics.kvheads import DEFAULT_RULE, GRANULARITIES, RULES
 
 
 def run(args: argparse.Namespace) -> None:
@@ -38,15 +39,19 @@ def run(args: argparse.Namespace) -> None:
         argv=sys.argv,
         load_options=load_options(args),
         omega=omega,
+        granularity=args.granularity,
+        kv_rule=args.kv_rule,
     )
     if not main_process():
         return
-    best = ", ".join(f"L{layer}H{head}" for layer, head in ranking.top(5))
-    print(f"ranked {ranking.ram['sample_id'].nunique()} samples; top heads: {best}")
+    unit = "KV" if ranking.granularity == "kv" else "H"
+    best = ", ".join(f"L{layer}{unit}{head}" for layer, head in ranking.top(5))
+    what = f"KV heads ({args.kv_rule} of their query heads' RAM)" if unit == "KV" else "heads"
+    print(f"ranked {ranking.ram['sample_id'].nunique()} samples; top {what}: {best}")
     for column in [c for c in ranking.heads.columns if c.startswith("p_top")]:
         edge = ranking.heads[(ranking.heads[column] > 0.2) & (ranking.heads[column] < 0.8)]
         rows = edge[["layer", "head", column]].to_numpy()
-        names = ", ".join(f"L{int(layer)}H{int(head)} ({p:.2f})" for layer, head, p in rows) or "none"
+        names = ", ".join(f"L{int(layer)}{unit}{int(head)} ({p:.2f})" for layer, head, p in rows) or "none"
         print(f"top-{column.removeprefix('p_top')} membership uncertain (0.2 < P < 0.8): {names}")
     print(f"wrote {args.out}/heads.csv, ram.parquet, manifest.json, figures/heads_mass.png")
 
@@ -92,6 +97,20 @@ def register(sub) -> None:
         type=k_list,
         default="1%,5%,10%",
         help="top-k sizes for the bootstrap P(top-k) columns of heads.csv: counts or shares, e.g. 1%%,5%% or 8",
+    )
+    r.add_argument(
+        "--granularity",
+        choices=GRANULARITIES,
+        default="query",
+        help="rank query heads, or KV heads scored from their query heads (heads.csv then lists KV heads "
+        "and --k counts them; docs/methods.md#kv-heads)",
+    )
+    r.add_argument(
+        "--kv-rule",
+        choices=RULES,
+        default=DEFAULT_RULE,
+        help="--granularity kv: a KV head's score from its query heads' RAM: sum (default, as SparseMM), "
+        "mean (same ranking) or max (the best member per sample)",
     )
     r.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the samples (heads.csv)")
     r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")

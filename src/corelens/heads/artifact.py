@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from corelens.errors import CorelensError
+from corelens.metrics import kvheads
 
 FORMAT = "corelens.headset/1"
 FILE = "headset.json"
@@ -180,17 +181,55 @@ class HeadSet:
         heads = count(self.model.get("heads"), "model.heads")
         if self.model.get("kv_heads") is not None:
             count(self.model["kv_heads"], "model.kv_heads")
-        total = layers * heads
+        # A KV-granular table (`rank --granularity kv`) holds one row per KV head.
+        unit = "KV heads" if self.granularity == "kv" else "heads"
+        per_layer = count(self.model.get("kv_heads"), "model.kv_heads") if unit == "KV heads" else heads
+        total = layers * per_layer
         if len(self.heads) != total:
             raise CorelensError(
-                f"a head set of {len(self.heads)} heads does not cover {layers} layers x {heads} heads"
+                f"a head set of {len(self.heads)} {unit} does not cover {layers} layers x {per_layer} {unit}"
             )
         keep = self.keep
         if keep is not None and (
             isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or not 0 <= keep <= total
         ):
             raise CorelensError(f"keep must be an integer in 0..{total} or null, got {keep!r}")
-        self.heads = check_table(self.heads, layers, heads).sort_values("rank").reset_index(drop=True)
+        self.heads = check_table(self.heads, layers, per_layer).sort_values("rank").reset_index(drop=True)
+
+    @property
+    def granularity(self) -> str:
+        """Return "kv" when the ranked rows are KV heads (`corelens rank --granularity kv`), else "query"."""
+        return kvheads.granularity_of(self.heads)
+
+    @property
+    def group(self) -> int:
+        """Return the query heads per KV head of the model (1 without GQA)."""
+        return kvheads.group_size(self.model["heads"], self.model.get("kv_heads"))
+
+    def query_top(self, k: int | None = None) -> list[tuple[int, int]]:
+        """Return the query heads of the top `k` rows: the rows themselves, or all members of the KV heads."""
+        top = self.top(k)
+        return list(kvheads.expand(top, self.group)) if self.granularity == "kv" else sorted(top)
+
+    def effective(self, k: int | None = None, *, sink: int = 128, window: int = 1024) -> dict[str, Any]:
+        """Return the asked and the effective shares of the top `k` rows (None: `keep`), and the sparsity
+        (DuoAttention `--sparsity`, kvpress `head_compression_ratio`) that reproduces its KV heads.
+
+        Effective: query heads full, KV heads full (any member full) and KV-cache bytes kept at a long
+        prompt (`corelens.metrics.kvheads.shares`).
+        """
+        top, model = self.top(k), self.model
+        got = kvheads.shares(self.query_top(k), model["layers"], model["heads"], model.get("kv_heads"))
+        sparsity = kvheads.duo_sparsity(got["kv_full"], model["layers"] * model["heads"] // self.group)
+        return {
+            "granularity": self.granularity,
+            "asked": len(top),
+            "asked_fraction": len(top) / len(self.heads),
+            **got,
+            "cache_kept_note": f"long-prompt limit: a streaming KV head keeps {sink} + {window} tokens",
+            "duo_sparsity": sparsity,
+            "kvpress_head_compression_ratio": sparsity,
+        }
 
     def top(self, k: int | None = None) -> list[tuple[int, int]]:
         """Return the top `k` (layer, head) pairs, best first; `k=None` is the published set (`keep`)."""
@@ -303,7 +342,10 @@ class HeadSet:
         }
         info = model_info(config, source)
         try:
-            table = check_table(read_table(table_path), info["layers"], info["heads"], csv_line)
+            table = read_table(table_path)
+            # A KV-granular run (`rank --granularity kv`) lists one row per KV head.
+            per_layer = info["kv_heads"] if kvheads.granularity_of(table) == "kv" else info["heads"]
+            table = check_table(table, info["layers"], per_layer, csv_line)
             return cls(info, table, keep, provenance)
         except CorelensError as err:
             raise CorelensError(f"{table_path}: {err}") from None

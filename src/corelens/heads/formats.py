@@ -10,6 +10,10 @@ commit 00a150c3f3bb90313eafe2f61f9790ff232168e4) reads a folder with
   `head_compression_ratio` share of KV heads with the lowest values;
 - `config.json` with `sink_size` and `recent_size` (S and W of the streaming heads).
 
+A KV-granular head set (`corelens rank --granularity kv`) is written KV head by KV head: its top `keep` KV heads
+are full. `config.json` records, under "corelens", the asked and the effective shares (query heads, KV heads and
+cache bytes kept) and the `--sparsity` / `head_compression_ratio` that reproduces the set (`HeadSet.effective`).
+
 GQA mapping: query head h of a layer reads KV head h // (heads / kv_heads) (transformers' `repeat_kv` order). A KV
 head is written full when any of its query heads is in the set (a streaming KV head would take the keys from a
 full query head); reading expands a full KV head to all its query heads. A set whose KV groups are all in or all
@@ -21,7 +25,9 @@ SparseMM (gdace829/SparseMM at commit 89221e60d9f97b2ebc1521935e86ae5e447a9da1: 
 writes, `sparsemm/sparsemm_utils.py` `load_head_score` reads) keeps per-head scores as `{"L-H": [score, ...]}`
 in layer-major order, averaged per head on reading; its users ask for the plain set as `{layer: [heads]}`
 (SparseMM issue 3). Both are written and read here: `sparsemm_heads.json` (the set) and
-`sparsemm_head_score.json` (every head's RAM mass as its score).
+`sparsemm_head_score.json` (every head's RAM mass as its score). SparseMM sums the scores of a KV head's query
+heads (`SparseMM.__init__` in `sparsemm_utils.py`): a KV-granular set writes 1/group of each KV head's score to
+each member, so SparseMM reads back the KV scores, and its set lists every member query head.
 """
 
 from __future__ import annotations
@@ -82,7 +88,8 @@ def kv_values(hs: HeadSet, keep: int | None = None) -> np.ndarray:
     layers, heads, kv = hs.model["layers"], hs.model["heads"], hs.model["kv_heads"]
     if not kv or heads % kv:
         raise CorelensError(f"cannot map {heads} query heads onto {kv} KV heads")
-    group = heads // kv
+    # A KV-granular set ranks the KV heads themselves: each row is its own group.
+    group = 1 if hs.granularity == "kv" else heads // kv
     chosen = set(hs.top(keep))
     best = np.full((layers, kv), np.inf)
     full = np.zeros((layers, kv), dtype=bool)
@@ -108,7 +115,11 @@ def write_duo(
     out.mkdir(parents=True, exist_ok=True)
     np.savetxt(out / DUO_TSV, kv_values(hs, keep), delimiter="\t", fmt="%.6f")
     config = {"sink_size": int(sink), "recent_size": int(window), "num_attention_heads": hs.model["heads"]}
-    config["corelens"] = {"model": hs.model, "keep": len(hs.top(keep))}
+    config["corelens"] = {
+        "model": hs.model,
+        "keep": len(hs.top(keep)),
+        "effective": hs.effective(keep, sink=sink, window=window),
+    }
     (out / DUO_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return out
 
@@ -170,13 +181,19 @@ def write_sparsemm(hs: HeadSet, out: str | Path, keep: int | None = None) -> tup
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     chosen: dict[str, list[int]] = {str(layer): [] for layer in range(hs.model["layers"])}
-    for layer, head in sorted(hs.top(keep)):
+    for layer, head in hs.query_top(keep):  # a KV set: all query heads of its KV heads
         chosen[str(layer)].append(head)
     (out / SPARSEMM_SET).write_text(json.dumps(chosen, indent=1) + "\n")
     by_head = hs.heads.sort_values(["layer", "head"])
     value = "mass" if "mass" in by_head.columns else "rank"
     scores = by_head[value].to_numpy(float) if value == "mass" else -by_head[value].to_numpy(float)
-    per_head = {f"{lyr}-{hd}": [float(s)] for lyr, hd, s in zip(by_head["layer"], by_head["head"], scores)}
+    layers, heads = by_head["layer"].to_numpy(int), by_head["head"].to_numpy(int)
+    if hs.granularity == "kv":
+        # SparseMM sums its query heads' scores per KV head: each member carries 1/group of its KV head's.
+        group = hs.group
+        layers, heads = np.repeat(layers, group), (heads[:, None] * group + np.arange(group)).ravel()
+        scores = np.repeat(scores / group, group)
+    per_head = {f"{lyr}-{hd}": [float(s)] for lyr, hd, s in zip(layers, heads, scores)}
     (out / SPARSEMM_SCORES).write_text(json.dumps(per_head) + "\n")
     return out / SPARSEMM_SET, out / SPARSEMM_SCORES
 
