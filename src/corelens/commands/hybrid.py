@@ -9,6 +9,7 @@ from corelens.commands.argtypes import k_list, names_of, output_path, samples_pa
 from corelens.commands.common import (
     add_model_options,
     add_resample_options,
+    add_run_options,
     load_options,
     main_process,
     print_resampled,
@@ -107,4 +108,5 @@ def register(sub) -> None:
     h.add_argument("--max-new-tokens", type=int, default=8)
     h.add_argument("--limit", type=int, default=None, help="use the first N samples")
     h.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(h)
     h.set_defaults(func=run)
