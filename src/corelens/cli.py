@@ -36,6 +36,18 @@ def main(argv: list[str] | None = None) -> int:
     where = f"\ncorelens: error: [rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}] "
     where = where if launched() else "corelens: error: "
     try:
+        return _run(args, where)
+    finally:
+        from corelens.runs.lock import release_all
+
+        release_all()  # the run folder's lock, also when the command failed
+
+
+def _run(args: argparse.Namespace, where: str) -> int:
+    """Run the parsed command; return its exit code (CorelensError: one line, 2; a lost torchrun peer: 1)."""
+    from corelens.runs.dist import launched
+
+    try:
         if isinstance(getattr(args, "data", None), str) and args.command != "organism":
             _resolve_data(args)
         if getattr(args, "repair_log", False):

@@ -29,6 +29,7 @@ from corelens.errors import CorelensError, warn
 from corelens.runs.files import denied
 
 LOCK = "run.lock"
+_HELD: set[Lock] = set()  # the locks this process holds, released by `release_all` (on an error, at exit)
 
 
 class Locked(CorelensError):
@@ -52,7 +53,7 @@ class Lock:
         for _ in range(3):  # a stale lock removed by a racing process: try again
             if self._create(me):
                 self.held = True
-                atexit.register(self.release)
+                _HELD.add(self)
                 return
             holder = self._holder()
             if holder is None:
@@ -73,6 +74,7 @@ class Lock:
         """Remove the lock file when this process holds it."""
         if self.held:
             self.held = False
+            _HELD.discard(self)
             holder = self._holder()
             if holder is not None and holder.get("pid") == os.getpid():
                 self._remove()
@@ -114,6 +116,15 @@ class Lock:
 
     def _remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def release_all() -> None:
+    """Release every lock this process holds (the command line calls it when a command ends, also on an error)."""
+    for lock in list(_HELD):
+        lock.release()
+
+
+atexit.register(release_all)
 
 
 def _stale(holder: dict, host: str) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from corelens.errors import CorelensError, InputError
 from corelens.runs.dist import Dist
-from corelens.runs.files import append, check_inside, read_bytes, write_text, writer
+from corelens.runs.files import append, check_inside, read_bytes, refuse_link, write_text, writer
 from corelens.runs.lock import Lock
 
 LOG = "samples.jsonl"
@@ -131,6 +131,8 @@ class Run:
             self.path.mkdir(parents=True, exist_ok=True)
             self.lock.acquire()  # rank 0 holds it for the group; released by `finish` or at exit
             check_inside(self.path / "figures" / "x", self.path)  # a linked figures/ would lead elsewhere
+            for own in [manifest_path, self.path / LOG, *self.path.glob(SHARDS)]:
+                refuse_link(own)  # not even read through a planted link
             (self.path / "figures").mkdir(exist_ok=True)
             if manifest_path.is_file() or manifest_path.is_symlink():
                 old = read_manifest(manifest_path)
