@@ -75,11 +75,12 @@ def _run(args: argparse.Namespace, where: str) -> int:
 
 
 def _peer_lost(err: RuntimeError) -> bool:
-    """Return True for the error a collective raises when another rank's process has gone."""
+    """Return True for the error a collective raises when another rank's process has gone or stopped answering."""
     import torch.distributed as dist
 
     text = str(err)
-    return isinstance(err, dist.DistError) or "gloo" in text or "Connection closed by peer" in text
+    lost = ("gloo", "Connection closed by peer", "monitoredBarrier", "Timed out", "timed out")
+    return isinstance(err, dist.DistError) or any(sign in text for sign in lost)
 
 
 def _peer_message(text: str) -> str:
