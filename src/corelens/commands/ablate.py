@@ -11,6 +11,7 @@ from corelens.commands.common import (
     add_granularity,
     add_model_options,
     add_resample_options,
+    add_run_options,
     load_options,
     main_process,
     print_resampled,
@@ -98,4 +99,5 @@ def register(sub) -> None:
     a.add_argument("--max-new-tokens", type=int, default=8)
     a.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     a.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(a)
     a.set_defaults(func=run)

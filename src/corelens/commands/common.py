@@ -48,6 +48,15 @@ def add_model_options(
     p.add_argument("--offload-folder", default=None, help="with a device map that offloads to disk")
 
 
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """Add the options every command that writes a resumable run folder shares: --repair-log."""
+    p.add_argument(
+        "--repair-log",
+        action="store_true",
+        help="drop the damaged lines of the run's logs before resuming (a copy, samples.jsonl.bak-TIME, is kept)",
+    )
+
+
 def load_options(args: argparse.Namespace) -> dict:
     """Return the keyword arguments of `corelens.load` from parsed model options."""
     return {

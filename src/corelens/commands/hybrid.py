@@ -10,6 +10,7 @@ from corelens.commands.common import (
     add_granularity,
     add_model_options,
     add_resample_options,
+    add_run_options,
     load_options,
     main_process,
     print_resampled,
@@ -111,4 +112,5 @@ def register(sub) -> None:
     h.add_argument("--max-new-tokens", type=int, default=8)
     h.add_argument("--limit", type=int, default=None, help="use the first N samples")
     h.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(h)
     h.set_defaults(func=run)

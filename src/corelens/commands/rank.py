@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from corelens.commands.argtypes import k_list, output_path, samples_path
-from corelens.commands.common import add_model_options, load_options, main_process
+from corelens.commands.common import add_model_options, add_run_options, load_options, main_process
 from corelens.metrics.kvheads import DEFAULT_RULE, GRANULARITIES, RULES
 
 
@@ -83,6 +83,7 @@ def register(sub) -> None:
     r.add_argument("--omega-batch", type=int, default=8, help="occlusion: occluded copies per forward")
     r.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     r.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(r)
     r.add_argument(
         "--overlays", type=int, default=2, help="draw top/bottom heads' attention on the first N samples"
     )

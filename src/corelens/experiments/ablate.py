@@ -371,7 +371,11 @@ def sweep(
             if warning not in run.manifest["warnings"]:
                 run.manifest["warnings"].append(warning)
         if run.dist.main:
-            write_json(run.path / "headsets.json", [{"name": c.name, **c.ablation.to_dict()} for c in conds])
+            write_json(
+                run.path / "headsets.json",
+                [{"name": c.name, **c.ablation.to_dict()} for c in conds],
+                root=run.path,
+            )
 
     means = None
     if op == "mean":
@@ -442,11 +446,11 @@ def sweep(
     if run and not run.dist.main:
         run.finish()
     elif run:
-        records.to_parquet(run.path / "records.parquet", index=False)
-        result_table.to_csv(run.path / "ablation.csv", index=False)
-        summary.to_csv(run.path / "ablation_summary.csv", index=False)
+        run.table(records, "records.parquet")
+        run.table(result_table, "ablation.csv")
+        run.table(summary, "ablation_summary.csv")
         if resampled is not None:
-            resampled.to_csv(run.path / "resampled.csv", index=False)
+            run.table(resampled, "resampled.csv")
         from corelens.report.curves import dose_response
 
         dose_response(

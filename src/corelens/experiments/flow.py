@@ -408,9 +408,9 @@ def flow(
     if run is not None and not run.dist.main:
         run.finish()
     elif run is not None:
-        frame.to_parquet(run.path / "flow.parquet", index=False)
-        result.table.to_csv(run.path / "table1.csv", index=False)
-        result.layers.to_csv(run.path / "layers.csv", index=False)
+        run.table(frame, "flow.parquet")
+        run.table(result.table, "table1.csv")
+        run.table(result.layers, "layers.csv")
         from corelens.report.geometry import flow_curves
 
         flow_curves(result.layers, run.path / "figures" / "flow_layers.png")

@@ -353,6 +353,7 @@ def curve(
                 {"name": c.name, **(c.policy.to_dict() if c.policy else {}), "adaptive": c.adaptive}
                 for c in conds
             ],
+            root=run.path,
         )
 
     def step(sample: Sample, done: set[str]) -> Iterator[dict]:
@@ -398,10 +399,10 @@ def curve(
     if run and not run.dist.main:
         run.finish()
     elif run:
-        records.to_parquet(run.path / "records.parquet", index=False)
-        result.to_csv(run.path / "hybrid.csv", index=False)
+        run.table(records, "records.parquet")
+        run.table(result, "hybrid.csv")
         if resampled is not None:
-            resampled.to_csv(run.path / "resampled.csv", index=False)
+            run.table(resampled, "resampled.csv")
         from corelens.report.hybrid import accuracy_vs_kept
 
         accuracy_vs_kept(

@@ -247,8 +247,8 @@ def rank(
         if run is not None:
             run.finish()
         return ranking
-    ranking.ram.to_parquet(run.path / "ram.parquet", index=False)
-    ranking.heads.to_csv(run.path / "heads.csv", index=False)
+    run.table(ranking.ram, "ram.parquet")
+    run.table(ranking.heads, "heads.csv")
     from corelens.report.heatmap import head_heatmap
 
     kv_title = f", KV heads: {kv_rule} of {group} query heads" if granularity == "kv" else ""

@@ -562,10 +562,10 @@ def sap(
     if run is not None and not run.dist.main:
         run.finish()
     elif run is not None:
-        frame.to_parquet(run.path / "sap.parquet", index=False)
-        result.accuracy.to_csv(run.path / "accuracy.csv", index=False)
-        result.key_region.to_csv(run.path / "key_region.csv", index=False)
-        result.priors.to_csv(run.path / "priors.csv", index=False)
+        run.table(frame, "sap.parquet")
+        run.table(result.accuracy, "accuracy.csv")
+        run.table(result.key_region, "key_region.csv")
+        run.table(result.priors, "priors.csv")
         from corelens.report.geometry import sap_accuracy
 
         sap_accuracy(result.accuracy, run.path / "figures" / "sap_accuracy.png")

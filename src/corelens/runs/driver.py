@@ -92,7 +92,7 @@ def prompt_lengths(
     for part in dist.gather(mine):
         known.update(part)
     if missing and cache is not None and dist.main:
-        write_json(cache, known)
+        write_json(cache, known, root=run.path)
     dist.barrier()
     return {s.id: known.get(s.id) for s in samples}
 
