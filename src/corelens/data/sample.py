@@ -666,7 +666,8 @@ def _where(sample: Sample, where: str) -> dict[str, Any]:
 def load_images(sample: Sample) -> list[Image.Image]:
     """Load the sample's images as RGB, in order (no EXIF rotation: boxes refer to the stored pixels)."""
     return [
-        _open_rgb(p, sample, f"images[{i}]", _known(sample.image_sizes, i)) for i, p in enumerate(sample.images)
+        _open_rgb(p, sample, f"images[{i}]", _known(sample.image_sizes, i))
+        for i, p in enumerate(sample.images)
     ]
 
 

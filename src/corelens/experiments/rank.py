@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from corelens.attention import RamProbe, activate
-from corelens.data.sample import Sample, read_samples
+from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import InputError
 from corelens.experiments.omega import OmegaSettings, estimate_omega
 from corelens.metrics.headsets import k_count, parse_k
@@ -153,6 +153,7 @@ def rank(
     limit: int | None = None,
     out: str | Path | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     progress: bool = False,
     overlays: int = 0,
     explorer: int = 0,
@@ -181,7 +182,7 @@ def rank(
         >>> len(ranking.heads), ranking.top(2)
         (32, [(0, 7), (0, 5)])
     """
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     run = None
     if out is not None:
         settings = {
