@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from corelens.commands.argtypes import device, device_map, max_memory
+from corelens.commands.argtypes import device, device_map, max_memory, positive
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -106,3 +106,28 @@ def add_granularity(p: argparse.ArgumentParser, verb: str) -> None:
         "is then scored per KV head by its members' summed mass); default: the heads.csv's own "
         "(docs/methods.md#kv-heads)",
     )
+
+
+def add_limit_options(p: argparse.ArgumentParser) -> None:
+    """Add --max-pixels and --max-pages, the per-sample resource bounds (docs/methods.md#resource-limits)."""
+    from corelens.data.sample import Limits
+
+    p.add_argument(
+        "--max-pixels",
+        type=positive,
+        default=Limits.max_pixels,
+        help=f"refuse (or with --skip-bad skip) an image above N pixels, from its header (default {Limits.max_pixels:,})",
+    )
+    p.add_argument(
+        "--max-pages",
+        type=positive,
+        default=Limits.max_pages,
+        help=f"refuse (or skip) a sample of more than N images / pages / frames (default {Limits.max_pages:,})",
+    )
+
+
+def limits_of(args: argparse.Namespace):
+    """Return the `Limits` of parsed --max-pixels / --max-pages."""
+    from corelens.data.sample import Limits
+
+    return Limits(max_pixels=args.max_pixels, max_pages=args.max_pages)

@@ -8,9 +8,11 @@ import sys
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path, token_size
 from corelens.commands.common import (
     add_granularity,
+    add_limit_options,
     add_model_options,
     add_resample_options,
     add_run_options,
+    limits_of,
     load_options,
     main_process,
     print_resampled,
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        limits=limits_of(args),
         rank_resamples=args.rank_resamples,
         stable_p=args.stable_p,
         granularity=args.granularity,
@@ -113,4 +116,5 @@ def register(sub) -> None:
     h.add_argument("--limit", type=int, default=None, help="use the first N samples")
     h.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     add_run_options(h)
+    add_limit_options(h)
     h.set_defaults(func=run)

@@ -6,7 +6,14 @@ import argparse
 import sys
 
 from corelens.commands.argtypes import k_list, output_path, samples_path
-from corelens.commands.common import add_model_options, add_run_options, load_options, main_process
+from corelens.commands.common import (
+    add_limit_options,
+    add_model_options,
+    add_run_options,
+    limits_of,
+    load_options,
+    main_process,
+)
 from corelens.metrics.kvheads import DEFAULT_RULE, GRANULARITIES, RULES
 
 
@@ -30,6 +37,7 @@ def run(args: argparse.Namespace) -> None:
         padding=args.padding,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        limits=limits_of(args),
         progress=True,
         overlays=args.overlays,
         explorer=args.explorer,
@@ -84,6 +92,7 @@ def register(sub) -> None:
     r.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     r.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     add_run_options(r)
+    add_limit_options(r)
     r.add_argument(
         "--overlays", type=int, default=2, help="draw top/bottom heads' attention on the first N samples"
     )

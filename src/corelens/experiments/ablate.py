@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm  # reference means
 
 from corelens.attention.interventions import Ablation, HeadMeans, MeanRecorder, ablate
-from corelens.data.sample import Sample, read_samples
+from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
@@ -283,6 +283,7 @@ def sweep(
     max_new_tokens: int = 8,
     limit: int | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     out: str | Path | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
@@ -319,7 +320,7 @@ def sweep(
         by_kv = group if unit == "kv" else None
         chosen += resampled_sets(heads, ks, rank_resamples, seed, resample=resample, group=by_kv)
     conds = conditions(chosen, op, keys)
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
         raise InputError(

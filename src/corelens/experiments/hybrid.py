@@ -28,7 +28,7 @@ import torch
 
 from corelens.attention.hybrid import DECODES, HybridPolicy, hybrid
 from corelens.attention.kernels import pooled_speedup
-from corelens.data.sample import Sample, read_samples
+from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.ablate import rank_manifest, read_heads, resampled_sets, same_file_warning
@@ -260,6 +260,7 @@ def curve(
     max_new_tokens: int = 8,
     limit: int | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     out: str | Path | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
@@ -293,7 +294,7 @@ def curve(
     warning = same_file_warning(data, identified)
     if warning:
         warn(warning)
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
         raise InputError(

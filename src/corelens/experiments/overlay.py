@@ -14,7 +14,7 @@ from corelens.data.paths import inside, safe_name
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
-from corelens.report.overlay import Panel, overlay_figure
+from corelens.report.overlay import Panel, overlay_figure, preview
 
 
 def attention_maps(
@@ -51,7 +51,9 @@ def panels(sample: Sample, prepared: Prepared, max_panels: int = 6) -> list[Pane
             boxes = [t.box for t in sample.targets if t.image == segment.source and t.box is not None]
         page = any(t.kind == "image" and t.image == segment.source for t in sample.targets)
         hit = bool(boxes) or (segment.kind == "image" and page)
-        out.append(Panel(segment, picture, label, [tuple(b) for b in boxes], hit))
+        # A bounded preview (report.overlay.OVERLAY_MAX_SIDE): the full-size pixels are not kept for drawing.
+        small = preview(picture, segment.orig_size)
+        out.append(Panel(segment, small, label, [tuple(b) for b in boxes], hit))
     out.sort(key=lambda p: not p.hit)
     return out[:max_panels]
 

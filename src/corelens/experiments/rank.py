@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from corelens.attention import RamProbe, activate
-from corelens.data.sample import Sample, read_samples
+from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import InputError
 from corelens.experiments.omega import OmegaSettings, estimate_omega
 from corelens.metrics.headsets import k_count, parse_k
@@ -160,6 +160,7 @@ def rank(
     limit: int | None = None,
     out: str | Path | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     progress: bool = False,
     overlays: int = 0,
     explorer: int = 0,
@@ -198,7 +199,7 @@ def rank(
         (8, [(0, 1)], '4 5 6 7')
     """
     check_granularity(granularity)
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     run = None
     if out is not None:
         settings = {

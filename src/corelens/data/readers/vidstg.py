@@ -27,9 +27,15 @@ import numpy as np
 
 from corelens.data.paths import inside, safe_name
 from corelens.data.readers.common import Records, clip_box, number, run_until_limit
-from corelens.errors import InputError
+from corelens.errors import InputError, OptionError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+# Bounds on an entry's rates and ranges (docs/methods.md#resource-limits): VidOR videos run at about 30 fps
+# for under 3 minutes; these leave wide room and still end a crafted `fps: 1e-9` or `[0, 1e12)` at once.
+MIN_FPS, MAX_FPS = 0.01, 1000.0
+MAX_SEGMENT_FRAMES = 10_000_000  # about 4 days at 30 fps
 
 
 def _segment(entry: dict, key: str, where: dict) -> tuple[int, int]:
@@ -37,20 +43,50 @@ def _segment(entry: dict, key: str, where: dict) -> tuple[int, int]:
     raw = entry.get(key)
     if not isinstance(raw, dict) or "begin_fid" not in raw or "end_fid" not in raw:
         raise InputError(f"{key} must be {{begin_fid, end_fid}}", **where, field=key)
-    begin, end = int(raw["begin_fid"]), int(raw["end_fid"])
+    begin, end = raw["begin_fid"], raw["end_fid"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (begin, end)):
+        raise InputError(f"{key} frame ids must be integers, got {raw}", **where, field=key)
     if end <= begin:
         raise InputError(f"{key} is empty or ends before it begins: {raw}", **where, field=key)
+    if begin < 0 or end - begin > MAX_SEGMENT_FRAMES:
+        # Frame ids index the video; a range beyond any real video only costs time and memory.
+        raise InputError(
+            f"{key} {raw} must start at frame >= 0 and span at most {MAX_SEGMENT_FRAMES:,} frames",
+            **where,
+            field=key,
+        )
     return begin, end
 
 
+def _rate(value: object, where: dict, field: str) -> float:
+    """Return a frame rate that is a finite number in [MIN_FPS, MAX_FPS], else raise naming `field`."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not MIN_FPS <= float(value) <= MAX_FPS:  # NaN fails the comparison too
+        raise InputError(
+            f"{field} must be a number in [{MIN_FPS:g}, {MAX_FPS:g}], got {value!r}", **where, field=field
+        )
+    return float(value)
+
+
 def sampled_frames(begin: int, end: int, native_fps: float, fps: float, max_frames: int) -> list[int]:
-    """Return the frame ids sampled at `fps` in [begin, end), `end` exclusive (at most `max_frames`, evenly)."""
+    """Return the frame ids sampled at `fps` in [begin, end), `end` exclusive (at most `max_frames`, evenly).
+
+    Grid point k is frame round(begin + k * native_fps / fps); only the kept points are computed, so the
+    cost is `max_frames` whatever the segment's length or the rates.
+    """
     step = native_fps / fps
-    ids = sorted({int(round(begin + k * step)) for k in range(int((end - begin) / step) + 1)})
-    ids = [i for i in ids if begin <= i < end]
-    if len(ids) > max_frames:
-        ids = [ids[int(j)] for j in np.linspace(0, len(ids) - 1, max_frames).round()]
-    return ids
+    if step <= 1:
+        # The grid is finer than the frames: every frame of the range is a grid point, once.
+        count, frame = end - begin, lambda j: begin + j
+    else:
+        # Distinct points; the last one of k <= (end - begin) / step may round onto `end` itself.
+        count = int((end - begin) / step) + 1
+        while count > 0 and int(round(begin + (count - 1) * step)) >= end:
+            count -= 1
+        frame = lambda j: int(round(begin + j * step))  # noqa: E731
+    if count <= max_frames:
+        return [frame(j) for j in range(count)]
+    return [frame(int(j)) for j in np.linspace(0, count - 1, max_frames).round()]
 
 
 def _trajectories(entry: dict, source: Path, where: dict, cache: dict) -> list:
@@ -235,7 +271,7 @@ def _convert(source: Path, out: Path, records: Records, split: str, fps: float, 
             vid = _check_fields(entry, where)
             used = _segment(entry, "used_segment", where)
             truth = _segment(entry, "temporal_gt", where)
-            ids = sampled_frames(*used, float(entry["fps"]), fps, max_frames)
+            ids = sampled_frames(*used, _rate(entry["fps"], where, "fps"), fps, max_frames)
             if not ids:
                 raise InputError(f"no frame sampled in used_segment {used}", **where, field="used_segment")
             trajectories = _trajectories(entry, root, where, cache)
@@ -300,6 +336,10 @@ def convert(
     limit: int | None = None,
 ):
     """Convert VidSTG at `source` into `out/vidstg.jsonl` plus the sampled frames."""
+    if not (isinstance(fps, (int, float)) and MIN_FPS <= fps <= MAX_FPS):  # NaN fails too
+        raise OptionError(f"vidstg fps must be in [{MIN_FPS:g}, {MAX_FPS:g}], got {fps!r}")
+    if not isinstance(max_frames, int) or not 0 < max_frames <= MAX_SEGMENT_FRAMES:
+        raise OptionError(f"vidstg max_frames must be a positive integer, got {max_frames!r}")
     records = Records(skip_bad, limit)
     run_until_limit(_convert, source, out, records, split, fps, max_frames)
     return records.write(out / "vidstg.jsonl")
