@@ -79,7 +79,7 @@ def _peer_lost(err: RuntimeError) -> bool:
     import torch.distributed as dist
 
     text = str(err)
-    lost = ("gloo", "Connection closed by peer", "monitoredBarrier", "Timed out", "timed out")
+    lost = ("gloo", "Connection closed by peer", "failed to reach the barrier", "Timed out", "timed out")
     return isinstance(err, dist.DistError) or any(sign in text for sign in lost)
 
 
@@ -88,7 +88,7 @@ def _peer_message(text: str) -> str:
     from corelens.runs.dist import TIMEOUT_ENV, timeout
 
     limit = f"within {timeout().total_seconds():g} s ({TIMEOUT_ENV})"
-    if found := re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", text):
+    if found := re.search(r"ranks ([\d, ]+) failed to reach the barrier", text):
         ranks = ", ".join(r.strip() for r in found.group(1).split(",") if r.strip())
         return f"rank {ranks} did not answer {limit}"
     if found := re.search(r"from rank (\d+)", text):
@@ -97,7 +97,7 @@ def _peer_message(text: str) -> str:
     if "Timed out" in text or "timed out" in text:
         return f"a rank did not answer {limit}"
     # The connection to another rank closed: its process ended (an error it met is printed above, if any).
-    return "another rank's process ended"
+    return "another rank stopped: its process ended (its error, if it met one, is printed above)"
 
 
 def _repair_log(args: argparse.Namespace) -> None:

@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,7 +52,7 @@ class Dist:
     def barrier(self) -> None:
         """Wait until every rank gets here (no-op for one process)."""
         if self.world > 1:
-            _monitored_barrier()
+            _barrier(self)
 
     def gather(self, obj: object) -> list:
         """Return every rank's `obj`, in rank order, on every rank."""
@@ -59,17 +60,44 @@ class Dist:
             return [obj]
         import torch.distributed as dist
 
-        _monitored_barrier()  # a rank that stopped answering is named here, before the exchange
+        _barrier(self)  # a rank that stopped answering is named here, before the exchange
         out: list = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
 
 
-def _monitored_barrier() -> None:
-    """Wait for every rank; after the timeout, raise naming the ranks that did not answer (gloo)."""
-    import torch.distributed as dist
+_BARRIERS = itertools.count()  # every rank passes the same barriers in the same order
 
-    dist.monitored_barrier(timeout=timeout(), wait_all_ranks=True)
+
+def _barrier(me: Dist) -> None:
+    """Wait for every rank; after the timeout, raise naming the ranks that never arrived.
+
+    A plain gloo barrier, not `monitored_barrier`: gloo's barrier fails at once when a peer's process ends
+    ("Connection closed by peer"), while the monitored one waits out the whole timeout. Each rank first
+    notes its arrival in the launch's key-value store, so that a rank that froze (alive, silent) is named
+    by the ranks that waited for it.
+    """
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    n, store = next(_BARRIERS), _get_default_store()
+    store.set(f"corelens/barrier/{n}/{me.rank}", "1")
+    try:
+        dist.barrier()
+    except RuntimeError as err:
+        if not _timed_out(str(err)):
+            raise  # a peer's process ended: its connection closed (cli.py says so)
+        missing = [r for r in range(me.world) if not store.check([f"corelens/barrier/{n}/{r}"])]
+        if not missing:
+            raise  # every rank arrived: the exchange itself timed out
+        raise RuntimeError(
+            f"{err}\nranks {', '.join(map(str, missing))} failed to reach the barrier"
+        ) from None
+
+
+def _timed_out(text: str) -> bool:
+    """Return True for gloo's error of a collective that waited out its timeout."""
+    return "Timed out" in text or "timed out" in text
 
 
 def timeout() -> timedelta:
