@@ -45,7 +45,10 @@ def padded_mask(pads, n):
 
 def inputs(batch, heads, kv_heads, n, dim=8, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, h, n, dim, generator=g, dtype=torch.float64).to(dtype) for h in (heads, kv_heads, kv_heads)]
+    return [
+        torch.randn(batch, h, n, dim, generator=g, dtype=torch.float64).to(dtype)
+        for h in (heads, kv_heads, kv_heads)
+    ]
 
 
 def _short(n, pads, sink, window, flags):
@@ -117,14 +120,19 @@ def test_the_models_strided_views_are_read_as_they_are():
 def test_head_layout_groups_heads_by_kv_head_and_reads_runs_in_place():
     # 8 query heads over 2 KV heads: KV head 0 owns 0-3, KV head 1 owns 4-7.
     full_calls, stream_calls = part.layout((True, True, True, True, False, True, False, False), 2, "cpu")
-    assert [(c.q.tolist(), c.kv.tolist(), c.members) for c in full_calls] == [([5], [1], 1), ([0, 1, 2, 3], [0], 4)]
+    assert [(c.q.tolist(), c.kv.tolist(), c.members) for c in full_calls] == [
+        ([5], [1], 1),
+        ([0, 1, 2, 3], [0], 4),
+    ]
     assert full_calls[1].q_run == (0, 4) and full_calls[1].kv_run == (0, 1)
     assert [(c.q.tolist(), c.kv.tolist(), c.members) for c in stream_calls] == [([4, 6, 7], [1], 3)]
     assert stream_calls[0].q_run is None  # not consecutive: gathered
     # KV-granular sets (whole groups) give one call per pass, each a view of consecutive heads.
     full_calls, stream_calls = part.layout((False,) * 4 + (True,) * 4, 2, "cpu")
     assert len(full_calls) == len(stream_calls) == 1 and full_calls[0].q_run == (4, 8)
-    assert part.layout((False,) * 4 + (True,) * 4, 2, "cpu") is part.layout((False,) * 4 + (True,) * 4, 2, "cpu")
+    assert part.layout((False,) * 4 + (True,) * 4, 2, "cpu") is part.layout(
+        (False,) * 4 + (True,) * 4, 2, "cpu"
+    )
 
 
 def test_the_two_passes_cover_the_rule_exactly_once():
@@ -166,7 +174,9 @@ def test_crossover_runs_dense_where_the_head_set_gains_too_little():
     assert not part.takes_dense(200, many, pattern, None) and not part.takes_dense(20, many, pattern, 9.0)
     out, ran, reason = kernels.prefill("partitioned", q, k, v, None, many, pattern, 0.3, dense_below=1.5)
     assert ran == "dense" and reason is None
-    causal = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, scale=0.3)
+    causal = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, scale=0.3
+    )
     assert (out - causal.transpose(1, 2)).abs().max().item() <= 1e-12
     out, ran, _ = kernels.prefill("partitioned", q, k, v, None, many, pattern, 0.3, dense_below=None)
     assert ran == "partitioned"
@@ -176,7 +186,9 @@ def test_crossover_runs_dense_where_the_head_set_gains_too_little():
 def test_other_masks_take_the_exact_dense_path():
     n = 90
     q, k, v = inputs(2, 4, 2, n, seed=2)
-    holes = padded_mask([0, 7], n) & (torch.rand(2, 1, n, n, generator=torch.Generator().manual_seed(1)) < 0.9)
+    holes = padded_mask([0, 7], n) & (
+        torch.rand(2, 1, n, n, generator=torch.Generator().manual_seed(1)) < 0.9
+    )
     full = torch.tensor([True, False, False, False])
     want = reference(q, k, v, holes, full, Pattern(3, 10), 0.3)
     assert (partitioned(q, k, v, holes, full, Pattern(3, 10), 0.3) - want).abs().max().item() <= 1e-6

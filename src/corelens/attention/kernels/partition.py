@@ -67,7 +67,9 @@ def _calls(heads: list[list[int]], device: torch.device) -> tuple[Call, ...]:
     for count in sorted({len(m) for m in heads if m}):
         kv = [j for j, m in enumerate(heads) if len(m) == count]
         q = [h for j in kv for h in heads[j]]
-        calls.append(Call(torch.tensor(q, device=device), torch.tensor(kv, device=device), count, _run(q), _run(kv)))
+        calls.append(
+            Call(torch.tensor(q, device=device), torch.tensor(kv, device=device), count, _run(q), _run(kv))
+        )
     return tuple(calls)
 
 
@@ -122,7 +124,9 @@ def sink_block_mask(n: int, pattern: Pattern, device: str, block: int = BLOCK):
     """Return the block mask of the sink pass: queries W .. n - 1 (rows i - W) over the S sink keys."""
     dev = torch.device(device)
     rows = n - pattern.window
-    sink = min(pattern.sink, rows)  # row r (query r + W) keeps sink j iff j <= r: causal on the (rows, S) grid
+    sink = min(
+        pattern.sink, rows
+    )  # row r (query r + W) keeps sink j iff j <= r: causal on the (rows, S) grid
     q0 = torch.arange(0, rows, block, device=dev)[:, None]
     k0 = torch.arange(0, sink, block, device=dev)[None, :]
     q1, k1 = (q0 + block - 1).clamp(max=rows - 1), (k0 + block - 1).clamp(max=sink - 1)
@@ -154,22 +158,34 @@ def streaming(q, k, v, pattern: Pattern, scale: float, compiled: bool) -> torch.
     if s <= 0:  # no row reaches past its window to a sink
         return out
     rows = (slice(None), slice(None), slice(w, None))
-    sink, sink_lse = _flex_lse(q[rows], k[:, :, :s], v[:, :, :s], sink_block_mask(n, pattern, device), scale, compiled)
+    sink, sink_lse = _flex_lse(
+        q[rows], k[:, :, :s], v[:, :, :s], sink_block_mask(n, pattern, device), scale, compiled
+    )
     acc = torch.promote_types(out.dtype, torch.float32)  # merge in fp32 (fp64 stays fp64)
     weight = torch.sigmoid(sink_lse.to(acc) - lse[rows].to(acc))[..., None]
     out[rows] = out[rows].to(acc).lerp_(sink.to(acc), weight).to(out.dtype)
     return out
 
 
-def _rows(query, key, value, out, full: tuple[bool, ...], pattern: Pattern, scale: float, compiled: bool) -> None:
+def _rows(
+    query, key, value, out, full: tuple[bool, ...], pattern: Pattern, scale: float, compiled: bool
+) -> None:
     """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim)."""
     full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
     for call in full_calls:
-        q, k, v = _take(query, call.q, call.q_run), _take(key, call.kv, call.kv_run), _take(value, call.kv, call.kv_run)
+        q, k, v = (
+            _take(query, call.q, call.q_run),
+            _take(key, call.kv, call.kv_run),
+            _take(value, call.kv, call.kv_run),
+        )
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=call.members > 1)
         _put(out, call, o)
     for call in stream_calls:
-        q, k, v = _take(query, call.q, call.q_run), _take(key, call.kv, call.kv_run), _take(value, call.kv, call.kv_run)
+        q, k, v = (
+            _take(query, call.q, call.q_run),
+            _take(key, call.kv, call.kv_run),
+            _take(value, call.kv, call.kv_run),
+        )
         _put(out, call, streaming(q, k, v, pattern, scale, compiled))
 
 
