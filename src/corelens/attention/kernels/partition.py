@@ -135,9 +135,23 @@ def sink_block_mask(n: int, pattern: Pattern, device: str, block: int = BLOCK):
     return _from_blocks(any_, all_, sink_pass_mask_function(pattern), rows, sink, block)
 
 
+# Compiled variants the two passes may need in one process: window / sink pass x the head counts of a
+# layout's calls x GQA on / off. Past dynamo's recompile limit (8 by default) a call would run FlexAttention
+# unfused (N x N scores), so the limit is raised to this once, the first time a compiled pass runs.
+RECOMPILE_LIMIT = 64
+
+
+def _allow_recompiles() -> None:
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+
+
 def _flex_lse(q, k, v, block_mask, scale: float, compiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Return FlexAttention's output and its log-sum-exp (natural log) under `block_mask`."""
     gqa = q.shape[1] != k.shape[1]
+    if compiled:
+        _allow_recompiles()
     try:
         from torch.nn.attention.flex_attention import AuxRequest
     except ImportError:  # torch < 2.9: the older keyword
