@@ -192,3 +192,27 @@ def test_other_masks_take_the_exact_dense_path():
     full = torch.tensor([True, False, False, False])
     want = reference(q, k, v, holes, full, Pattern(3, 10), 0.3)
     assert (partitioned(q, k, v, holes, full, Pattern(3, 10), 0.3) - want).abs().max().item() <= 1e-6
+
+
+def test_bench_hybrid_times_the_chosen_kernel(monkeypatch, capsys):
+    """`corelens bench hybrid --kernel partitioned` reaches the benchmark; an unknown kernel is one error line."""
+    from corelens.bench import hybrid as bench
+    from corelens.cli import main as cli_main
+
+    seen = {}
+    monkeypatch.setattr(bench, "run_hybrid_benchmark", lambda tokens, keeps, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(bench, "summary", lambda result: "ok")
+    assert cli_main(["bench", "hybrid", "--tokens", "300", "--kernel", "partitioned"]) == 0
+    assert seen["kernel"] == "partitioned"
+    assert cli_main(["bench", "hybrid", "--tokens", "300", "--kernel", "fast"]) == 2
+    assert "--kernel: unknown hybrid kernel 'fast'" in capsys.readouterr().err
+
+
+def test_bench_kernel_times_plan_and_backend_on_model_layout():
+    from corelens.bench.hybrid import kernel_times
+
+    out = kernel_times(300, [0.25], heads=4, kv_heads=2, head_dim=8, sink=4, window=32, repeats=1, seed=0,
+                       with_flex=False, kernel="partitioned")  # fmt: skip
+    assert out["hybrid_kernel"] == {"0.25": "partitioned"} and out["kernel"] == "partitioned"
+    assert set(out["plan_build_s"]) == {"flex", "partitioned"}
+    assert "scaled_dot_product" in out["sdpa_backend"]
