@@ -424,7 +424,7 @@ def test_cli_sweep_writes_table_and_figure_resumes_and_warns(tiny_dir, tmp_path,
     table = pd.read_csv(out / "ablation.csv")
     assert list(table.columns) == [
         "set", "k", "k_heads", "seed", "op", "keys", "accuracy", "n", "correct", "ci_low", "ci_high", "overlap",
-        "short_by",
+        "short_by", "granularity", "query_heads", "kv_heads",
     ]  # fmt: skip
     assert len(table) == 1 + 2 * (1 + 1 + 2 + 2) and (table["n"] == 2).all() and (table["op"] == "zero").all()
     assert sorted(table.loc[table["set"] == "top", "k_heads"]) == [1, 2]

@@ -190,13 +190,16 @@ class Layout:
         """
         tiled = {s.source for s in self.segments if s.kind == "image" and s.view != "full"}
         found: dict[str, list[np.ndarray]] = {}
-        visual = self.visual
+        # A mask over positions, not intersect1d per segment: linear in the number of pages.
+        in_visual = np.zeros(max([self.visual.max(initial=-1)] + [s.end for s in self.segments]) + 1, bool)
+        in_visual[self.visual] = True
         for seg in sorted(self.segments, key=lambda s: s.start):
             if seg.kind == "video":
                 label = f"video:frames {seg.frames[0]}-{seg.frames[-1]}" if seg.frames else "video"
             else:
                 label = f"image {seg.source}" + (f":{seg.view}" if seg.source in tiled else "")
-            found.setdefault(label, []).append(np.intersect1d(seg.all_tokens(), visual))
+            tokens = np.asarray(seg.all_tokens())
+            found.setdefault(label, []).append(np.unique(tokens[in_visual[tokens]]))
         return [(label, np.unique(np.concatenate(parts))) for label, parts in found.items()]
 
     def of(self, kind: str, source: int) -> list[Segment]:

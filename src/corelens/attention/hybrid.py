@@ -36,6 +36,7 @@ from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer
 from corelens.attention.kernels.dense import masked_attention, policy_allowed
 from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
 from corelens.errors import CorelensError, OptionError
+from corelens.metrics import kvheads
 from corelens.metrics.headsets import SEEDED, k_count, select
 
 FORMAT = "corelens.hybrid-policy/1"
@@ -75,7 +76,8 @@ class HybridPolicy:
         """Return the policy whose full set is `keep` heads ("10%", 0.1 or a count) of a heads.csv table.
 
         `kind`: "top" (the CoRe heads), "bottom", "random" (from `random_from`: "all" heads or "non-top")
-        or "layer-matched" (seeded), as in `corelens.metrics.headsets`.
+        or "layer-matched" (seeded), as in `corelens.metrics.headsets`. A KV-head table picks `keep` KV
+        heads and keeps all their query heads full.
         """
         source: dict[str, Any] = {"keep": str(keep), "kind": kind}
         if not isinstance(heads, pd.DataFrame):
@@ -87,7 +89,12 @@ class HybridPolicy:
             source["seed"] = seed
         if kind == "random":
             source["random_from"] = random_from
-        return cls(select(heads, kind, count, seed, random_from=random_from), sink, window, source)
+        chosen = select(heads, kind, count, seed, random_from=random_from)
+        # A KV-head table (`rank --granularity kv`): `keep` counts KV heads, all their query heads are full.
+        if kvheads.granularity_of(heads) == "kv":
+            source["granularity"] = "kv"
+            chosen = kvheads.expand(chosen, kvheads.table_group(heads))
+        return cls(chosen, sink, window, source)
 
     @property
     def pattern(self) -> Pattern:

@@ -80,19 +80,30 @@ class RamProbe(AttentionHook):
         self._indicator: torch.Tensor | None = None
 
     def _indicators(self, kv_len: int, device: torch.device) -> torch.Tensor:
-        # 0/1 columns marking Omega, V, then each view and Omega ∩ view: one matmul reduces a block of rows
-        # to every mass.
+        # 0/1 columns marking Omega and V: one matmul reduces a block of rows to both masses.
         if self._indicator is None or self._indicator.device != device:
-            indicator = torch.zeros(kv_len, 2 + 2 * len(self.views))
+            indicator = torch.zeros(kv_len, 2)
             indicator[self.omega, 0] = 1.0
             indicator[self.visual, 1] = 1.0
-            in_omega = torch.zeros(kv_len, dtype=torch.bool)
-            in_omega[self.omega] = True
-            for i, view in enumerate(self.views):
-                indicator[view, 2 + 2 * i] = 1.0
-                indicator[view[in_omega[view]], 3 + 2 * i] = 1.0
             self._indicator = indicator.to(device)
         return self._indicator
+
+    def _view_columns(self, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key, column) pairs: view i's keys go to column 2i, its keys in Omega to column 2i + 1.
+
+        As long as the views' tokens together, never keys x views: a sample of many pages stays linear.
+        """
+        in_omega = torch.zeros(kv_len, dtype=torch.bool)
+        in_omega[self.omega] = True
+        keys, columns = [], []
+        for i, view in enumerate(self.views):
+            view = torch.unique(view)  # a key counts once per view, as a 0/1 indicator would
+            inside = view[in_omega[view]]
+            keys += [view, inside]
+            columns += [torch.full_like(view, 2 * i), torch.full_like(inside, 2 * i + 1)]
+        if not keys:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        return torch.cat(keys), torch.cat(columns)
 
     def pre(self, call: AttentionCall) -> None:
         """Measure on the forward that holds the whole sequence as queries (the prefill); skip others."""
@@ -102,15 +113,24 @@ class RamProbe(AttentionHook):
             raise ValueError("RamProbe measures one sample at a time (batch size 1)")
         heads, kv_len = call.query.shape[1], call.key.shape[2]
         step = max(1, _CHUNK_ELEMENTS // (heads * kv_len))
-        indicator = self._indicators(kv_len, call.key.device)
-        totals = torch.zeros(heads, indicator.shape[1], device=call.key.device)
+        device = call.key.device
+        indicator = self._indicators(kv_len, device)
+        totals = torch.zeros(heads, indicator.shape[1], device=device)
+        # Per-key mass summed over the probed rows: the views' masses are sums of its entries.
+        per_key = torch.zeros(heads, kv_len, device=device) if self.views else None
         for start in range(0, len(self.rows), step):
             probs = row_probabilities(call, self.rows[start : start + step])[0]  # (heads, rows, kv)
             totals += (probs @ indicator).sum(dim=1)
+            if per_key is not None:
+                per_key += probs.sum(dim=1)
         totals = totals.cpu() / len(self.rows)
         self.mass[call.layer] = totals[:, 0]
         self.visual_mass[call.layer] = totals[:, 1]
-        self.view_mass[call.layer] = totals[:, 2:].reshape(heads, len(self.views), 2)
+        if per_key is not None:
+            keys, columns = self._view_columns(kv_len)
+            views = torch.zeros(heads, 2 * len(self.views), device=device)
+            views.index_add_(1, columns.to(device), per_key[:, keys.to(device)])
+            self.view_mass[call.layer] = (views.cpu() / len(self.rows)).reshape(heads, len(self.views), 2)
 
 
 class KeyMapProbe(AttentionHook):

@@ -135,11 +135,25 @@ def _stub(groups: int) -> torch.nn.Module:
     return module
 
 
-def choose_full(total: int, keep: float, seed: int) -> list[int]:
-    """Return round(keep * total) head indices, a seeded random choice."""
-    count = round(keep * total)
-    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
-    return sorted(order[:count].tolist())
+def choose_full(total: int, keep: float, seed: int, group: int = 1) -> list[int]:
+    """Return round(keep * total) head indices, a seeded random choice.
+
+    `group` > 1 (`--granularity kv`): round(keep * total / group) KV heads are chosen, and all `group`
+    consecutive query heads of each (transformers' `repeat_kv` order) are returned.
+    """
+    units = total // group
+    order = torch.randperm(units, generator=torch.Generator().manual_seed(seed))
+    chosen = order[: round(keep * units)].tolist()
+    return sorted(unit * group + i for unit in chosen for i in range(group))
+
+
+def _group(granularity: str, heads: int, kv_heads: int) -> int:
+    """Return the heads drawn together: a KV head's query heads at granularity "kv", else 1."""
+    if granularity not in ("query", "kv"):
+        raise OptionError(f"--granularity: expected query or kv, got {granularity!r}")
+    if heads % kv_heads:
+        raise OptionError(f"--heads {heads} do not split over --kv-heads {kv_heads}")
+    return heads // kv_heads if granularity == "kv" else 1
 
 
 def _sync(device: torch.device) -> None:
@@ -224,6 +238,7 @@ def kernel_times(
     device: torch.device = CPU,
     dtype: torch.dtype = torch.float32,
     kernel: str = "auto",
+    granularity: str = "query",
 ) -> dict[str, Any]:
     """Time stock sdpa, corelens' hybrid kernel (`kernel`) and compiled FlexAttention on one layer's attention.
 
@@ -238,7 +253,7 @@ def kernel_times(
     fulls = {}
     for keep in keeps:
         full = torch.zeros(heads, dtype=torch.bool)
-        full[choose_full(heads, keep, seed)] = True
+        full[choose_full(heads, keep, seed, _group(granularity, heads, kv_heads))] = True
         fulls[keep] = full
 
     def sdpa():
@@ -302,8 +317,10 @@ def kernel_times(
     out["per_keep"] = {}
     for keep in keeps:
         f = float(fulls[keep].float().mean())
+        kv_full = int(fulls[keep].view(kv_heads, -1).any(dim=-1).sum())
         row = {
             "full_fraction": f,
+            "kv_full_fraction": kv_full / kv_heads,
             "hybrid_s": statistics.median(times[f"hybrid:{keep}"]),
             "ideal_speedup": ideal_speedup(tokens, f, sink, window),
         }
@@ -347,6 +364,7 @@ def prefill_times(
     dtype: torch.dtype = torch.float32,
     adaptive: bool = False,
     kernel: str = "auto",
+    granularity: str = "query",
 ) -> dict[str, Any]:
     """Time the whole-decoder prefill: stock sdpa against corelens hybrid attention, same weights and input."""
     from corelens.attention.hybrid import HybridPolicy, hybrid
@@ -363,7 +381,7 @@ def prefill_times(
         ids, warm = (with_visual_block(x, model.config.image_token_id) for x in (ids, warm))
     policies = {}
     for keep in keeps:
-        chosen = choose_full(layers * heads, keep, seed)
+        chosen = choose_full(layers * heads, keep, seed, _group(granularity, heads, kv_heads))
         policies[keep] = HybridPolicy(tuple(divmod(i, heads) for i in chosen), sink, window)
 
     def stock(x):
@@ -435,6 +453,9 @@ def prefill_times(
         kept = min(tokens, sink + window)
         saved = stream_kv * ((tokens - kept) * per_position - kept * 8) if tokens > sink + window else 0
         row.update(streaming_kv_heads=stream_kv, cache_dense_bytes=dense_bytes, cache_saved_bytes=saved)
+        row.update(
+            kv_full_fraction=1 - stream_kv / (layers * kv_heads), cache_kept_fraction=1 - saved / dense_bytes
+        )
         row["prefill_speedup"] = paired(times["sdpa"], times[f"hybrid:{keep}"])
         row["prefill_vs_flops"] = row["prefill_speedup"] / row["prefill_flop_speedup"]
         if adaptive:
@@ -472,8 +493,12 @@ def run_hybrid_benchmark(
     dtype: str = "float32",
     adaptive: bool = False,
     kernel: str = "auto",
+    granularity: str = "query",
 ) -> dict[str, Any]:
     """Run the kernel and prefill measurements; return the results (see the module docstring).
+
+    `granularity` "kv" draws the full heads as whole KV heads (`keep` is then a share of KV heads); every
+    row states the query heads full (`full_fraction`) and the KV heads full (`kv_full_fraction`).
 
     `prefill_keeps` limits the (slow) whole-decoder prefill to some of the kept fractions (default: all).
     """
@@ -492,6 +517,7 @@ def run_hybrid_benchmark(
         "window": window,
         "heads": heads,
         "kv_heads": kv_heads,
+        "granularity": granularity,
         "head_dim": head_dim,
         "hidden": hidden,
         "intermediate": intermediate,
@@ -523,6 +549,7 @@ def run_hybrid_benchmark(
                 device=dev,
                 dtype=dt,
                 kernel=kernel,
+                granularity=granularity,
             )  # fmt: skip
         )
         if with_prefill:
@@ -543,6 +570,7 @@ def run_hybrid_benchmark(
                     dtype=dt,
                     adaptive=adaptive,
                     kernel=kernel,
+                    granularity=granularity,
                 )  # fmt: skip
             )
     # Top-level keys for the first kept fraction (the issue's single-F form).

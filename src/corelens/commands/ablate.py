@@ -8,8 +8,12 @@ import sys
 from corelens.attention.interventions import KEY_SETS, OPS
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path
 from corelens.commands.common import (
+    add_granularity,
+    add_limit_options,
     add_model_options,
     add_resample_options,
+    add_run_options,
+    limits_of,
     load_options,
     main_process,
     print_resampled,
@@ -40,8 +44,10 @@ def run(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        limits=limits_of(args),
         rank_resamples=args.rank_resamples,
         stable_p=args.stable_p,
+        granularity=args.granularity,
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
@@ -80,6 +86,7 @@ def register(sub) -> None:
         help=f"comma-separated, of {', '.join(SETS + OPTIONAL)} (stable: heads with P(top-k) >= --stable-p)",
     )
     add_resample_options(a, "ablate")
+    add_granularity(a, "ablated")
     a.add_argument("--op", choices=OPS, default="zero", help="operator: docs/methods.md#interventions")
     a.add_argument("--keys", choices=KEY_SETS, default="visual", help="knockout key set")
     a.add_argument("--seeds", type=int, default=5, help="draws per random / layer-matched set")
@@ -95,4 +102,6 @@ def register(sub) -> None:
     a.add_argument("--max-new-tokens", type=int, default=8)
     a.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     a.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(a)
+    add_limit_options(a)
     a.set_defaults(func=run)

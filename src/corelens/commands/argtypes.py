@@ -44,6 +44,17 @@ def positive(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """argparse `type` of a TCP port: 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 (any free port) to 65535, got {value}")
+    return value
+
+
 def output_path(text: str) -> str:
     """argparse `type` of a file or folder to write: refused when an existing part of its path is a file."""
     for parent in Path(text).expanduser().parents:  # nearest first

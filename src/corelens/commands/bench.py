@@ -155,6 +155,12 @@ def _hybrid_arguments(parser) -> None:
         help="the hybrid kernel timed as `hybrid`: auto, blocked, flex, partitioned or reference (default auto;"
         " compiled flex is timed beside it unless --no-flex)",
     )
+    parser.add_argument(
+        "--granularity",
+        choices=("query", "kv"),
+        default="query",
+        help="draw the full heads as query heads or as whole KV heads (--keep: a share of KV heads)",
+    )
 
 
 def _fractions(text: str) -> list[float]:
@@ -189,7 +195,7 @@ def _run_hybrid(args) -> int:
         hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
         seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
         prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
-        adaptive=args.adaptive, kernel=args.kernel,
+        adaptive=args.adaptive, kernel=args.kernel, granularity=args.granularity,
     )  # fmt: skip
     return _report(result, summary(result), args.json)
 

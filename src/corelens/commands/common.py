@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from corelens.commands.argtypes import device, device_map, max_memory
+from corelens.commands.argtypes import device, device_map, max_memory, positive
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -48,6 +48,15 @@ def add_model_options(
     p.add_argument("--offload-folder", default=None, help="with a device map that offloads to disk")
 
 
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """Add the options every command that writes a resumable run folder shares: --repair-log."""
+    p.add_argument(
+        "--repair-log",
+        action="store_true",
+        help="drop the damaged lines of the run's logs before resuming (a copy, samples.jsonl.bak-TIME, is kept)",
+    )
+
+
 def load_options(args: argparse.Namespace) -> dict:
     """Return the keyword arguments of `corelens.load` from parsed model options."""
     return {
@@ -85,3 +94,40 @@ def print_resampled(result, resamples: int) -> None:
     if result.resampled is not None:
         print(f"top-k over {resamples} resamples of the ranking (median, 90 % interval):")
         print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def add_granularity(p: argparse.ArgumentParser, verb: str) -> None:
+    """Add `--granularity query|kv` (the unit that --keep / --k count) to a command taking --heads."""
+    p.add_argument(
+        "--granularity",
+        choices=("query", "kv"),
+        default=None,
+        help=f"unit of the heads {verb}: query heads, or KV heads (all their query heads; a query heads.csv "
+        "is then scored per KV head by its members' summed mass); default: the heads.csv's own "
+        "(docs/methods.md#kv-heads)",
+    )
+
+
+def add_limit_options(p: argparse.ArgumentParser) -> None:
+    """Add --max-pixels and --max-pages, the per-sample resource bounds (docs/methods.md#resource-limits)."""
+    from corelens.data.sample import Limits
+
+    p.add_argument(
+        "--max-pixels",
+        type=positive,
+        default=Limits.max_pixels,
+        help=f"refuse (or with --skip-bad skip) an image above N pixels, from its header (default {Limits.max_pixels:,})",
+    )
+    p.add_argument(
+        "--max-pages",
+        type=positive,
+        default=Limits.max_pages,
+        help=f"refuse (or skip) a sample of more than N images / pages / frames (default {Limits.max_pages:,})",
+    )
+
+
+def limits_of(args: argparse.Namespace):
+    """Return the `Limits` of parsed --max-pixels / --max-pages."""
+    from corelens.data.sample import Limits
+
+    return Limits(max_pixels=args.max_pixels, max_pages=args.max_pages)

@@ -25,6 +25,9 @@ def run(args: argparse.Namespace) -> None:
         hs.keep = k_count(args.keep, len(hs.heads))
     elif targets:
         raise CorelensError(f"--to {','.join(targets)} writes a set: give its size with --keep (e.g. 10%)")
+    effective = hs.effective(sink=args.sink, window=args.window) if hs.keep else None
+    if effective:
+        hs.provenance["effective"] = effective  # headset.json states the asked and the effective shares
     out = hs.save(args.out)
     wrote = ["headset.json", "heads.csv", "manifest.json", "README.md"]
     if "duo" in targets:
@@ -33,9 +36,24 @@ def run(args: argparse.Namespace) -> None:
     if "sparsemm" in targets:
         paths = write_sparsemm(hs, out)
         wrote += [p.name for p in paths]
-    kept = f"top {hs.keep} of {len(hs.heads)} heads" if hs.keep else f"all {len(hs.heads)} heads ranked"
+    unit = "KV heads" if hs.granularity == "kv" else "heads"
+    kept = f"top {hs.keep} of {len(hs.heads)} {unit}" if hs.keep else f"all {len(hs.heads)} {unit} ranked"
     print(f"head set of {hs.model.get('id') or hs.model['model_type']}: {kept}")
+    if effective:
+        print(effective_line(effective))
     print(f"wrote {args.out}/" + ", ".join(wrote))
+
+
+def effective_line(e: dict) -> str:
+    """Return the one-line summary of `HeadSet.effective`: asked and effective shares, and the sparsity."""
+    unit = "KV heads" if e["granularity"] == "kv" else "query heads"
+    return (
+        f"asked {e['asked']} {unit} ({e['asked_fraction']:.1%}); effective: {e['query_full']} query heads "
+        f"full ({e['query_fraction']:.1%}) in corelens, {e['kv_full']} KV heads full ({e['kv_fraction']:.1%}, "
+        f"their {e['query_full_by_kv']} query heads full in DuoAttention / kvpress), KV-cache bytes kept "
+        f"{e['cache_kept_fraction']:.1%} at a long prompt; DuoAttention --sparsity {e['duo_sparsity']:.6f} "
+        "(kvpress head_compression_ratio) reproduces these KV heads"
+    )
 
 
 def register(sub) -> None:
@@ -49,7 +67,10 @@ def register(sub) -> None:
         help="folder to write (huggingface_hub.upload_folder publishes it)",
     )
     e.add_argument(
-        "--keep", type=k_one, default=None, help="the published set: top K heads, a count or a share (10%%)"
+        "--keep",
+        type=k_one,
+        default=None,
+        help="the published set: top K heads, a count or a share (10%%); KV heads for a KV-granular run",
     )
     e.add_argument(
         "--to",

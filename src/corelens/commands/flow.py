@@ -6,7 +6,14 @@ import argparse
 import sys
 
 from corelens.commands.argtypes import output_path, samples_path
-from corelens.commands.common import add_model_options, load_options, main_process
+from corelens.commands.common import (
+    add_limit_options,
+    add_model_options,
+    add_run_options,
+    limits_of,
+    load_options,
+    main_process,
+)
 from corelens.experiments.flow import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
 
 
@@ -36,6 +43,7 @@ def run(args: argparse.Namespace) -> None:
         options=options,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        limits=limits_of(args),
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
@@ -84,4 +92,6 @@ def register(sub) -> None:
     f.add_argument("--seed", type=int, default=0, help="seed of the noise baselines")
     f.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     f.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(f)
+    add_limit_options(f)
     f.set_defaults(func=run)

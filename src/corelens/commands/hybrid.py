@@ -7,8 +7,12 @@ import sys
 
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path, token_size
 from corelens.commands.common import (
+    add_granularity,
+    add_limit_options,
     add_model_options,
     add_resample_options,
+    add_run_options,
+    limits_of,
     load_options,
     main_process,
     print_resampled,
@@ -40,15 +44,18 @@ def run(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        limits=limits_of(args),
         rank_resamples=args.rank_resamples,
         stable_p=args.stable_p,
+        granularity=args.granularity,
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
     )
     if not main_process():
         return
-    cols = ["set", "keep", "full_heads", "seed", "accuracy", "n", "ci_low", "ci_high", "cache_saved_fraction"]
+    cols = ["set", "keep", "full_heads", "kv_full_heads", "seed", "accuracy", "n", "ci_low", "ci_high"]
+    cols += ["cache_kept_fraction", "cache_saved_fraction"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print_resampled(result, args.rank_resamples)
     print(
@@ -100,6 +107,7 @@ def register(sub) -> None:
         default="full",
         help="decoding after the hybrid prefill: full attention (the paper) or the streaming pattern",
     )
+    add_granularity(h, "kept full")
     h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
     h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
     add_random_from(h)
@@ -107,4 +115,6 @@ def register(sub) -> None:
     h.add_argument("--max-new-tokens", type=int, default=8)
     h.add_argument("--limit", type=int, default=None, help="use the first N samples")
     h.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(h)
+    add_limit_options(h)
     h.set_defaults(func=run)

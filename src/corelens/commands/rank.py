@@ -6,7 +6,15 @@ import argparse
 import sys
 
 from corelens.commands.argtypes import k_list, output_path, samples_path
-from corelens.commands.common import add_model_options, load_options, main_process
+from corelens.commands.common import (
+    add_limit_options,
+    add_model_options,
+    add_run_options,
+    limits_of,
+    load_options,
+    main_process,
+)
+from corelens.metrics.kvheads import DEFAULT_RULE, GRANULARITIES, RULES
 
 
 def run(args: argparse.Namespace) -> None:
@@ -29,6 +37,7 @@ def run(args: argparse.Namespace) -> None:
         padding=args.padding,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        limits=limits_of(args),
         progress=True,
         overlays=args.overlays,
         explorer=args.explorer,
@@ -38,15 +47,19 @@ def run(args: argparse.Namespace) -> None:
         argv=sys.argv,
         load_options=load_options(args),
         omega=omega,
+        granularity=args.granularity,
+        kv_rule=args.kv_rule,
     )
     if not main_process():
         return
-    best = ", ".join(f"L{layer}H{head}" for layer, head in ranking.top(5))
-    print(f"ranked {ranking.ram['sample_id'].nunique()} samples; top heads: {best}")
+    unit = "KV" if ranking.granularity == "kv" else "H"
+    best = ", ".join(f"L{layer}{unit}{head}" for layer, head in ranking.top(5))
+    what = f"KV heads ({args.kv_rule} of their query heads' RAM)" if unit == "KV" else "heads"
+    print(f"ranked {ranking.ram['sample_id'].nunique()} samples; top {what}: {best}")
     for column in [c for c in ranking.heads.columns if c.startswith("p_top")]:
         edge = ranking.heads[(ranking.heads[column] > 0.2) & (ranking.heads[column] < 0.8)]
         rows = edge[["layer", "head", column]].to_numpy()
-        names = ", ".join(f"L{int(layer)}H{int(head)} ({p:.2f})" for layer, head, p in rows) or "none"
+        names = ", ".join(f"L{int(layer)}{unit}{int(head)} ({p:.2f})" for layer, head, p in rows) or "none"
         print(f"top-{column.removeprefix('p_top')} membership uncertain (0.2 < P < 0.8): {names}")
     print(f"wrote {args.out}/heads.csv, ram.parquet, manifest.json, figures/heads_mass.png")
 
@@ -78,6 +91,8 @@ def register(sub) -> None:
     r.add_argument("--omega-batch", type=int, default=8, help="occlusion: occluded copies per forward")
     r.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     r.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(r)
+    add_limit_options(r)
     r.add_argument(
         "--overlays", type=int, default=2, help="draw top/bottom heads' attention on the first N samples"
     )
@@ -92,6 +107,20 @@ def register(sub) -> None:
         type=k_list,
         default="1%,5%,10%",
         help="top-k sizes for the bootstrap P(top-k) columns of heads.csv: counts or shares, e.g. 1%%,5%% or 8",
+    )
+    r.add_argument(
+        "--granularity",
+        choices=GRANULARITIES,
+        default="query",
+        help="rank query heads, or KV heads scored from their query heads (heads.csv then lists KV heads "
+        "and --k counts them; docs/methods.md#kv-heads)",
+    )
+    r.add_argument(
+        "--kv-rule",
+        choices=RULES,
+        default=DEFAULT_RULE,
+        help="--granularity kv: a KV head's score from its query heads' RAM: sum (default, as SparseMM), "
+        "mean (same ranking) or max (the best member per sample)",
     )
     r.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the samples (heads.csv)")
     r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")

@@ -7,7 +7,14 @@ import sys
 
 from corelens.attention.priors import CONVENTIONS, parse_heads, parse_layers
 from corelens.commands.argtypes import checked, names_of, output_path, samples_path
-from corelens.commands.common import add_model_options, load_options, main_process
+from corelens.commands.common import (
+    add_limit_options,
+    add_model_options,
+    add_run_options,
+    limits_of,
+    load_options,
+    main_process,
+)
 from corelens.experiments.sap import CONTROLS, PRIORS
 
 
@@ -48,6 +55,7 @@ def run(args: argparse.Namespace) -> None:
         seed=args.seed,
         limit=args.limit,
         skip_bad=args.skip_bad,
+        limits=limits_of(args),
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
@@ -97,4 +105,6 @@ def register(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="seed of the noise prior")
     s.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     s.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
+    add_run_options(s)
+    add_limit_options(s)
     s.set_defaults(func=run)

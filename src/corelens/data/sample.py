@@ -30,6 +30,49 @@ _TARGET_KEYS = frozenset({"image", "box", "frames", "boxes"})
 _TARGET_FORMS = "expected {image, box}, {image} or {frames, boxes}"
 # Tolerance when matching decoded frame times to the sampling grid (float time bases).
 _TIME_EPS = 1e-6
+# Sampling rates beyond this are not a video's: the decoder could never deliver them, and a grid that fine
+# only costs memory (docs/methods.md#resource-limits).
+MAX_FPS = 1000.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource bounds on one sample, checked from file headers before anything is decoded.
+
+    `max_pixels` bounds each image, page or frame (width x height from the header). The default, 64 million
+    (8000 x 8000), is above a 600 dpi scan of an A4 page (4960 x 7016, 35 M) and an 8K frame (33 M), and
+    keeps one decoded RGB image under 200 MB. `max_pages` bounds the images / pages / decoded video frames
+    of one sample: 1,000 pages run on the bundled model; each page adds visual tokens to one prompt.
+    Raise them with `--max-pixels` / `--max-pages` or `read_samples(..., limits=Limits(...))`.
+    """
+
+    max_pixels: int = 64_000_000
+    max_pages: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("max_pixels", "max_pages"):
+            value = getattr(self, name)
+            if not _is_int(value) or value <= 0:
+                raise OptionError(f"{name} must be a positive integer, got {value!r}")
+
+    def check_pixels(self, size: tuple[int, int], path: Path) -> str | None:
+        """Return why an image of `size` (from its header) is refused, or None when within the bound."""
+        pixels = size[0] * size[1]
+        if pixels <= self.max_pixels:
+            return None
+        return (
+            f"image {path} is {size[0]}x{size[1]} = {pixels:,} pixels, above the limit of "
+            f"{self.max_pixels:,} (raise it with --max-pixels or Limits(max_pixels=...))"
+        )
+
+    def check_pages(self, count: int, what: str) -> str | None:
+        """Return why `count` pages / frames in one sample are refused, or None when within the bound."""
+        if count <= self.max_pages:
+            return None
+        return (
+            f"{count:,} {what} in one sample, above the limit of {self.max_pages:,} "
+            f"(raise it with --max-pages or Limits(max_pages=...))"
+        )
 
 
 @dataclass(frozen=True)
@@ -155,28 +198,33 @@ class _Bad(Exception):
 class _ImageChecker:
     """Opens each image file once per read and remembers its size or why it is unreadable."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits) -> None:
         self._seen: dict[Path, tuple[int, int] | str] = {}
+        self.limits = limits
 
     def size(self, path: Path, where: str) -> tuple[int, int]:
         """Return (width, height) from the file header, or raise _Bad naming `where`."""
         if path not in self._seen:
-            self._seen[path] = _probe_image(path)
+            self._seen[path] = _probe_image(path, self.limits)
         got = self._seen[path]
         if isinstance(got, str):
             raise _Bad(got, where)
         return got
 
 
-def _probe_image(path: Path) -> tuple[int, int] | str:
-    """Return the image size, or a message saying why the file is not a readable image."""
+def _probe_image(path: Path, limits: Limits) -> tuple[int, int] | str:
+    """Return the image size, or a message saying why the file is not a readable image or too large."""
     if not path.exists():
         return f"file not found: {path}"
     if not path.is_file():
         return f"not a file: {path}"
     try:
+        # Image.open reads the header only; verify() checks the chunks without decoding the pixels.
         with Image.open(path) as im:
             size = (int(im.size[0]), int(im.size[1]))
+            too_large = limits.check_pixels(size, path)
+            if too_large:
+                return too_large
             im.verify()
     except Exception as exc:  # PIL raises many types (OSError, SyntaxError, struct.error, ...)
         return f"not a readable image: {path} ({type(exc).__name__}: {exc})"
@@ -265,9 +313,10 @@ def _str_list(value: Any, where: str, *, allow_empty: bool) -> list[str]:
 class _RecordParser:
     """Checks records of one file: resolves paths, reads image headers and tracks ids."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, limits: Limits) -> None:
         self.base = base
-        self.images = _ImageChecker()
+        self.limits = limits
+        self.images = _ImageChecker(limits)
         self.seen_ids: dict[str, int] = {}
 
     def parse(self, obj: Any, source: str, line: int) -> Sample:
@@ -309,6 +358,10 @@ class _RecordParser:
         if raw is None:
             return (), ()
         names = _str_list(raw, "images", allow_empty=True)
+        too_many = self.limits.check_pages(len(names), "images")
+        if too_many:
+            # Before any header is read: 10,000 pages must not cost 10,000 file opens first.
+            raise _Bad(too_many, "images")
         paths = tuple(_resolve(self.base, n) for n in names)
         sizes = tuple(self.images.size(p, f"images[{i}]") for i, p in enumerate(paths))
         return paths, sizes
@@ -329,8 +382,9 @@ class _RecordParser:
         fps = raw["fps"]
         if not _is_number(fps):
             raise _Bad(f"fps must be a finite number, got {_json_type(fps)} {fps!r}", "video.fps")
-        if fps <= 0:
-            raise _Bad(f"fps must be > 0, got {fps!r}", "video.fps")
+        if not 0 < fps <= MAX_FPS:
+            # A non-positive rate samples nothing; one above MAX_FPS only inflates the sampling grid.
+            raise _Bad(f"fps must be > 0 and <= {MAX_FPS:g}, got {fps!r}", "video.fps")
         if "frames" in raw:
             if "max_frames" in raw:
                 # Tube indices point into the listed frames; sub-sampling them would shift those indices.
@@ -338,6 +392,9 @@ class _RecordParser:
                     "'max_frames' applies to a 'path' video only; list the frames to use", "video.max_frames"
                 )
             names = _str_list(raw["frames"], "video.frames", allow_empty=False)
+            too_many = self.limits.check_pages(len(names), "video frames")
+            if too_many:
+                raise _Bad(too_many, "video.frames")
             frames = tuple(_resolve(self.base, n) for n in names)
             sizes = tuple(self.images.size(p, f"video.frames[{i}]") for i, p in enumerate(frames))
             return Video(frames=frames, path=None, fps=float(fps)), sizes
@@ -350,6 +407,9 @@ class _RecordParser:
         max_frames = raw.get("max_frames")
         if max_frames is not None and (not _is_int(max_frames) or max_frames <= 0):
             raise _Bad(f"max_frames must be a positive integer, got {max_frames!r}", "video.max_frames")
+        too_many = self.limits.check_pages(max_frames or 0, "video frames (max_frames)")
+        if too_many:
+            raise _Bad(too_many, "video.max_frames")
         return Video(frames=None, path=path, fps=float(fps), max_frames=max_frames), ()
 
     @staticmethod
@@ -484,9 +544,15 @@ def _record_id(obj: Any) -> str | None:
 
 
 def read_samples(
-    path: str | os.PathLike[str], *, skip_bad: bool = False, limit: int | None = None
+    path: str | os.PathLike[str],
+    *,
+    skip_bad: bool = False,
+    limit: int | None = None,
+    limits: Limits | None = None,
 ) -> tuple[list[Sample], list[SkippedSample]]:
     """Read and check a JSONL sample file; a bad record raises InputError, or is listed if `skip_bad`.
+
+    `limits` bounds each sample's pixels and pages from the file headers (`Limits()`: the defaults).
 
     Examples:
         >>> from corelens.organism.tasks import generate
@@ -509,7 +575,7 @@ def read_samples(
         raise InputError("sample file not found", file=source)
     if not file_path.is_file():
         raise InputError("sample file is not a regular file", file=source)
-    parser = _RecordParser(Path(os.path.abspath(file_path.parent)))
+    parser = _RecordParser(Path(os.path.abspath(file_path.parent)), limits or Limits())
     samples: list[Sample] = []
     skipped: list[SkippedSample] = []
     if limit == 0:
@@ -529,6 +595,9 @@ def read_samples(
                     obj = json.loads(text, parse_constant=_reject_constant)
                 except ValueError as exc:
                     raise _Bad(f"invalid JSON: {exc}", None) from None
+                except RecursionError:
+                    # Python's parser recurses once per nesting level; no sample is nested this deep.
+                    raise _Bad("invalid JSON: nested too deeply", None) from None
                 sample = parser.parse(obj, source, line)
             except _Bad as bad:
                 error = InputError(
@@ -558,15 +627,35 @@ def write_samples(path: str | os.PathLike[str], samples: Iterable[Mapping[str, A
     return count
 
 
-def _open_rgb(path: Path, sample: Sample, where: str) -> Image.Image:
-    """Load one image file as RGB, or raise InputError naming the sample and field."""
+def _open_rgb(path: Path, sample: Sample, where: str, size: tuple[int, int] | None) -> Image.Image:
+    """Load one image file as RGB, or raise InputError naming the sample and field.
+
+    `size` is the header size the reader checked against `Limits.max_pixels`; the header is read again
+    before decoding, so that a file replaced since (or a hand-built sample) is never decoded unbounded.
+    """
     try:
         with Image.open(path) as im:
+            found = (int(im.size[0]), int(im.size[1]))
+            if size is not None and found != tuple(size):
+                raise InputError(
+                    f"image {path} is {found[0]}x{found[1]} but was {size[0]}x{size[1]} when read; "
+                    "read the samples again",
+                    **_where(sample, where),
+                )
+            if size is None and (too_large := Limits().check_pixels(found, path)):
+                raise InputError(too_large, **_where(sample, where))
             return im.convert("RGB")
+    except InputError:
+        raise
     except Exception as exc:  # PIL raises many types; any of them means the file is unusable
         raise InputError(
             f"cannot read image {path}: {type(exc).__name__}: {exc}", **_where(sample, where)
         ) from None
+
+
+def _known(sizes: tuple[tuple[int, int], ...], i: int) -> tuple[int, int] | None:
+    """The header size recorded by the reader for input `i`, or None for a hand-built sample."""
+    return sizes[i] if i < len(sizes) else None
 
 
 def _where(sample: Sample, where: str) -> dict[str, Any]:
@@ -576,7 +665,10 @@ def _where(sample: Sample, where: str) -> dict[str, Any]:
 
 def load_images(sample: Sample) -> list[Image.Image]:
     """Load the sample's images as RGB, in order (no EXIF rotation: boxes refer to the stored pixels)."""
-    return [_open_rgb(p, sample, f"images[{i}]") for i, p in enumerate(sample.images)]
+    return [
+        _open_rgb(p, sample, f"images[{i}]", _known(sample.image_sizes, i))
+        for i, p in enumerate(sample.images)
+    ]
 
 
 def load_video(sample: Sample) -> tuple[list[Image.Image], list[float]]:
@@ -585,21 +677,44 @@ def load_video(sample: Sample) -> tuple[list[Image.Image], list[float]]:
     if video is None:
         raise InputError("the sample has no video", **_where(sample, "video"))
     if video.frames is not None:
-        frames = [_open_rgb(p, sample, f"video.frames[{i}]") for i, p in enumerate(video.frames)]
+        frames = [
+            _open_rgb(p, sample, f"video.frames[{i}]", _known(sample.frame_sizes, i))
+            for i, p in enumerate(video.frames)
+        ]
         return frames, [i / video.fps for i in range(len(frames))]
     return _decode_video(sample, video)
 
 
 def sample_times(duration: float, fps: float, max_frames: int | None) -> list[float]:
-    """Times (s) to sample a `duration`-second video at `fps`, thinned uniformly to `max_frames`."""
+    """Times (s) to sample a `duration`-second video at `fps`, thinned uniformly to `max_frames`.
+
+    Only the kept times are computed (grid point k is at k / fps), never the whole grid: a long clip at a
+    high rate stays as cheap as its `max_frames`.
+    """
     count = max(1, math.ceil(duration * fps - _TIME_EPS))
-    times = [k / fps for k in range(count)]
     if max_frames is None or count <= max_frames:
-        return times
+        return [k / fps for k in range(count)]
     if max_frames == 1:
-        return [times[0]]
+        return [0.0]
     # Evenly spaced over the whole clip, first and last grid points included.
-    return [times[round(i * (count - 1) / (max_frames - 1))] for i in range(max_frames)]
+    return [round(i * (count - 1) / (max_frames - 1)) / fps for i in range(max_frames)]
+
+
+def _check_video_grid(duration: float, video: Video, where: dict[str, Any]) -> None:
+    """Refuse a duration that is not a finite non-negative number, or a grid above `Limits.max_pages`."""
+    if not (math.isfinite(duration) and duration >= 0):
+        raise InputError(f"video {video.path} reports a duration of {duration!r} s", **where)
+    if video.max_frames is not None:
+        return  # the reader bounded max_frames already
+    count = math.ceil(duration * video.fps - _TIME_EPS)
+    bound = Limits().max_pages
+    if count > bound:
+        # The duration is known only once the file is open, after the reader's limits are gone.
+        raise InputError(
+            f"{duration:g} s at {video.fps:g} fps is {count:,} frames, above {bound:,}; "
+            "set video.max_frames to sample fewer frames evenly",
+            **{**where, "field": "video.max_frames"},
+        )
 
 
 def _decode_video(sample: Sample, video: Video) -> tuple[list[Image.Image], list[float]]:
@@ -611,6 +726,7 @@ def _decode_video(sample: Sample, video: Video) -> tuple[list[Image.Image], list
         raise InputError("decoding a 'path' video needs PyAV: pip install av", **where) from None
     try:
         duration = _video_duration(av, video.path)
+        _check_video_grid(duration, video, where)
         wanted = sample_times(duration, video.fps, video.max_frames)
         frames: list[Image.Image] = []
         times: list[float] = []

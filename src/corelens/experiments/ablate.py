@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -19,12 +19,14 @@ import torch
 from tqdm import tqdm  # reference means
 
 from corelens.attention.interventions import Ablation, HeadMeans, MeanRecorder, ablate
-from corelens.data.sample import Sample, read_samples
-from corelens.errors import CorelensError, InputError
+from corelens.data.sample import Limits, Sample, read_samples
+from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
-from corelens.heads import check_heads
+from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
+from corelens.metrics import kvheads
 from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, k_count, parse_k, select
+from corelens.metrics.ram import read_ram
 from corelens.metrics.uncertainty import RESAMPLED, resampled_summary, resampled_tables
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare, prompt_length
@@ -46,6 +48,9 @@ COLUMNS = [
     "ci_high",
     "overlap",
     "short_by",
+    "granularity",
+    "query_heads",
+    "kv_heads",
 ]
 
 
@@ -91,23 +96,45 @@ def conditions(sets: Sequence[HeadSet], op: str, keys: str) -> list[Condition]:
     return [base, *(Condition.of(hs, op, keys) for hs in sets)]
 
 
-def read_heads(path: str | Path, m: Loaded) -> pd.DataFrame:
-    """Return a rank run's head table, checked against the model's shape."""
+def read_heads(path: str | Path, m: Loaded, granularity: str | None = None) -> pd.DataFrame:
+    """Return a rank run's head table, checked against the model's shape, at `granularity`.
+
+    None keeps the table's own (query heads, or KV heads for `rank --granularity kv`); "kv" turns a query
+    table into a KV table (`corelens.metrics.kvheads.kv_table`: the members' masses summed); "query" refuses
+    a KV table, whose scores cannot be split among query heads.
+    """
     path = Path(path)
     if not path.is_file():
         raise CorelensError(f"{path}: no such head table (expected a rank run's heads.csv)")
     check_heads(path, m)  # an exported head set: the model must have its config
-    table = pd.read_csv(path)
-    missing = {"layer", "head", "rank"} - set(table.columns)
-    if missing:
-        raise CorelensError(f"{path}: missing column(s) {sorted(missing)}")
-    layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
-    if (layers, heads) != (m.num_layers, m.num_heads) or len(table) != layers * heads:
+    table = read_table(path)
+    own = kvheads.granularity_of(table)
+    per_layer = m.num_kv_heads if own == "kv" else m.num_heads
+    try:
+        # Integers in the model's range, each head once, finite ranks; named by the line at fault.
+        table = check_table(table, m.num_layers, per_layer, csv_line)
+    except CorelensError as err:
+        unit = "KV heads" if own == "kv" else "heads"
         raise CorelensError(
-            f"{path}: a table of {len(table)} heads ({layers} layers x {heads} heads) does not fit the model "
-            f"({m.num_layers} x {m.num_heads})"
+            f"{path}: {err} (the model has {m.num_layers} layers x {per_layer} {unit})"
+        ) from None
+    if granularity is None or granularity == own:
+        return table
+    if kvheads.check_granularity(granularity) == "query":
+        raise OptionError(
+            f"--granularity query: {path} ranks KV heads (rank --granularity kv); their scores cannot be "
+            "split among query heads: rank again with --granularity query, or use --granularity kv"
         )
-    return table
+    return kvheads.kv_table(table, kvheads.group_size(m.num_heads, m.num_kv_heads))
+
+
+def full_heads(
+    table: pd.DataFrame, rows: Sequence[tuple[int, int]], m: Loaded
+) -> tuple[tuple[int, int], ...]:
+    """Return the query heads of `rows` of a head table: the rows themselves, or every member of KV rows."""
+    if kvheads.granularity_of(table) != "kv":
+        return tuple(rows)
+    return kvheads.expand(rows, kvheads.group_size(m.num_heads, m.num_kv_heads))
 
 
 def ranking_data(heads: str | Path) -> pd.DataFrame:
@@ -115,18 +142,28 @@ def ranking_data(heads: str | Path) -> pd.DataFrame:
     path = Path(heads).parent / "ram.parquet"
     if not path.is_file():
         raise CorelensError(f"--rank-resamples needs the rank run's ram.parquet next to {heads}")
-    return pd.read_parquet(path)
+    return read_ram(path)
 
 
 def resampled_sets(
-    heads: str | Path, ks: Sequence[str], r: int, seed: int, *, resample: bool = True
+    heads: str | Path,
+    ks: Sequence[str],
+    r: int,
+    seed: int,
+    *,
+    resample: bool = True,
+    group: int | None = None,
 ) -> list[HeadSet]:
     """Return the top-k set of each of `r` bootstrap resamples of the ranking data, for each k.
 
     The set is `RESAMPLED`, its seed the resample's index; `overlap` counts heads shared with the top-k of the
     full ranking. `resample=False` ranks every draw on all samples (the plain top-k, for checking).
+    `group` (query heads per KV head) ranks KV heads (members' mass summed); k and `overlap` count KV heads
+    and each set holds their query heads.
     """
     ram = ranking_data(heads)
+    if group is not None:
+        ram = kvheads.kv_frame(ram, group)
     tables = resampled_tables(ram, r, seed, resample=resample)
     full = resampled_tables(ram, 1, seed, resample=False)[0]
     out = []
@@ -135,7 +172,8 @@ def resampled_sets(
         top = set(select(full, "top", count))
         for i, table in enumerate(tables):
             chosen = select(table, "top", count)
-            out.append(HeadSet(RESAMPLED, str(k), count, i, chosen, len(top & set(chosen))))
+            members = chosen if group is None else kvheads.expand(chosen, group)
+            out.append(HeadSet(RESAMPLED, str(k), count, i, members, len(top & set(chosen))))
     return out
 
 
@@ -183,7 +221,11 @@ def _summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _table(records: pd.DataFrame, conds: Sequence[Condition], op: str, keys: str) -> pd.DataFrame:
+def _table(
+    records: pd.DataFrame, conds: Sequence[Condition], op: str, keys: str, group: int = 1, unit: str = "query"
+) -> pd.DataFrame:
+    """Return ablation.csv: per condition its accuracy; `k_heads` counts the asked rows (query heads, or KV
+    heads at `unit` "kv"), `query_heads` the query heads ablated, `kv_heads` the KV heads they touch."""
     rows = []
     for c in conds:
         got = records[records["condition"] == c.name]
@@ -204,6 +246,9 @@ def _table(records: pd.DataFrame, conds: Sequence[Condition], op: str, keys: str
                 "ci_high": high,
                 "overlap": c.overlap,
                 "short_by": c.short_by,
+                "granularity": unit,
+                "query_heads": len(c.ablation.heads),
+                "kv_heads": len(kvheads.kv_heads_of(c.ablation.heads, group)),
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -238,6 +283,7 @@ def sweep(
     max_new_tokens: int = 8,
     limit: int | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     out: str | Path | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
@@ -245,15 +291,19 @@ def sweep(
     rank_resamples: int = 0,
     resample: bool = True,
     stable_p: float = STABLE_P,
+    granularity: str | None = None,
 ) -> Sweep:
     """Ablate top / bottom / random / layer-matched head sets of `heads` at each k; evaluate on `data`.
 
     `rank_resamples` R > 0 adds the top-k set of R bootstrap resamples of the rank run's samples (set
     "top-resampled"; `resampled.csv` holds their median and 90 % interval); `resample=False` is for checks.
     Set "stable" ablates the heads with P(top-k) >= `stable_p`.
+    `granularity` "kv" draws sets of KV heads (k counts them) and ablates all their query heads; None: the
+    heads.csv's own granularity (docs/methods.md#kv-heads).
     """
     ks = parse_k(ks)
-    table = read_heads(heads, m)
+    table = read_heads(heads, m, granularity)
+    unit, group = kvheads.granularity_of(table), kvheads.group_size(m.num_heads, m.num_kv_heads)
     identified = rank_manifest(heads)
     warning = same_file_warning(data, identified)
     if not identified:
@@ -264,10 +314,13 @@ def sweep(
     if seeded and seeds < 1:
         raise CorelensError("--seeds must be at least 1 for random head sets")
     chosen = head_sets(table, ks, sets, seeds, base_seed=seed, random_from=random_from, stable_p=stable_p)
+    # A set of KV heads ablates every query head of each (k, overlap and short_by still count KV heads).
+    chosen = [replace(hs, heads=full_heads(table, hs.heads, m)) for hs in chosen]
     if rank_resamples:
-        chosen += resampled_sets(heads, ks, rank_resamples, seed, resample=resample)
+        by_kv = group if unit == "kv" else None
+        chosen += resampled_sets(heads, ks, rank_resamples, seed, resample=resample, group=by_kv)
     conds = conditions(chosen, op, keys)
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
         raise InputError(
@@ -311,13 +364,19 @@ def sweep(
             settings.update(rank_resamples=rank_resamples, resample=resample)
         if "stable" in sets:
             settings["stable_p"] = stable_p
+        if unit == "kv":
+            settings["granularity"] = unit
         run = Run(out, "ablate", settings, argv, dist=current(), device=m.device)
         if warning and run.dist.main:
             run.manifest.setdefault("warnings", [])
             if warning not in run.manifest["warnings"]:
                 run.manifest["warnings"].append(warning)
         if run.dist.main:
-            write_json(run.path / "headsets.json", [{"name": c.name, **c.ablation.to_dict()} for c in conds])
+            write_json(
+                run.path / "headsets.json",
+                [{"name": c.name, **c.ablation.to_dict()} for c in conds],
+                root=run.path,
+            )
 
     means = None
     if op == "mean":
@@ -379,7 +438,7 @@ def sweep(
     ok = [r for r in logged if r["status"] == "ok"]
     columns = ["condition", "sample", "task", "prediction", "gold", "correct"]
     records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
-    result_table = _table(records, conds, op, keys)
+    result_table = _table(records, conds, op, keys, group, unit)
     summary = _summary(result_table)
     resampled = None
     if rank_resamples:
@@ -388,17 +447,17 @@ def sweep(
     if run and not run.dist.main:
         run.finish()
     elif run:
-        records.to_parquet(run.path / "records.parquet", index=False)
-        result_table.to_csv(run.path / "ablation.csv", index=False)
-        summary.to_csv(run.path / "ablation_summary.csv", index=False)
+        run.table(records, "records.parquet")
+        run.table(result_table, "ablation.csv")
+        run.table(summary, "ablation_summary.csv")
         if resampled is not None:
-            resampled.to_csv(run.path / "resampled.csv", index=False)
+            run.table(resampled, "resampled.csv")
         from corelens.report.curves import dose_response
 
         dose_response(
             result_table,
             run.path / "figures" / "dose_response.png",
-            total_heads=m.num_layers * m.num_heads,
+            total_heads=len(table),  # the asked rows' total: query or KV heads
             title=f"{op} ablation on {Path(data).name}",
         )
         n_skipped = sum(1 for r in logged if r["status"] == "skipped")

@@ -23,6 +23,7 @@ from corelens.data.sample import Sample
 from corelens.experiments.overlay import attention_maps, panels
 from corelens.models.loaded import Loaded
 from corelens.report.overlay import token_grid
+from corelens.runs.files import write_text, writer
 
 MAX_CELLS = 1024
 PICTURE = 192
@@ -99,8 +100,8 @@ def write_explorer(
             }
         )
     folder = Path(folder)
-    np.savez_compressed(folder / "explorer.npz", **arrays)
-    (folder / "explorer.json").write_text(
-        json.dumps({"samples": meta, "top": top, "all_samples": all_samples})
-    )
+    with writer(folder / "explorer.npz", root=folder) as f:
+        np.savez_compressed(f, **arrays)
+    write_text(folder / "explorer.json", json.dumps({"samples": meta, "top": top, "all_samples": all_samples}),
+               root=folder)  # fmt: skip
     return folder / "explorer.npz", (folder / "explorer.npz").stat().st_size

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from corelens.capture import LayerStates, ResidualCapture
-from corelens.data.sample import Sample, read_samples
+from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.metrics.mixing import MIXIG_OF, TME_ROWS, tme
 from corelens.metrics.spectra import FP32_EPS, RANK_RULES, SPECTRUM_METHODS, Spectrum, rid_terms, spectrum
@@ -359,6 +359,7 @@ def flow(
     limit: int | None = None,
     out: str | Path | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
 ) -> FlowResult:
@@ -368,7 +369,7 @@ def flow(
     for b in baselines:
         if b not in BASELINES:
             raise CorelensError(f"unknown baseline {b!r}; expected one of {BASELINES}")
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     run = None
     if out is not None:
         settings = {
@@ -408,9 +409,9 @@ def flow(
     if run is not None and not run.dist.main:
         run.finish()
     elif run is not None:
-        frame.to_parquet(run.path / "flow.parquet", index=False)
-        result.table.to_csv(run.path / "table1.csv", index=False)
-        result.layers.to_csv(run.path / "layers.csv", index=False)
+        run.table(frame, "flow.parquet")
+        run.table(result.table, "table1.csv")
+        run.table(result.layers, "layers.csv")
         from corelens.report.geometry import flow_curves
 
         flow_curves(result.layers, run.path / "figures" / "flow_layers.png")

@@ -28,12 +28,13 @@ import torch
 
 from corelens.attention.hybrid import DECODES, HybridPolicy, hybrid
 from corelens.attention.kernels import pooled_speedup
-from corelens.data.sample import Sample, read_samples
-from corelens.errors import CorelensError, InputError
+from corelens.data.sample import Limits, Sample, read_samples
+from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.ablate import rank_manifest, read_heads, resampled_sets, same_file_warning
 from corelens.experiments.evaluate import interval, score
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, parse_k, select
+from corelens.metrics.kvheads import expand, granularity_of, group_size, shares
 from corelens.metrics.uncertainty import RESAMPLED, resampled_summary
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
@@ -47,6 +48,7 @@ SET_KINDS = ("top", "bottom", "random", "layer-matched", "stable", ADAPTIVE)  # 
 COLUMNS = [
     "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
     "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction", "short_by",
+    "granularity", "asked", "asked_fraction", "kv_full_heads", "kv_fraction", "cache_kept_fraction",
 ]  # fmt: skip
 
 
@@ -61,6 +63,7 @@ class Condition:
     policy: HybridPolicy | None
     short_by: int = 0  # heads the full set lacks to reach its kept count (a control that ran out of heads)
     adaptive: bool = False  # the policy's per-layer counts, with the heads chosen per prompt
+    asked: int | None = None  # rows of the head table asked for (query or KV heads); None: dense
 
 
 def resolve_size(spec: str | int, lengths: Sequence[int]) -> int:
@@ -87,8 +90,14 @@ def conditions(
     random_from: str = "all",
     resampled: Sequence[HeadSet] = (),
     stable_p: float = STABLE_P,
+    group: int = 1,
 ) -> list[Condition]:
-    """Return the dense baseline, one hybrid condition per (kept fraction, set, seed), then the `resampled` sets."""
+    """Return the dense baseline, one hybrid condition per (kept fraction, set, seed), then the `resampled` sets.
+
+    A KV-head table (`corelens.metrics.kvheads`) picks KV heads: `keep` counts them, and the policy keeps all
+    `group` query heads of each full.
+    """
+    kv = granularity_of(table) == "kv"
     out = [Condition(DENSE, DENSE, "100%", None, None)]
     for keep in keeps:
         for kind in sets:
@@ -103,13 +112,17 @@ def conditions(
                 source = {"keep": keep, "kind": kind, "seed": draw, "base_seed": seed}
                 if kind == "random":
                     source["random_from"] = random_from
-                policy = HybridPolicy(heads, sink, window, source)
+                if kv:
+                    source["granularity"] = "kv"
+                full = expand(heads, group) if kv else heads
+                policy = HybridPolicy(full, sink, window, source)
                 name = f"{kind}/{keep}" + (f"/s{draw}" if draw is not None else "")
-                out.append(Condition(name, kind, keep, draw, policy, count - len(heads), kind == ADAPTIVE))
+                short = count - len(heads)
+                out.append(Condition(name, kind, keep, draw, policy, short, kind == ADAPTIVE, count))
     for hs in resampled:
         source = {"keep": hs.k, "kind": RESAMPLED, "resample": hs.seed, "base_seed": seed}
         policy = HybridPolicy(hs.heads, sink, window, source)
-        out.append(Condition(hs.name, RESAMPLED, hs.k, hs.seed, policy))
+        out.append(Condition(hs.name, RESAMPLED, hs.k, hs.seed, policy, asked=hs.count))
     return out
 
 
@@ -156,8 +169,24 @@ def generate_answer(
 
 
 def _table(
-    records: pd.DataFrame, conds: Sequence[Condition], total_heads: int, sink: int, window: int
+    records: pd.DataFrame,
+    conds: Sequence[Condition],
+    shape: tuple[int, int, int],
+    sink: int,
+    window: int,
+    granularity: str = "query",
 ) -> pd.DataFrame:
+    """Return hybrid.csv: per condition its accuracy, the asked share and the effective ones.
+
+    `shape` is (layers, query heads, KV heads). Asked: `keep` as given, `asked` rows of the head table (query
+    or KV heads, `granularity`) and their share. Effective: `full_heads` / `fraction` (query heads full),
+    `kv_full_heads` / `kv_fraction` (KV heads with a full query head: never trimmed) and
+    `cache_kept_fraction` (KV-cache bytes a trimmed cache keeps, averaged over the prompts; analytic,
+    whatever `decode` is; `cache_saved_fraction` is what this run's decoding saved).
+    """
+    layers, heads, kv_heads = shape
+    total_heads = layers * heads
+    units = total_heads if granularity == "query" else layers * kv_heads
     rows = []
     for c in conds:
         got = records[records["condition"] == c.name]
@@ -165,6 +194,12 @@ def _table(
         low, high = interval(correct, n)
         full = total_heads if c.policy is None else len(c.policy.full)
         tokens = float(got["tokens"].mean()) if n else float("nan")
+        full_set = (
+            [(i, h) for i in range(layers) for h in range(heads)] if c.policy is None else c.policy.full
+        )
+        lengths = [int(t) for t in got["tokens"]] or None
+        eff = shares(full_set, layers, heads, kv_heads, sink=sink, window=window, tokens=lengths)
+        asked = units if c.asked is None else c.asked
         rows.append(
             {
                 "set": c.kind,
@@ -183,6 +218,12 @@ def _table(
                 "ideal_speedup": pooled_speedup(got["tokens"], full / total_heads, sink, window),
                 "cache_saved_fraction": float(got["saved"].mean()) if n else float("nan"),
                 "short_by": c.short_by,
+                "granularity": granularity,
+                "asked": asked,
+                "asked_fraction": asked / units,
+                "kv_full_heads": eff["kv_full"],
+                "kv_fraction": eff["kv_fraction"],
+                "cache_kept_fraction": eff["cache_kept_fraction"],
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -219,6 +260,7 @@ def curve(
     max_new_tokens: int = 8,
     limit: int | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     out: str | Path | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
@@ -226,11 +268,14 @@ def curve(
     rank_resamples: int = 0,
     resample: bool = True,
     stable_p: float = STABLE_P,
+    granularity: str | None = None,
 ) -> HybridCurve:
     """Evaluate `data` under hybrid attention with top / random / bottom full sets of `heads` at each kept share.
 
     `rank_resamples` R > 0 adds the top-k full set of R bootstrap resamples of the rank run's samples
     ("top-resampled"; `resampled.csv`: median and 90 % interval), as in `corelens.experiments.ablate.sweep`.
+    `granularity` "kv" picks KV heads (a KV table of `rank --granularity kv`, or a query table's members
+    summed) and keeps all their query heads full; None: the table's own (docs/methods.md#kv-heads).
     """
     keeps = parse_k(keeps)
     if decode not in DECODES:
@@ -240,12 +285,16 @@ def curve(
         raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
     if ADAPTIVE in sets and decode != "full":
         raise CorelensError("the adaptive set decodes with full attention: use --decode full")
-    table = read_heads(heads, m)
+    table = read_heads(heads, m, granularity)
+    unit = granularity_of(table)
+    if ADAPTIVE in sets and unit == "kv":
+        raise OptionError("the adaptive set chooses query heads per prompt: use --granularity query with it")
+    group = group_size(m.num_heads, m.num_kv_heads)
     identified = rank_manifest(heads)
     warning = same_file_warning(data, identified)
     if warning:
         warn(warning)
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
         raise InputError(
@@ -278,17 +327,25 @@ def curve(
             settings.update(rank_resamples=rank_resamples, resample=resample)
         if "stable" in sets:
             settings["stable_p"] = stable_p
+        if unit == "kv":
+            settings["granularity"] = unit
         run = Run(out, "hybrid", settings, argv, dist=dist, device=m.device)
     # S and W may be shares of the median prompt: measure every prompt once (over all ranks, cached in the run).
     measured = prompt_lengths(samples, partial(prompt_length, m), run)
     lengths = [n for n in measured.values() if n is not None]
     median = float(statistics.median(lengths)) if lengths else float("nan")
     sink_n, window_n = resolve_size(sink, lengths), resolve_size(window, lengths)
-    drawn = resampled_sets(heads, keeps, rank_resamples, seed, resample=resample) if rank_resamples else []
-    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n, random_from, drawn, stable_p)
-    total = m.num_layers * m.num_heads
+    by_kv = group if unit == "kv" else None
+    drawn = (
+        resampled_sets(heads, keeps, rank_resamples, seed, resample=resample, group=by_kv)
+        if rank_resamples
+        else []
+    )
+    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n, random_from, drawn, stable_p, group)
+    shape = (m.num_layers, m.num_heads, m.num_kv_heads)
     if run is not None and run.dist.main:
         run.manifest.update(sink_tokens=sink_n, window_tokens=window_n, median_prompt_tokens=median)
+        run.manifest["granularity"] = {"granularity": unit, "query_heads_per_kv_head": group}
         if warning:
             run.manifest["warnings"] = sorted(set(run.manifest.get("warnings", [])) | {warning})
         write_json(
@@ -297,6 +354,7 @@ def curve(
                 {"name": c.name, **(c.policy.to_dict() if c.policy else {}), "adaptive": c.adaptive}
                 for c in conds
             ],
+            root=run.path,
         )
 
     def step(sample: Sample, done: set[str]) -> Iterator[dict]:
@@ -334,7 +392,7 @@ def curve(
     columns = ["condition", "sample", "task", "tokens", "prediction", "gold", "correct", "saved"]
     ok = [r for r in logged if r.get("status") == "ok"]
     records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
-    result = _table(records, conds, total, sink_n, window_n)
+    result = _table(records, conds, shape, sink_n, window_n, unit)
     resampled = None
     if rank_resamples:
         sets = ((c.keep, c.policy.full) for c in conds if c.kind == RESAMPLED)
@@ -342,10 +400,10 @@ def curve(
     if run and not run.dist.main:
         run.finish()
     elif run:
-        records.to_parquet(run.path / "records.parquet", index=False)
-        result.to_csv(run.path / "hybrid.csv", index=False)
+        run.table(records, "records.parquet")
+        run.table(result, "hybrid.csv")
         if resampled is not None:
-            resampled.to_csv(run.path / "resampled.csv", index=False)
+            run.table(resampled, "resampled.csv")
         from corelens.report.hybrid import accuracy_vs_kept
 
         accuracy_vs_kept(

@@ -10,10 +10,11 @@ import torch
 
 from corelens.attention import activate
 from corelens.attention.probes import KeyMapProbe
+from corelens.data.paths import inside, safe_name
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
-from corelens.report.overlay import Panel, overlay_figure
+from corelens.report.overlay import Panel, overlay_figure, preview
 
 
 def attention_maps(
@@ -50,7 +51,9 @@ def panels(sample: Sample, prepared: Prepared, max_panels: int = 6) -> list[Pane
             boxes = [t.box for t in sample.targets if t.image == segment.source and t.box is not None]
         page = any(t.kind == "image" and t.image == segment.source for t in sample.targets)
         hit = bool(boxes) or (segment.kind == "image" and page)
-        out.append(Panel(segment, picture, label, [tuple(b) for b in boxes], hit))
+        # A bounded preview (report.overlay.OVERLAY_MAX_SIDE): the full-size pixels are not kept for drawing.
+        small = preview(picture, segment.orig_size)
+        out.append(Panel(segment, small, label, [tuple(b) for b in boxes], hit))
     out.sort(key=lambda p: not p.hit)
     return out[:max_panels]
 
@@ -73,8 +76,7 @@ def write_overlays(
         prepared, maps = attention_maps(m, sample, top + bottom, query)
         rows = [(f"top {i + 1}: L{lh[0]}H{lh[1]}", maps[lh]) for i, lh in enumerate(top)]
         rows += [(f"bottom: L{lh[0]}H{lh[1]}", maps[lh]) for lh in bottom]
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in sample.id)
-        path = Path(folder) / f"overlay-{safe}.png"
+        path = inside(folder, Path(folder) / f"overlay-{safe_name(sample.id)}.png")
         paths.append(
             overlay_figure(panels(sample, prepared), rows, path, title=f"{sample.id}: {sample.question}")
         )

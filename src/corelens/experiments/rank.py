@@ -16,10 +16,11 @@ import pandas as pd
 import torch
 
 from corelens.attention import RamProbe, activate
-from corelens.data.sample import Sample, read_samples
+from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import InputError
 from corelens.experiments.omega import OmegaSettings, estimate_omega
 from corelens.metrics.headsets import k_count, parse_k
+from corelens.metrics.kvheads import DEFAULT_RULE, check_granularity, group_size, kv_frame, mark_kv
 from corelens.metrics.ram import head_table, sample_frame, top_heads
 from corelens.metrics.uncertainty import bootstrap_heads, uncertain_heads
 from corelens.models.loaded import Loaded, load
@@ -116,13 +117,19 @@ def measure_sample(
 
 @dataclass
 class Ranking:
-    """A rank result: the per-sample long table and the per-head table (rank 1 = highest mean mass)."""
+    """A rank result: the per-sample long table and the per-head table (rank 1 = highest mean mass).
+
+    `ram` is always per query head. With `granularity="kv"`, `heads` ranks KV heads (`head` is the KV head,
+    `query_heads` its members; `corelens.metrics.kvheads`) and `query_table` keeps the query-head table.
+    """
 
     ram: pd.DataFrame
     heads: pd.DataFrame
+    granularity: str = "query"
+    query_table: pd.DataFrame | None = None
 
     def top(self, k: int | float) -> list[tuple[int, int]]:
-        """Return the top-k (layer, head) pairs; a float in (0, 1) is a fraction of all heads."""
+        """Return the top-k (layer, head) pairs (KV heads at KV granularity); a float in (0, 1) is a share."""
         return top_heads(self.heads, k)
 
 
@@ -153,6 +160,7 @@ def rank(
     limit: int | None = None,
     out: str | Path | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     progress: bool = False,
     overlays: int = 0,
     explorer: int = 0,
@@ -161,6 +169,8 @@ def rank(
     boot_seed: int = 0,
     argv: list[str] | None = None,
     omega: OmegaSettings | None = None,
+    granularity: str = "query",
+    kv_rule: str = DEFAULT_RULE,
 ) -> Ranking:
     """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir.
 
@@ -171,6 +181,9 @@ def rank(
     Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
     `omega` (an `OmegaSettings`) estimates each sample's Omega from the model instead of its targets
     (`--omega causal`, docs/methods.md#causal-omega): samples need no targets.
+    `granularity="kv"` ranks KV heads, each scored by `kv_rule` ("sum", "mean" or "max") over its query
+    heads' RAM (docs/methods.md#kv-heads); `ks` then count KV heads. Like `ks`, the granularity is
+    post-processing of the logged samples: a resumed run may ask for the other one.
 
     Examples:
         >>> import corelens as cl
@@ -180,8 +193,13 @@ def rank(
         >>> ranking = cl.rank(cl.load(organism_path(), device="cpu"), data, query="answer")
         >>> len(ranking.heads), ranking.top(2)
         (32, [(0, 7), (0, 5)])
+        >>> m = cl.load(organism_path(), device="cpu")
+        >>> kv = cl.rank(m, data, query="answer", granularity="kv", ks=None)
+        >>> len(kv.heads), kv.top(1), kv.heads["query_heads"][0]  # KV head 1 of layer 0 holds heads 4-7
+        (8, [(0, 1)], '4 5 6 7')
     """
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    check_granularity(granularity)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     run = None
     if out is not None:
         settings = {
@@ -213,51 +231,66 @@ def rank(
     logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
     records = [r for r in logged if r["status"] == "ok"]
     ranking = _ranking(records)
+    # The table ranked: per query head, or per KV head with the rule applied to each sample's members.
+    group = group_size(m.num_heads, m.num_kv_heads)
+    scored = kv_frame(ranking.ram, group, kv_rule) if granularity == "kv" else ranking.ram
+    if granularity == "kv":
+        ranking = Ranking(ranking.ram, mark_kv(head_table(scored), group), "kv", ranking.heads)
     uncertainty = None
     if ks is not None and len(ranking.heads):
         # Post-processing of the logged samples, not a run setting: a resume may ask for other k values.
         ks = parse_k(ks)
         counts = sorted({k_count(k, len(ranking.heads)) for k in ks})
-        ranking.heads = bootstrap_heads(ranking.ram, counts, n_boot=n_boot, seed=boot_seed)
+        table = bootstrap_heads(scored, counts, n_boot=n_boot, seed=boot_seed)
+        ranking.heads = mark_kv(table, group) if granularity == "kv" else table
         uncertainty = {"k": ks, "counts": counts, "n_boot": n_boot, "seed": boot_seed}
     if run is None or not run.dist.main:
         if run is not None:
             run.finish()
         return ranking
-    ranking.ram.to_parquet(run.path / "ram.parquet", index=False)
-    ranking.heads.to_csv(run.path / "heads.csv", index=False)
+    run.table(ranking.ram, "ram.parquet")
+    run.table(ranking.heads, "heads.csv")
     from corelens.report.heatmap import head_heatmap
 
+    kv_title = f", KV heads: {kv_rule} of {group} query heads" if granularity == "kv" else ""
     head_heatmap(
         ranking.heads,
         run.path / "figures" / "heads_mass.png",
-        title=f"Mean RAM ({query} queries)",
+        title=f"Mean RAM ({query} queries{kv_title})",
         marked=uncertain_heads(ranking.heads) if uncertainty else None,
     )
+    # Overlays and the explorer draw query heads' attention maps: they read the query-head table.
+    by_query = ranking.heads if ranking.query_table is None else ranking.query_table
     if overlays > 0:
         from corelens.experiments.overlay import write_overlays
 
         ranked = {r["id"] for r in records}
         chosen = [s for s in samples if s.id in ranked][:overlays]
-        write_overlays(m, chosen, ranking.heads, run.path / "figures", query=query)
+        write_overlays(m, chosen, by_query, run.path / "figures", query=query)
     if explorer > 0:
-        _explorer(m, samples, records, ranking, run, explorer, query)
+        _explorer(m, samples, records, by_query, run, explorer, query)
     if uncertainty:
         run.manifest["uncertainty"] = uncertainty
+    run.manifest["granularity"] = {
+        "granularity": granularity,
+        "kv_rule": kv_rule if granularity == "kv" else None,
+        "query_heads_per_kv_head": group,
+        "ranked_heads": len(ranking.heads),
+    }
     run.finish(samples=len(records), skipped=sum(1 for r in logged if r["status"] == "skipped"))
     return ranking
 
 
 def _explorer(
-    m: Loaded, samples: list[Sample], records: list[dict], ranking: Ranking, run: Run, n: int, query: str
+    m: Loaded, samples: list[Sample], records: list[dict], heads: pd.DataFrame, run: Run, n: int, query: str
 ):
     """Store the head explorer's maps of the first `n` ranked samples and print their size and bound."""
     from corelens.experiments.explorer import bound_bytes, write_explorer
 
     ranked = {r["id"] for r in records}
     chosen = [s for s in samples if s.id in ranked][:n]
-    path, size = write_explorer(m, chosen, ranking.heads, run.path, query=query)
-    bound = bound_bytes(len(ranking.heads), len(chosen))
+    path, size = write_explorer(m, chosen, heads, run.path, query=query)
+    bound = bound_bytes(len(heads), len(chosen))
     print(
         f"explorer maps: {size / 1e6:.2f} MB in {path.name} (bound {bound / 1e6:.2f} MB before compression)"
     )

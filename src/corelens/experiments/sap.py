@@ -35,7 +35,7 @@ from PIL import Image
 
 from corelens.attention import RamProbe, activate
 from corelens.attention.priors import CONVENTIONS, SapHook, parse_heads, parse_layers
-from corelens.data.sample import Sample, load_images, load_video, read_samples
+from corelens.data.sample import Limits, Sample, load_images, load_video, read_samples
 from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.experiments.flow import sample_seed
@@ -509,6 +509,7 @@ def sap(
     limit: int | None = None,
     out: str | Path | None = None,
     skip_bad: bool = False,
+    limits: Limits | None = None,
     progress: bool = False,
     argv: list[str] | None = None,
 ) -> SapResult:
@@ -524,7 +525,7 @@ def sap(
         parse_layers(spec, m.num_layers)  # fail before any sample runs
     parse_heads(heads, m.num_heads)
     conditions = [Condition(p, spec, heads, convention) for p in priors for spec in layers]
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit)
+    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     run = None
     if out is not None:
         settings = {
@@ -562,10 +563,10 @@ def sap(
     if run is not None and not run.dist.main:
         run.finish()
     elif run is not None:
-        frame.to_parquet(run.path / "sap.parquet", index=False)
-        result.accuracy.to_csv(run.path / "accuracy.csv", index=False)
-        result.key_region.to_csv(run.path / "key_region.csv", index=False)
-        result.priors.to_csv(run.path / "priors.csv", index=False)
+        run.table(frame, "sap.parquet")
+        run.table(result.accuracy, "accuracy.csv")
+        run.table(result.key_region, "key_region.csv")
+        run.table(result.priors, "priors.csv")
         from corelens.report.geometry import sap_accuracy
 
         sap_accuracy(result.accuracy, run.path / "figures" / "sap_accuracy.png")

@@ -15,6 +15,7 @@ import pandas as pd
 
 from corelens.errors import CorelensError
 from corelens.metrics.headsets import k_count, parse_k
+from corelens.metrics.ram import RANKED, read_ram
 from corelens.metrics.stability import (
     aggregate_ranking,
     head_tables,
@@ -25,6 +26,7 @@ from corelens.metrics.stability import (
 from corelens.metrics.topology import depth_profile, sparsity
 from corelens.metrics.uncertainty import first_n, stability_curve
 from corelens.runs import Run, file_hash, write_json
+from corelens.runs.files import write_text
 
 
 @dataclass
@@ -50,7 +52,7 @@ def read_rank_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     info = json.loads(manifest.read_text())
     if info.get("command") != "rank":
         raise CorelensError(f"{path} holds a {info.get('command')!r} run, not a rank run")
-    return pd.read_parquet(table), info
+    return read_ram(table, ("sample_id", "task", *RANKED[1:]), all_columns=True), info
 
 
 def run_labels(paths: list[Path], rams: list[pd.DataFrame]) -> list[str]:
@@ -111,12 +113,12 @@ def stability(
     }
     run = Run(out, "stability", settings, argv)
     result = compute_stability(dict(zip(labels, rams)), k=k, n_boot=n_boot, seed=seed)
-    result.spearman.to_csv(run.path / "spearman.csv", index=False)
-    result.jaccard.to_csv(run.path / "jaccard.csv", index=False)
-    pd.DataFrame(result.universal, columns=["layer", "head"]).to_csv(run.path / "universal.csv", index=False)
-    result.core_set.to_csv(run.path / "core_set.csv", index=False)
-    result.topology.to_csv(run.path / "topology.csv", index=False)
-    result.depth.to_csv(run.path / "depth.csv", index=False)
+    run.table(result.spearman, "spearman.csv")
+    run.table(result.jaccard, "jaccard.csv")
+    run.table(pd.DataFrame(result.universal, columns=["layer", "head"]), "universal.csv")
+    run.table(result.core_set, "core_set.csv")
+    run.table(result.topology, "topology.csv")
+    run.table(result.depth, "depth.csv")
     from corelens.report.topology import depth_figure, spearman_figure
 
     spearman_figure(result.spearman, result.labels, run.path / "figures" / "spearman.png")
@@ -147,7 +149,7 @@ def curve_of_run(
     counts = sorted({k_count(item, heads) for item in parse_k(k)})
     curve = stability_curve(ram, counts, pairs=pairs, seed=seed)
     summary = curve_summary(curve)
-    curve.to_csv(path / f"{CURVE}.csv", index=False)
+    write_text(path / f"{CURVE}.csv", curve.to_csv(index=False), root=path)
     info = {
         "k": k,
         "counts": counts,
@@ -158,7 +160,7 @@ def curve_of_run(
         "first_n_at_0.9": summary,
         "argv": argv,
     }
-    write_json(path / f"{CURVE}.json", info)
+    write_json(path / f"{CURVE}.json", info, root=path)
     from corelens.report.uncertainty import curve_figure
 
     curve_figure(curve, path / "figures" / f"{CURVE}.png", title=f"{path.name}: {info['samples']} samples")

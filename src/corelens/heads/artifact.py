@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from corelens.errors import CorelensError
+from corelens.metrics import kvheads
 
 FORMAT = "corelens.headset/1"
 FILE = "headset.json"
@@ -33,6 +37,74 @@ TABLE = "heads.csv"
 MANIFEST = "manifest.json"
 CARD = "README.md"
 _DTYPE_KEYS = {"dtype", "torch_dtype"}
+
+
+def count(value: Any, what: str) -> int:
+    """Return `value` as a positive int; raise CorelensError naming `what` for a bool, float, string, or <= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise CorelensError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _plain(value: Any) -> Any:
+    """Return a numpy scalar as the Python value it holds (so that a message shows 0.5, not np.float64(0.5))."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _integers(column: pd.Series, name: str, entry: Callable[[int], str]) -> np.ndarray:
+    """Return a layer or head column as int64; raise naming the first entry that is not an integer."""
+    if pd.api.types.is_bool_dtype(column) or not pd.api.types.is_numeric_dtype(column):
+        # Bools, or text (a CSV column holding "x" reads as text throughout): name the first value not a number.
+        numeric = pd.to_numeric(
+            column.where(~column.map(lambda v: isinstance(v, bool)), None), errors="coerce"
+        )
+        bad = int(np.argmax(numeric.isna().to_numpy())) if numeric.isna().any() else 0
+        raise CorelensError(f"{entry(bad)}: {name} {_plain(column.iloc[bad])!r} is not an integer")
+    values = column.to_numpy(dtype=float)
+    wrong = ~np.isfinite(values) | (values != np.round(values))  # NaN, infinities, 0.5
+    if wrong.any():
+        bad = int(np.argmax(wrong))
+        raise CorelensError(f"{entry(bad)}: {name} {_plain(column.iloc[bad])!r} is not an integer")
+    return values.astype(np.int64)
+
+
+def check_table(
+    table: pd.DataFrame, layers: int, heads: int, entry: Callable[[int], str] = lambda i: f"heads[{i}]"
+) -> pd.DataFrame:
+    """Return `table` with integer `layer` and `head` after checking it against a model of `layers` x `heads`.
+
+    Refused, naming the entry (`entry(i)` of row i): a layer or head that is not an integer (0.5, NaN, a bool, a
+    string) or is outside the model, a (layer, head) listed twice, a rank that is not a finite number, and a
+    table that does not hold every head once. Only the table is read: nothing is allocated per head of the
+    model, so a shape claimed by a file costs nothing until it matches the table.
+    """
+    missing = {"layer", "head", "rank"} - set(table.columns)
+    if missing:
+        raise CorelensError(f"a head set needs the columns layer, head, rank; missing {sorted(missing)}")
+    found = {
+        "layer": _integers(table["layer"], "layer", entry),
+        "head": _integers(table["head"], "head", entry),
+    }
+    for name, top in (("layer", layers), ("head", heads)):
+        outside = (found[name] < 0) | (found[name] >= top)
+        if outside.any():
+            bad = int(np.argmax(outside))
+            raise CorelensError(f"{entry(bad)}: {name} {found[name][bad]} is outside 0..{top - 1}")
+    twice = pd.Series(list(zip(found["layer"], found["head"]))).duplicated().to_numpy()
+    if twice.any():
+        bad = int(np.argmax(twice))
+        raise CorelensError(f"{entry(bad)}: L{found['layer'][bad]}H{found['head'][bad]} is listed twice")
+    rank = table["rank"]
+    finite = pd.api.types.is_numeric_dtype(rank) and not pd.api.types.is_bool_dtype(rank)
+    bad_rank = ~np.isfinite(rank.to_numpy(dtype=float)) if finite else np.ones(len(rank), dtype=bool)
+    if bad_rank.any():
+        bad = int(np.argmax(bad_rank))
+        raise CorelensError(f"{entry(bad)}: rank {_plain(rank.iloc[bad])!r} is not a finite number")
+    if len(table) != layers * heads:
+        raise CorelensError(
+            f"a head set of {len(table)} heads does not cover {layers} layers x {heads} heads"
+        )
+    return table.assign(layer=found["layer"], head=found["head"])
 
 
 def config_hash(config: Any) -> str:
@@ -102,15 +174,62 @@ class HeadSet:
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        missing = {"layer", "head", "rank"} - set(self.heads.columns)
-        if missing:
-            raise CorelensError(f"a head set needs the columns layer, head, rank; missing {sorted(missing)}")
-        self.heads = self.heads.sort_values("rank").reset_index(drop=True)
-        shape = (self.model.get("layers"), self.model.get("heads"))
-        if len(self.heads) != shape[0] * shape[1]:
+        if not isinstance(self.model, dict):
+            raise CorelensError(f"model must be an object, got {type(self.model).__name__}")
+        # The shape is checked first, and against the table's length before anything is made per head.
+        layers = count(self.model.get("layers"), "model.layers")
+        heads = count(self.model.get("heads"), "model.heads")
+        if self.model.get("kv_heads") is not None:
+            count(self.model["kv_heads"], "model.kv_heads")
+        # A KV-granular table (`rank --granularity kv`) holds one row per KV head.
+        unit = "KV heads" if self.granularity == "kv" else "heads"
+        per_layer = count(self.model.get("kv_heads"), "model.kv_heads") if unit == "KV heads" else heads
+        total = layers * per_layer
+        if len(self.heads) != total:
             raise CorelensError(
-                f"a head set of {len(self.heads)} heads does not cover {shape[0]} layers x {shape[1]} heads"
+                f"a head set of {len(self.heads)} {unit} does not cover {layers} layers x {per_layer} {unit}"
             )
+        keep = self.keep
+        if keep is not None and (
+            isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or not 0 <= keep <= total
+        ):
+            raise CorelensError(f"keep must be an integer in 0..{total} or null, got {keep!r}")
+        self.heads = check_table(self.heads, layers, per_layer).sort_values("rank").reset_index(drop=True)
+
+    @property
+    def granularity(self) -> str:
+        """Return "kv" when the ranked rows are KV heads (`corelens rank --granularity kv`), else "query"."""
+        return kvheads.granularity_of(self.heads)
+
+    @property
+    def group(self) -> int:
+        """Return the query heads per KV head of the model (1 without GQA)."""
+        return kvheads.group_size(self.model["heads"], self.model.get("kv_heads"))
+
+    def query_top(self, k: int | None = None) -> list[tuple[int, int]]:
+        """Return the query heads of the top `k` rows: the rows themselves, or all members of the KV heads."""
+        top = self.top(k)
+        return list(kvheads.expand(top, self.group)) if self.granularity == "kv" else sorted(top)
+
+    def effective(self, k: int | None = None, *, sink: int = 128, window: int = 1024) -> dict[str, Any]:
+        """Return the asked and the effective shares of the top `k` rows (None: `keep`), and the sparsity
+        (DuoAttention `--sparsity`, kvpress `head_compression_ratio`) that reproduces its KV heads.
+
+        Effective: query heads full, KV heads full (any member full) and KV-cache bytes kept at a long
+        prompt (`corelens.metrics.kvheads.shares`).
+        """
+        top, model = self.top(k), self.model
+        got = kvheads.shares(self.query_top(k), model["layers"], model["heads"], model.get("kv_heads"))
+        sparsity = kvheads.duo_sparsity(got["kv_full"], model["layers"] * model["heads"] // self.group)
+        return {
+            "granularity": self.granularity,
+            "asked": len(top),
+            "asked_fraction": len(top) / len(self.heads),
+            **got,
+            "cache_kept_note": f"long-prompt limit: a streaming KV head keeps {sink} + {window} tokens",
+            "duo_sparsity": sparsity,
+            "kvpress_head_compression_ratio": sparsity,
+        }
 
     def top(self, k: int | None = None) -> list[tuple[int, int]]:
         """Return the top `k` (layer, head) pairs, best first; `k=None` is the published set (`keep`)."""
@@ -145,12 +264,27 @@ class HeadSet:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "headset.json") -> HeadSet:
-        """Return the head set of a `headset.json` document."""
+        """Return the head set of a `headset.json` document; errors name `where` and the field or entry."""
+        if not isinstance(data, dict):
+            raise CorelensError(f"{where}: a head set is a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise CorelensError(
                 f"{where}: not a corelens head set (format {data.get('format')!r}, expected {FORMAT!r})"
             )
-        return cls(data["model"], pd.DataFrame(data["heads"]), data.get("keep"), data.get("provenance", {}))
+        for name, kind in (("model", dict), ("heads", list)):
+            if not isinstance(data.get(name), kind):
+                got = "missing" if name not in data else f"a {type(data[name]).__name__}"
+                raise CorelensError(f"{where}: field {name!r} must be a JSON {kind.__name__}, got {got}")
+        if not all(isinstance(r, dict) for r in data["heads"]):
+            bad = next(i for i, r in enumerate(data["heads"]) if not isinstance(r, dict))
+            raise CorelensError(f"{where}: heads[{bad}] must be an object with layer, head and rank")
+        provenance = data.get("provenance") or {}
+        if not isinstance(provenance, dict):
+            raise CorelensError(f"{where}: field 'provenance' must be a JSON object")
+        try:
+            return cls(data["model"], pd.DataFrame(data["heads"]), data.get("keep"), provenance)
+        except CorelensError as err:
+            raise CorelensError(f"{where}: {err}") from None
 
     def save(self, out: str | Path, manifest: dict | None = None) -> Path:
         """Write the artifact folder (headset.json, heads.csv, manifest.json, README.md card); return it."""
@@ -175,7 +309,7 @@ class HeadSet:
         folder = artifact_folder(path if path.is_dir() else str(spec), revision)
         try:
             data = json.loads((folder / FILE).read_text())
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nesting deeper than json reads
             raise CorelensError(f"{folder / FILE}: not valid JSON ({err})") from None
         return cls.from_dict(data, str(folder / FILE))
 
@@ -206,14 +340,34 @@ class HeadSet:
             "corelens_version": manifest.get("versions", {}).get("corelens"),
             "manifest": manifest,
         }
-        return cls(model_info(config, source), pd.read_csv(table_path), keep, provenance)
+        info = model_info(config, source)
+        try:
+            table = read_table(table_path)
+            # A KV-granular run (`rank --granularity kv`) lists one row per KV head.
+            per_layer = info["kv_heads"] if kvheads.granularity_of(table) == "kv" else info["heads"]
+            table = check_table(table, info["layers"], per_layer, csv_line)
+            return cls(info, table, keep, provenance)
+        except CorelensError as err:
+            raise CorelensError(f"{table_path}: {err}") from None
+
+
+def csv_line(i: int) -> str:
+    """Name row `i` of a heads.csv by its line in the file (line 1 is the header)."""
+    return f"line {i + 2}"
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """Read a heads.csv; a file that is not CSV is one line naming it."""
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise CorelensError(f"{path}: not a heads.csv table ({str(err).strip().splitlines()[0]})") from None
 
 
 def _config(model: str | Path | None, settings: dict) -> Any:
     """Return the checkpoint config of a run: its folder, else its hub id from the cache."""
-    from transformers import AutoConfig
-
     from corelens.models.hub import resolve
+    from corelens.models.loaded import read_config
 
     tries = [model] if model else []
     if settings.get("model_id"):
@@ -224,7 +378,7 @@ def _config(model: str | Path | None, settings: dict) -> Any:
         )
     for spec in tries:
         try:
-            return AutoConfig.from_pretrained(resolve(spec).path, local_files_only=True)
+            return read_config(resolve(spec).path)
         except CorelensError:
             continue
     raise CorelensError(

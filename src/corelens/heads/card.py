@@ -21,7 +21,17 @@ def card(hs: HeadSet) -> str:
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for rec in shown.itertuples(index=False):
         rows.append("| " + " | ".join(_cell(v) for v in rec) + " |")
-    chosen = f"the top {hs.keep} heads" if hs.keep else "the whole ranking (choose k when you use it)"
+    kv = hs.granularity == "kv"
+    unit = "KV heads (each standing for all its query heads)" if kv else "heads"
+    chosen = f"the top {hs.keep} {unit}" if hs.keep else "the whole ranking (choose k when you use it)"
+    e = prov.get("effective")
+    if e:
+        # A KV-deciding tool keeps every KV head with a full query head: state what the set costs there.
+        chosen += (
+            f": {e['query_full']} query heads full, {e['kv_full']} of the KV heads full "
+            f"({e['kv_fraction']:.1%} of the KV cache at a long prompt; DuoAttention --sparsity "
+            f"{e['duo_sparsity']:.6f})"
+        )
     lines = [
         "---",
         "tags: [corelens, attention-heads, retrieval-heads, multimodal]",
@@ -31,8 +41,8 @@ def card(hs: HeadSet) -> str:
         "---",
         f"# CoRe heads of {name}",
         "",
-        f"A corelens head set (format `{FORMAT}`): every decoder attention head of {name} ranked",
-        f"by Retrieval Attention Mass. The published set is {chosen}.",
+        f"A corelens head set (format `{FORMAT}`): every decoder attention {'KV head' if kv else 'head'} of "
+        f"{name} ranked by Retrieval Attention Mass. The published set is {chosen}.",
         "",
         "| model | value |",
         "|---|---|",

@@ -2,7 +2,9 @@
 
 `CorePress` is kvpress's `DuoAttentionPress` fed with a corelens head set instead of a pattern downloaded from
 the DuoAttention repository: the KV heads of the top-`keep` heads keep the full cache, every other KV head keeps
-its first `sink` and last `window` prompt tokens. The values are those of the exported DuoAttention pattern
+its first `sink` and last `window` prompt tokens. A KV-granular set (`corelens rank --granularity kv`) names the
+KV heads itself; for a query-head set `press.effective` (after the model is set up) states the asked and the
+effective shares (`HeadSet.effective`: query heads, KV heads and cache bytes kept) and the ratio used. The values are those of the exported DuoAttention pattern
 (`corelens.heads.formats.kv_values`, GQA mapping there), so `corelens export --to duo` and this press pick the
 same KV heads.
 
@@ -52,6 +54,7 @@ class CorePress(DuoAttentionPress):
     sink: int = 128
     window: int = 1024
     headset: HeadSet | None = field(init=False, default=None)
+    effective: dict | None = field(init=False, default=None)  # asked vs effective shares (HeadSet.effective)
     _lengths: dict[int, int] = field(init=False, default_factory=dict)  # prompt keys per layer, last prefill
 
     def __post_init__(self) -> None:
@@ -69,6 +72,8 @@ class CorePress(DuoAttentionPress):
         values = kv_values(self.headset, self.keep)
         # Stream exactly the KV heads outside the set: they hold the values below 0.5.
         self.head_compression_ratio = float((values < 0.5).mean())
+        # A query-head set keeps every KV head with a full member: more of the cache than its size says.
+        self.effective = self.headset.effective(self.keep, sink=self.sink, window=self.window)
         return self.sink, self.window, values
 
     def post_init_from_model(self, model: Any) -> None:

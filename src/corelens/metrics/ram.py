@@ -2,12 +2,71 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from corelens.errors import InputError
+
 RAM_COLUMNS = ("sample_id", "task", "layer", "head", "mass", "share", "lift", "n_omega", "n_visual", "views")
+# What a reader of ram.parquet needs of each column: the kind of its parquet type (checked by `read_ram`).
+RAM_KINDS = {
+    "sample_id": "text",
+    "task": "text",
+    "layer": "integer",
+    "head": "integer",
+    "mass": "number",
+    "share": "number",
+    "lift": "number",
+    "n_omega": "integer",
+    "n_visual": "integer",
+}
+RANKED = ("sample_id", "layer", "head", "mass", "share", "lift")  # what a per-head ranking reads
+
+
+def _kind_of(kind: str, arrow_type) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):  # a pandas category column: judged by its values
+        arrow_type = arrow_type.value_type
+    if kind == "integer":
+        return pa.types.is_integer(arrow_type)
+    if kind == "number":
+        return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+    # text; null: a column of None only (a task-less sample file)
+    return (
+        pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_null(arrow_type)
+    )
+
+
+def read_ram(path: str | Path, columns: Sequence[str] = RANKED, *, all_columns: bool = False) -> pd.DataFrame:
+    """Read a rank run's per-sample RAM table after checking its schema; a file of another schema is one line.
+
+    `columns` must be present with their kind of type (`RAM_KINDS`): the error names the file and every
+    column missing or mistyped. Only `columns` are read unless `all_columns`.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as err:  # not a parquet file, or a damaged one
+        raise InputError(f"not a parquet file ({err})", file=str(path)) from None
+    missing = [c for c in columns if c not in schema.names]
+    mistyped = [
+        f"{c} is {schema.field(c).type}, not {RAM_KINDS[c]}"
+        for c in columns
+        if c in schema.names and c in RAM_KINDS and not _kind_of(RAM_KINDS[c], schema.field(c).type)
+    ]
+    if missing or mistyped:
+        problems = ([f"missing column(s) {', '.join(missing)}"] if missing else []) + mistyped
+        raise InputError(f"not a rank run's RAM table: {'; '.join(problems)}", file=str(path))
+    try:
+        return pd.read_parquet(path, columns=None if all_columns else list(columns))
+    except (pa.ArrowException, OSError) as err:  # a schema that reads but data that does not
+        raise InputError(f"cannot read the RAM table ({err})", file=str(path)) from None
 
 
 def _views(r: dict, layers: int, heads: int) -> list[list[dict]]:

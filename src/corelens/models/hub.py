@@ -24,7 +24,9 @@ from corelens.errors import CorelensError
 
 # The files a transformers VLM checkpoint needs: configs, weights, tokenizer and chat template.
 PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
-_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# A branch or tag name (`main`, `v1.0`, `refs/pr/1`) or a commit sha: components of safe characters joined by
+# single `/`, none starting with `.`; `..`, a leading or trailing `/` and a backslash cannot match.
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 _TRUE = {"1", "on", "yes", "true"}
 
 
@@ -46,6 +48,37 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     """Split `ORG/NAME[@REVISION]` into (id, revision or None)."""
     repo, _, revision = spec.partition("@")
     return repo, revision or None
+
+
+def check_id(spec: str, repo: str) -> None:
+    """Raise CorelensError unless `repo` is a hub id ORG/NAME that huggingface_hub accepts (no `..`, no path)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if repo.count("/") != 1:
+        # One slash exactly: a bare NAME would be looked up under no organisation, more slashes are a path.
+        raise CorelensError(f"{spec}: no such folder, and not a hub id of the form ORG/NAME[@REVISION]")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as err:
+        raise CorelensError(f"{spec}: no such folder, and not a valid hub id ({err})") from None
+
+
+def check_revision(spec: str, revision: str) -> None:
+    """Raise CorelensError unless `revision` is a commit sha or a branch or tag name (no `..`, `/`-led path or `\\`).
+
+    huggingface_hub reads a branch name as a file under the repo's `refs/` in the cache, so a revision that
+    climbs out of it would load a snapshot from anywhere and record it under the id.
+    """
+    if (
+        len(revision) > 255
+        or not _REVISION.fullmatch(revision)
+        or ".." in revision
+        or revision.endswith(".lock")
+    ):
+        raise CorelensError(
+            f"{spec}: revision {revision!r} is not a commit sha or a branch or tag name "
+            "(letters, digits, '.', '_', '-', '/' between names; no '..', no leading '/' or '.', no backslash)"
+        )
 
 
 def cache_dir() -> Path:
@@ -88,8 +121,9 @@ def resolve(
     if revision is not None and at is not None and revision != at:
         raise CorelensError(f"{spec}: revision given twice ({at!r} and {revision!r})")
     revision = revision or at
-    if not _ID.match(repo):
-        raise CorelensError(f"{spec}: no such folder, and not a hub id of the form ORG/NAME[@REVISION]")
+    check_id(str(spec), repo)
+    if revision is not None:
+        check_revision(str(spec), revision)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
@@ -131,6 +165,9 @@ def resolve(
                 f"and the download failed: {first}"
             ) from None
     folder = Path(folder)
+    if cache.resolve() not in folder.resolve().parents:
+        # A last guard: whatever the id and revision, the checkpoint read is one of the cache's snapshots.
+        raise CorelensError(f"{repo}: the snapshot {folder} lies outside the hub cache {cache}")
     if not (folder / needs).is_file():
         raise CorelensError(f"{repo}: the cached snapshot {folder} has no {needs}")
     return Resolved(folder, repo, revision, folder.name)

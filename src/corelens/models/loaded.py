@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -224,6 +226,41 @@ def resolve_device_map(spec: str | dict | Path | None, max_memory: dict | None) 
     return device_map, max_memory
 
 
+@contextmanager
+def no_checkpoint_code(path: str | Path) -> Iterator[None]:
+    """Turn transformers' refusal of a checkpoint into one line; corelens never runs a checkpoint's own code.
+
+    Every `from_pretrained` here passes `trust_remote_code=False`: a config, processor or tokenizer whose
+    `auto_map` points at Python files in the checkpoint is refused by transformers before anything is imported.
+    """
+    try:
+        yield
+    except ValueError as err:
+        text = str(err)
+        if "trust_remote_code" in text or "custom code" in text:
+            raise UnsupportedModelError(
+                f"{path}: the checkpoint asks to run its own code (auto_map, trust_remote_code); "
+                "corelens does not run checkpoint code"
+            ) from None
+        if "does not recognize this architecture" in text:
+            raise UnsupportedModelError(
+                f"{path}: transformers does not know its model_type; supported: {sorted(FAMILIES)}"
+            ) from None
+        raise
+
+
+def read_config(path: str | Path):
+    """Return a checkpoint folder's transformers config (no checkpoint code run; one-line errors)."""
+    with no_checkpoint_code(path):
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+
+
+def read_processor(path: str | Path):
+    """Return a checkpoint folder's processor (no checkpoint code run; one-line errors)."""
+    with no_checkpoint_code(path):
+        return AutoProcessor.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+
+
 def load(
     path: str | Path,
     *,
@@ -245,7 +282,7 @@ def load(
     """
     found = resolve(path, revision)
     path = found.path
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    config = read_config(path)
     if config.model_type not in FAMILIES:
         raise UnsupportedModelError(
             f"{path}: model_type {config.model_type!r} is not supported; supported: {sorted(FAMILIES)}"
@@ -259,17 +296,19 @@ def load(
         if isinstance(device_map, dict) and "disk" in map(str, device_map.values()):
             placement["offload_folder"] = str(offload_folder or tempfile.mkdtemp(prefix="corelens-offload-"))
     register()
-    model = AutoModelForImageTextToText.from_pretrained(
-        path,
-        local_files_only=True,
-        dtype=torch_dtype,
-        attn_implementation={"": "sdpa", "text_config": NAME, "vision_config": "sdpa"},
-        **placement,
-    )
+    with no_checkpoint_code(path):
+        model = AutoModelForImageTextToText.from_pretrained(
+            path,
+            local_files_only=True,
+            trust_remote_code=False,
+            dtype=torch_dtype,
+            attn_implementation={"": "sdpa", "text_config": NAME, "vision_config": "sdpa"},
+            **placement,
+        )
     if device_map is None:
         model.to(target)
     model.eval()
-    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    processor = read_processor(path)
     return Loaded(
         model,
         processor,
@@ -285,9 +324,9 @@ def processor_only(path: str | Path) -> Loaded:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CorelensError(f"{path}: not a checkpoint folder (no config.json)")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    config = read_config(path)
     if config.model_type not in FAMILIES:
         raise CorelensError(f"{path}: model_type {config.model_type!r} is not supported")
-    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    processor = read_processor(path)
     # prepare() reads the model's config only (tile sizes); the weights are never needed to count tokens.
     return Loaded(SimpleNamespace(config=config), processor, path, config.model_type, [])

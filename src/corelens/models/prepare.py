@@ -119,13 +119,25 @@ def prepare(
     given = [images] if images and m.family.nested_images else images or None
 
     def run(text: str):
-        return processor(
-            text=[text],
-            images=given,
-            videos=[frames] if frames else None,
-            return_tensors="pt",
-            **extra,
-        )
+        try:
+            return processor(
+                text=[text],
+                images=given,
+                videos=[frames] if frames else None,
+                return_tensors="pt",
+                **extra,
+            )
+        except (ValueError, TypeError, IndexError) as exc:
+            # The processor's own checks on the pixels (a 1 x 1024 image: "aspect ratio must be smaller
+            # than 200") are about this sample's input: one line naming it, or skipped under --skip-bad.
+            field = "images" if images else "video"
+            raise InputError(
+                f"the processor rejects this sample's {field}: {type(exc).__name__}: {exc}",
+                file=sample.source or None,
+                line=sample.line or None,
+                sample=sample.id,
+                field=field,
+            ) from None
 
     inputs = run(prompt)
     ids = inputs["input_ids"][0].numpy()

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from markupsafe import Markup
+
+from corelens.metrics.ram import read_ram
 
 
 def _short(value: float) -> float | None:
@@ -31,9 +34,7 @@ def _task(run: Path) -> dict | None:
         return None
     meta = json.loads((run / "explorer.json").read_text())
     heads = pd.read_csv(run / "heads.csv")
-    ram = pd.read_parquet(
-        run / "ram.parquet", columns=["sample_id", "layer", "head", "mass", "share", "lift"]
-    )
+    ram = read_ram(run / "ram.parquet")
     arrays = np.load(run / "explorer.npz")
     ram["name"] = "L" + ram["layer"].astype(str) + "H" + ram["head"].astype(str)
     values = ram[["mass", "share", "lift"]].astype(float).map(_short)
@@ -72,24 +73,36 @@ def explorer_data(runs: list[Path]) -> list[dict]:
     return [t for t in (_task(r) for r in runs) if t is not None]
 
 
-def explorer_section(script: str) -> str:
-    """Return the explorer's HTML; `script` is the `<script>` element that defines `EXPLORER` (inline or a file)."""
-    return f"""<section id='explorer'><h2>Head explorer</h2>
+def explorer_section(scripts: Markup) -> Markup:
+    """Return the explorer's HTML; `scripts`: the `<script>` elements that define `EXPLORER` (inline or a
+    file) and then run `EXPLORER_JS`."""
+    return Markup("""<section id='explorer'><h2>Head explorer</h2>
 <p>Click a head of the grid (colour: mean mass) to see its share of visual attention on each stored sample;
 tick “compare” to fill panel B. Search a head by name, e.g. L1H2.</p>
 <div id='tasks'></div>
 <p><input id='head-search' placeholder='L0H1' size='8'> <button id='head-go'>show</button>
 <label><input type='checkbox' id='compare'> compare (panel B)</label>
-<span id='search-error' style='color:#b00'></span></p>
+<span id='search-error'></span></p>
 <div id='grid'></div>
 <div class='panels'><div id='panel-a' class='panel'></div><div id='panel-b' class='panel'></div></div>
 <h3>Sample picker</h3><select id='sample-picker'></select><div id='sample-heads'></div>
-{script}<script>{EXPLORER_JS}</script></section>"""
+{}</section>""").format(scripts)
+
+
+# Inside a <script> element only `</script` and `<!--` are markup; escaping every `<`, `>` and `&` in the JSON
+# leaves neither, whatever a sample id or question holds. U+2028 / U+2029 end a line in older JavaScript.
+_SCRIPT_SAFE = {
+    ord("<"): "\\u003c",
+    ord(">"): "\\u003e",
+    ord("&"): "\\u0026",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
 
 
 def data_script(tasks: list[dict]) -> str:
-    """Return the JavaScript that defines `EXPLORER`."""
-    return "var EXPLORER = " + json.dumps(tasks, allow_nan=False).replace("</", "<\\/") + ";"
+    """Return the JavaScript that defines `EXPLORER`, safe to inline in a `<script>` element."""
+    return "var EXPLORER = " + json.dumps(tasks, allow_nan=False).translate(_SCRIPT_SAFE) + ";"
 
 
 STYLE = """
@@ -97,7 +110,7 @@ STYLE = """
 #grid td.sel-a { outline: 3px solid #06c; } #grid td.sel-b { outline: 3px solid #c60; }
 .panels { display: flex; gap: 1em; } .panel { flex: 1; min-width: 0; }
 .panel canvas { border: 1px solid #ddd; } .panel figure { margin: 0.3em; }
-#tasks button.on { font-weight: 700; }
+#tasks button.on { font-weight: 700; } #search-error { color: #b00; }
 """
 
 EXPLORER_JS = r"""

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import matplotlib
 
+from corelens.runs.files import writer
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -18,6 +20,7 @@ def save_figure(fig, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.get_layout_engine() is None:
         fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with writer(path) as f:  # never through a link planted at `path`
+        fig.savefig(f, dpi=120, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
     return path

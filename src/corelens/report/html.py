@@ -4,17 +4,28 @@ Any corelens run directory can be given: the page shows its manifest (command, m
 command line), every CSV table in it (first rows), every figure under `figures/`, and for rank runs the
 sparsity of the ranking. A small script marks on `<body data-figures="loaded/total">` how many figures
 the browser decoded, so a headless browser test can check that every figure loaded.
+
+A run's values (manifest entries, table cells, file and folder names, sample fields, task labels) are data,
+possibly hostile: they enter the page only through `markupsafe.Markup` (`Markup(template).format(value)`,
+`Markup(sep).join(values)`), which escapes every value that is not itself Markup, so the only markup is
+the templates written in this module, `summary.py` and `explorer.py`. The page's Content-Security-Policy
+(`policy`) then allows only the scripts and the style sheet it was written with (their SHA-256 hashes) and
+`data:` images: a handler or script that got into the markup anyway would not run.
 """
 
 from __future__ import annotations
 
 import base64
-import html
+import hashlib
 import json
+import os
+import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 import pandas as pd
+from markupsafe import Markup
 
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
@@ -49,23 +60,38 @@ def _manifest(run: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _definition_list(items: dict) -> str:
-    rows = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items())
-    return f"<dl>{rows}</dl>"
+def _definition_list(items: dict) -> Markup:
+    rows = Markup("").join(Markup("<dt>{}</dt><dd>{}</dd>").format(k, v) for k, v in items.items())
+    return Markup("<dl>{}</dl>").format(rows)
 
 
-def _table(path: Path) -> str:
+def _cell(value) -> object:
+    """Return a table cell's value as the page shows it: floats to 4 significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else value
+
+
+def _table(path: Path) -> Markup:
+    # Written here rather than by DataFrame.to_html: its header row carries a style attribute, which the
+    # page's policy refuses, and every cell goes through the same escaping as the rest of the page.
     frame = pd.read_csv(path)
     more = len(frame) - MAX_ROWS
-    body = frame.head(MAX_ROWS).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
-    note = f"<p><small>… {more} more rows in {html.escape(path.name)}</small></p>" if more > 0 else ""
-    return f"<h3>{html.escape(path.name)}</h3>{body}{note}"
+    head = Markup("").join(Markup("<th>{}</th>").format(c) for c in frame.columns)
+    rows = Markup("").join(
+        Markup("<tr>{}</tr>").format(Markup("").join(Markup("<td>{}</td>").format(_cell(v)) for v in row))
+        for row in frame.head(MAX_ROWS).itertuples(index=False)
+    )
+    note = Markup("<p><small>… {} more rows in {}</small></p>").format(more, path.name) if more > 0 else ""
+    return Markup("<h3>{}</h3><table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>{}").format(
+        path.name, head, rows, note
+    )
 
 
-def _figure(path: Path, run: Path) -> str:
+def _figure(path: Path, run: Path) -> Markup:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    caption = html.escape(str(path.relative_to(run)))
-    return f'<figure><img src="data:image/png;base64,{data}" alt="{caption}"><figcaption>{caption}</figcaption></figure>'
+    caption = str(path.relative_to(run))
+    return Markup(
+        '<figure><img src="data:image/png;base64,{}" alt="{}"><figcaption>{}</figcaption></figure>'
+    ).format(data, caption, caption)
 
 
 def _curve_sentence(info: dict) -> str:
@@ -75,13 +101,12 @@ def _curve_sentence(info: dict) -> str:
     for name, n in info["first_n_at_0.9"].items():
         label = name.replace("jaccard_top", "top-") + (" Jaccard" if name != "spearman" else "")
         said.append(f"{label} ≥ 0.9 from n = {n}" if n else f"{label} < 0.9 up to n = {half}")
-    return (
-        f"<p>Stability curve ({info['samples']} samples, two disjoint n-sample subsets, {info['pairs']} pairs "
-        f"per n): {html.escape('; '.join(said))}.</p>"
-    )
+    return Markup(
+        "<p>Stability curve ({} samples, two disjoint n-sample subsets, {} pairs per n): {}.</p>"
+    ).format(info["samples"], info["pairs"], "; ".join(said))
 
 
-def run_section(run: Path, shared: dict | None = None) -> str:
+def run_section(run: Path, shared: dict | None = None) -> Markup:
     """Return the HTML section of one run directory; manifest entries in `shared` are shown once elsewhere."""
     manifest = _manifest(run)
     settings = manifest.get("settings", {})
@@ -95,30 +120,74 @@ def run_section(run: Path, shared: dict | None = None) -> str:
         "finished": manifest.get("finished"),
     }
     meta = {k: v for k, v in meta.items() if k not in (shared or {})}
-    parts = [f"<h2>{html.escape(run.name)} <small>({html.escape(str(manifest.get('command')))})</small></h2>"]
-    parts.append(f"<details><summary>manifest</summary>{_definition_list(meta)}</details>")
+    parts = [Markup("<h2>{} <small>({})</small></h2>").format(run.name, manifest.get("command"))]
+    parts.append(Markup("<details><summary>manifest</summary>{}</details>").format(_definition_list(meta)))
     heads = run / "heads.csv"
     if manifest.get("command") == "rank" and heads.is_file():
         stats = sparsity(pd.read_csv(heads))
         parts.append(
-            "<p>Sparsity: "
-            f"{stats['heads_for_50pct']:.1%} of heads hold 50 % of the mass, "
-            f"{stats['heads_for_80pct']:.1%} hold 80 %; Gini {stats['gini']:.3f}.</p>"
+            Markup(
+                "<p>Sparsity: {:.1%} of heads hold 50 % of the mass, {:.1%} hold 80 %; Gini {:.3f}.</p>"
+            ).format(stats["heads_for_50pct"], stats["heads_for_80pct"], stats["gini"])
         )
     curve = run / "stability_curve.json"
     if curve.is_file():
         parts.append(_curve_sentence(json.loads(curve.read_text())))
     parts += [_table(p) for p in sorted(run.glob("*.csv"))]
     parts += [_figure(p, run) for p in sorted((run / "figures").glob("**/*.png"))]
-    return f"<section id='{anchor(run)}'>" + "\n".join(parts) + "</section>"
+    return Markup("<section id='{}'>{}</section>").format(anchor(run), Markup("\n").join(parts))
+
+
+def _source(text: str) -> str:
+    """Return the Content-Security-Policy source that allows one inline script or style: its SHA-256."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode("ascii") + "'"
+
+
+def policy(scripts: list[str], styles: list[str], *, same_origin_scripts: bool = False) -> str:
+    """Return the page's Content-Security-Policy: the inline `scripts` and `styles` it was written with, by
+    hash, and `data:` images; nothing else (no other script, no inline handler, no request anywhere).
+
+    `same_origin_scripts` also allows scripts of the page's own origin: the explorer's data file of
+    `--serve`, whose server answers nothing but the report's own files.
+    """
+    script = " ".join([*map(_source, scripts), *(["'self'"] if same_origin_scripts else [])])
+    return (
+        f"default-src 'none'; script-src {script}; style-src {' '.join(map(_source, styles))}; "
+        "img-src data:; base-uri 'none'; form-action 'none'"
+    )
+
+
+def _inline(text: str, written: list[str]) -> Markup:
+    """Return the `<script>` element of our own script `text` (never data: see `explorer.data_script`) and
+    note its text in `written`, which the page's policy allows by hash."""
+    written.append(text)
+    return Markup("<script>{}</script>").format(Markup(text))
+
+
+def _write(path: Path, text: str) -> None:
+    """Write `text` to `path` through a new temporary file and a rename: a symlink planted at `path` is
+    replaced, never followed (so the page cannot overwrite the file it points to, nor be served from there)."""
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
+    ) as f:
+        f.write(text)
+    os.replace(f.name, path)
 
 
 def write_report(
     runs: list[str | Path], out: str | Path, *, title: str = "corelens report", inline: bool = True
 ) -> Path:
-    """Write one self-contained HTML page for `runs` to `out`; return its path.
+    """Write one self-contained HTML page for `runs` to `out`; return its path (see `write_report_files`)."""
+    return write_report_files(runs, out, title=title, inline=inline)[0]
 
-    With `inline` False the explorer's data go to `<out stem>.explorer.js` beside the page (for `--serve`).
+
+def write_report_files(
+    runs: list[str | Path], out: str | Path, *, title: str = "corelens report", inline: bool = True
+) -> list[Path]:
+    """Write the HTML page of `runs` to `out`; return the page, then every file the page references.
+
+    Figures are data URIs inside the page. With `inline` False the explorer's data go to
+    `<out stem>.explorer.js` beside the page (for `--serve`): the one file a page may reference.
     """
     if not runs:
         raise CorelensError("report needs at least one run directory")
@@ -128,31 +197,50 @@ def write_report(
             raise CorelensError(f"run directory {p} does not exist")
     manifests = [_manifest(p) for p in paths]
     shared = shared_settings(manifests) if len(paths) > 1 else {}
-    sections = "\n".join(run_section(p, shared) for p in paths)
-    listing = "".join(f"<li>{html.escape(str(p))}</li>" for p in paths)
+    sections = Markup("\n").join(run_section(p, shared) for p in paths)
+    listing = Markup("").join(Markup("<li>{}</li>").format(p) for p in paths)
     common = (
-        f"<details><summary>settings and versions shared by all {len(paths)} runs</summary>"
-        f"{_definition_list(shared)}</details>"
+        Markup("<details><summary>settings and versions shared by all {} runs</summary>{}</details>").format(
+            len(paths), _definition_list(shared)
+        )
         if shared
         else ""
     )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tasks = explorer.explorer_data(paths)
-    script = explorer.data_script(tasks)
-    if not inline:
+    scripts, files = [], [out]
+    head_script = _inline(SCRIPT, scripts)
+    section = ""
+    if tasks and inline:
+        data = _inline(explorer.data_script(tasks), scripts)
+        section = explorer.explorer_section(data + _inline(explorer.EXPLORER_JS, scripts))
+    elif tasks:  # --serve: the data in a file beside the page, allowed as a script of the page's origin
         side = out.with_name(out.stem + ".explorer.js")
-        side.write_text(script)
-        script = f'<script src="{html.escape(side.name)}"></script>'
-    else:
-        script = f"<script>{script}</script>"
-    page = (
-        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}{explorer.STYLE}</style><script>{SCRIPT}</script></head><body>"
-        f"<h1>{html.escape(title)}</h1>{summary_section(paths, manifests)}"
-        f"{explorer.explorer_section(script) if tasks else ''}"
-        f"<details><summary>Written {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {len(paths)} run(s)</summary>"
-        f"<ul>{listing}</ul>{common}</details>{sections}</body></html>\n"
+        _write(side, explorer.data_script(tasks))
+        files.append(side)
+        data = Markup('<script src="{}"></script>').format(urllib.parse.quote(side.name))
+        section = explorer.explorer_section(data + _inline(explorer.EXPLORER_JS, scripts))
+    style = STYLE + explorer.STYLE
+    csp = policy(scripts, [style], same_origin_scripts=len(files) > 1)
+    page = Markup(
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        '<meta http-equiv="Content-Security-Policy" content="{csp}"><title>{title}</title>'
+        "<style>{style}</style>{head_script}</head><body><h1>{title}</h1>{summary}{section}"
+        "<details><summary>Written {when} from {n} run(s)</summary><ul>{listing}</ul>{common}</details>"
+        "{sections}</body></html>\n"
+    ).format(
+        csp=csp,
+        title=title,
+        style=Markup(style),
+        head_script=head_script,
+        summary=summary_section(paths, manifests),
+        section=section,
+        when=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        n=len(paths),
+        listing=listing,
+        common=common,
+        sections=sections,
     )
-    out.write_text(page)
-    return out
+    _write(out, page)
+    return files

@@ -12,6 +12,17 @@ from PIL import Image
 from corelens.layout import Segment
 from corelens.report.figure import plt, save_figure
 
+# Longest side, in pixels, of the picture drawn under an overlay: a panel is about 2 inches wide at the
+# figure's dpi, so more pixels add memory and nothing visible (a 12000 x 12000 image would take 430 MB).
+OVERLAY_MAX_SIDE = 1024
+
+
+def preview(picture: Image.Image, size: tuple[int, int], max_side: int = OVERLAY_MAX_SIDE) -> Image.Image:
+    """Return `picture` resized to `size` (width, height), scaled down so its longest side is <= max_side."""
+    scale = min(1.0, max_side / max(size))
+    target = (max(1, round(size[0] * scale)), max(1, round(size[1] * scale)))
+    return picture if picture.size == target else picture.resize(target)
+
 
 @dataclass
 class Panel:
@@ -49,7 +60,8 @@ def overlay_figure(
         for c, panel in enumerate(panels):
             ax = axes[r][c]
             width, height = panel.segment.orig_size
-            ax.imshow(panel.picture.resize((width, height)), extent=(0, width, height, 0))
+            # Drawn in image coordinates (extent), from a bounded preview: never at full size.
+            ax.imshow(preview(panel.picture, (width, height)), extent=(0, width, height, 0))
             xe, ye = panel.segment.cell_edges()
             image = ax.imshow(
                 shares[r][c],

@@ -3,15 +3,18 @@
 Rank runs give the top heads (mass, lift) and sparsity; a stability run the cross-task Spearman with its
 interval; ablation runs top-k against random-k accuracy; hybrid runs the accuracy per kept fraction with its
 ideal speed-up; flow runs their Table-1 analogue; SAP runs each condition's accuracy against vanilla.
+
+Task labels, run names, rows and conditions come from the runs' files: every finding is built with
+`markupsafe.Markup`, which escapes them (see `corelens.report.html`).
 """
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 
 import pandas as pd
+from markupsafe import Markup
 
 from corelens.metrics.topology import sparsity
 
@@ -23,34 +26,36 @@ def anchor(run: Path) -> str:
     return "run-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in run.name)
 
 
-def _link(run: Path) -> str:
-    return f'<a href="#{anchor(run)}">{html.escape(run.name)}</a>'
+def _link(run: Path) -> Markup:
+    return Markup('<a href="#{}">{}</a>').format(anchor(run), run.name)
 
 
-def _ci(row: pd.Series, column: str = "accuracy") -> str:
-    return f"{row[column]:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+def _ci(row: pd.Series, column: str = "accuracy") -> Markup:
+    return Markup("{:.3f} [{:.3f}, {:.3f}]").format(row[column], row["ci_low"], row["ci_high"])
 
 
-def _rank(run: Path) -> str:
+def _rank(run: Path) -> Markup:
     heads = pd.read_csv(run / "heads.csv").sort_values("rank")
-    best = "; ".join(
-        f"L{int(r.layer)}H{int(r['head'])} (mass {r.mass:.3f}, lift {r.lift:.2f})"
+    best = Markup("; ").join(
+        Markup("L{}H{} (mass {:.3f}, lift {:.2f})").format(int(r.layer), int(r["head"]), r.mass, r.lift)
         for _, r in heads.head(TOP).iterrows()
     )
     stats = sparsity(heads)
-    return (
-        f"{_link(run)}: top heads {best}. {stats['heads_for_50pct']:.1%} of {len(heads)} heads hold 50 % of "
-        f"the mass, {stats['heads_for_80pct']:.1%} hold 80 %."
+    return Markup("{}: top heads {}. {:.1%} of {} heads hold 50 % of the mass, {:.1%} hold 80 %.").format(
+        _link(run), best, stats["heads_for_50pct"], len(heads), stats["heads_for_80pct"]
     )
 
 
-def _stability(run: Path) -> str:
+def _stability(run: Path) -> Markup:
     rows = pd.read_csv(run / "spearman.csv")
-    said = "; ".join(f"{r.a}–{r.b} {r.spearman:.2f} [{r.low:.2f}, {r.high:.2f}]" for _, r in rows.iterrows())
-    return f"{_link(run)}: cross-task Spearman of head mass {said}."
+    said = Markup("; ").join(
+        Markup("{}–{} {:.2f} [{:.2f}, {:.2f}]").format(r.a, r.b, r.spearman, r.low, r.high)
+        for _, r in rows.iterrows()
+    )
+    return Markup("{}: cross-task Spearman of head mass {}.").format(_link(run), said)
 
 
-def _ablate(run: Path) -> str:
+def _ablate(run: Path) -> Markup:
     table = pd.read_csv(run / "ablation.csv")
     said = []
     for k, group in table[table["set"].isin(["top", "random"])].groupby("k", sort=True):
@@ -59,34 +64,44 @@ def _ablate(run: Path) -> str:
         if top.empty or rand.empty:  # a sweep without a random control at this k
             continue
         said.append(
-            f"k = {k}: top {_ci(top.iloc[0])} vs random {rand['accuracy'].mean():.3f} "
-            f"[{rand['ci_low'].min():.3f}, {rand['ci_high'].max():.3f}] over {len(rand)} seed(s)"
+            Markup("k = {}: top {} vs random {:.3f} [{:.3f}, {:.3f}] over {} seed(s)").format(
+                k,
+                _ci(top.iloc[0]),
+                rand["accuracy"].mean(),
+                rand["ci_low"].min(),
+                rand["ci_high"].max(),
+                len(rand),
+            )
         )
     none = table[table["set"] == "none"]
-    base = f"unablated {_ci(none.iloc[0])}; " if len(none) else ""
-    return f"{_link(run)}: accuracy {base}{'; '.join(said) or 'no top/random pair'}."
+    base = Markup("unablated {}; ").format(_ci(none.iloc[0])) if len(none) else ""
+    return Markup("{}: accuracy {}{}.").format(
+        _link(run), base, Markup("; ").join(said) or "no top/random pair"
+    )
 
 
-def _hybrid(run: Path) -> str:
+def _hybrid(run: Path) -> Markup:
     table = pd.read_csv(run / "hybrid.csv")
     top = table[table["set"].isin(["dense", "top"])].sort_values("fraction")
-    said = "; ".join(
-        f"{r.fraction:.0%} full heads: {_ci(r)} (ideal speed-up {r.ideal_speedup:.2f}×)"
+    said = Markup("; ").join(
+        Markup("{:.0%} full heads: {} (ideal speed-up {:.2f}×)").format(r.fraction, _ci(r), r.ideal_speedup)
         for _, r in top.iterrows()
     )
-    return f"{_link(run)}: hybrid attention keeps {said}."
+    return Markup("{}: hybrid attention keeps {}.").format(_link(run), said)
 
 
-def _flow(run: Path) -> str:
+def _flow(run: Path) -> Markup:
     table = pd.read_csv(run / "table1.csv")
-    said = "; ".join(f"{r.row}: RID {r.rid:.3f}, MixIG {r.mixig:.3f}" for _, r in table.iterrows())
-    return f"{_link(run)}: Table-1 analogue {said}."
+    said = Markup("; ").join(
+        Markup("{}: RID {:.3f}, MixIG {:.3f}").format(r.row, r.rid, r.mixig) for _, r in table.iterrows()
+    )
+    return Markup("{}: Table-1 analogue {}.").format(_link(run), said)
 
 
-def _sap(run: Path) -> str:
+def _sap(run: Path) -> Markup:
     table = pd.read_csv(run / "accuracy.csv")
-    said = "; ".join(f"{r.condition} {_ci(r)}" for _, r in table.iterrows())
-    return f"{_link(run)}: accuracy {said}."
+    said = Markup("; ").join(Markup("{} {}").format(r.condition, _ci(r)) for _, r in table.iterrows())
+    return Markup("{}: accuracy {}.").format(_link(run), said)
 
 
 FINDINGS = {
@@ -99,21 +114,27 @@ FINDINGS = {
 }
 
 
-def summary_section(runs: list[Path], manifests: list[dict]) -> str:
+def summary_section(runs: list[Path], manifests: list[dict]) -> Markup:
     """Return the opening "Findings" section: model, data and sample counts, then one item per run."""
     models = sorted(
         {str(m.get("settings", {}).get("model")) for m in manifests if m.get("settings", {}).get("model")}
     )
     counts = [
-        f"{_link(r)} {m['samples']}" for r, m in zip(runs, manifests) if isinstance(m.get("samples"), int)
+        Markup("{} {}").format(_link(r), m["samples"])
+        for r, m in zip(runs, manifests)
+        if isinstance(m.get("samples"), int)
     ]
     items = []
     for run, manifest in zip(runs, manifests):
         table, finding = FINDINGS.get(manifest.get("command"), (None, None))
         if finding is not None and (run / table).is_file():  # an unfinished run has no table yet
-            items.append(f"<li>{finding(run)}</li>")
-    head = f"<p>Model: {html.escape(', '.join(models) or 'not recorded')}. Samples per run: {', '.join(counts) or 'not recorded'}.</p>"
-    return f"<section id='findings'><h2>Findings</h2>{head}<ul>{''.join(items)}</ul></section>"
+            items.append(Markup("<li>{}</li>").format(finding(run)))
+    head = Markup("<p>Model: {}. Samples per run: {}.</p>").format(
+        ", ".join(models) or "not recorded", Markup(", ").join(counts) or "not recorded"
+    )
+    return Markup("<section id='findings'><h2>Findings</h2>{}<ul>{}</ul></section>").format(
+        head, Markup("").join(items)
+    )
 
 
 def shared_settings(manifests: list[dict]) -> dict:

@@ -9,7 +9,7 @@ everything around the step, once:
 - sharding: under torchrun each rank takes a deterministic share of the samples still to do, balanced by
   prompt length (measured once, spread over the ranks, cached in `lengths.json`);
 - bad input: an `InputError` stops the run (naming the rank under torchrun), or with `skip_bad` is logged as a
-  skipped record and the loop goes on;
+  skipped record and the loop goes on; with `skip_bad` any other failure of one sample is skipped the same way;
 - logging: each record is appended and fsynced by the process that made it, before the next starts;
 - the result: after every rank has finished, all records of the run in sample order (then record order
   within a sample), whichever rank or earlier run wrote them, so that the tables built from them do not
@@ -92,7 +92,7 @@ def prompt_lengths(
     for part in dist.gather(mine):
         known.update(part)
     if missing and cache is not None and dist.main:
-        write_json(cache, known)
+        write_json(cache, known, root=run.path)
     dist.barrier()
     return {s.id: known.get(s.id) for s in samples}
 
@@ -147,14 +147,16 @@ def drive(
         try:
             for record in loop.step(sample, done):
                 log(record)
-        except InputError as err:
+        except Exception as err:
+            # Bad input is an InputError (one line at the CLI); with skip_bad any failure of one sample
+            # (a decoder, a processor's shape check, a recursion or memory limit) skips that sample only.
             if not skip_bad:
                 raise
             record = {
                 "id": loop.skip_key(sample),
                 "status": "skipped",
                 "line": sample.line,
-                "error": str(err),
+                "error": _reason(err, sample),
             }
             log(record | ({"rank": dist.rank} if dist.world > 1 else {}))
         if run is not None:
@@ -162,6 +164,14 @@ def drive(
             run.stats["seconds"] = round(run.stats["seconds"] + time.perf_counter() - t0, 3)
     dist.barrier()
     return ordered(loop, samples, run.records() if run is not None else memory)
+
+
+def _reason(err: Exception, sample: Sample) -> str:
+    """The skipped record's reason: an InputError's own line, or the failure located at the sample."""
+    if isinstance(err, InputError):
+        return str(err)
+    where = InputError("", file=sample.source or None, line=sample.line or None, sample=sample.id)
+    return f"{where}{type(err).__name__}: {err}"
 
 
 def ordered(loop: Loop, samples: Sequence[Sample], records: Iterable[dict]) -> list[dict]:

@@ -4,8 +4,11 @@ Each process appends one line per finished or skipped sample to its own log, wri
 next sample starts, so a run killed at any moment loses at most the samples in flight: `samples.jsonl` for a
 single process, `samples.rank{R}.jsonl` for rank R of a torchrun launch. The run's log is the union of these
 files, so a restart with the same settings, with any number of ranks, skips what any of them holds; a torn
-last line (killed mid-write) is cut off. When a multi-rank run ends, rank 0 merges the shards into
-`samples.jsonl`.
+last line (killed mid-write) is cut off; any other damaged line (garbage, NUL bytes, a record without an
+`id`) stops the run with its file and line, and `--repair-log` drops such lines (keeping a backup). When a
+multi-rank run ends, rank 0 merges the shards into `samples.jsonl`. Every file is written through
+`corelens.runs.files` (never through a planted link), and one process (rank 0 of a torchrun group) holds the
+folder's lock (`corelens.runs.lock`) while it writes.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, InputError
 from corelens.runs.dist import Dist
+from corelens.runs.files import append, check_inside, read_bytes, refuse_link, write_text, writer
+from corelens.runs.lock import Lock
 
 LOG = "samples.jsonl"
 SHARDS = "samples.rank*.jsonl"
@@ -80,11 +85,21 @@ def model_data_settings(m, data: str | Path) -> dict:
     }
 
 
-def write_json(path: Path, data: object) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+def write_json(path: Path, data: object, *, root: Path | None = None) -> None:
+    """Write JSON atomically (a fresh temporary file + rename), never through a link at `path`."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", root=root)
+
+
+def read_manifest(path: Path) -> dict:
+    """Return a run's manifest; a damaged or unreadable one is one line naming it."""
+    try:
+        manifest = json.loads(read_bytes(path))
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise CorelensError(f"{path}: is not a corelens manifest (truncated or damaged); restore it, or delete "
+                            "the run folder (or use another --out) to start afresh")  # fmt: skip
+    return manifest
 
 
 class Run:
@@ -111,11 +126,16 @@ class Run:
         # Per process, gathered into the manifest by `finish`: where it ran and what it did.
         self.stats = {"device": None if device is None else str(device), "samples": 0, "seconds": 0.0}
         manifest_path = self.path / MANIFEST
+        self.lock = Lock(self.path)
         if self.dist.main:
             self.path.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()  # rank 0 holds it for the group; released by `finish` or at exit
+            check_inside(self.path / "figures" / "x", self.path)  # a linked figures/ would lead elsewhere
+            for own in [manifest_path, self.path / LOG, *self.path.glob(SHARDS)]:
+                refuse_link(own)  # not even read through a planted link
             (self.path / "figures").mkdir(exist_ok=True)
-            if manifest_path.exists():
-                old = json.loads(manifest_path.read_text())
+            if manifest_path.is_file() or manifest_path.is_symlink():
+                old = read_manifest(manifest_path)
                 self._check(old)
                 self.manifest = old
                 self.manifest["resumed"] = self.manifest.get("resumed", 0) + 1
@@ -133,7 +153,7 @@ class Run:
                 world_size=self.dist.world,
                 finished=None,
             )
-            write_json(manifest_path, self.manifest)
+            write_json(manifest_path, self.manifest, root=self.path)
             for log in self.logs():
                 _repair(log)
         self._t0 = time.perf_counter()
@@ -145,7 +165,7 @@ class Run:
                     f"{self.path}: rank {self.dist.rank} cannot see the run directory rank 0 created; "
                     "--out must be on a filesystem every node shares"
                 )
-            self.manifest = json.loads(manifest_path.read_text())
+            self.manifest = read_manifest(manifest_path)
             self._check(self.manifest)
 
     def _check(self, old: dict) -> None:
@@ -170,13 +190,19 @@ class Run:
         """Yield the logged per-sample records of every process, each id once, in log order."""
         seen: set[str] = set()
         for log in self.logs():
-            with open(log) as f:
-                for line in f:
-                    if line.strip():
-                        record = json.loads(line)
-                        if record["id"] not in seen:
-                            seen.add(record["id"])
-                            yield record
+            for number, line in enumerate(read_bytes(log).split(b"\n"), 1):
+                if line.strip():
+                    record = _record(line)
+                    if record is None:
+                        raise InputError(
+                            f"damaged run log line ({_what(line)}); run the same command with --repair-log "
+                            "to drop the damaged lines (a backup of the log is kept)",
+                            file=str(log),
+                            line=number,
+                        )
+                    if record["id"] not in seen:
+                        seen.add(record["id"])
+                        yield record
 
     def done(self) -> set[str]:
         """Return the ids of the samples already logged (finished or skipped) by any process."""
@@ -184,11 +210,7 @@ class Run:
 
     def log(self, record: dict) -> None:
         """Append one sample's record durably to this process's log."""
-        line = json.dumps(record, separators=(",", ":")) + "\n"
-        with open(self.log_path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        append(self.log_path, json.dumps(record, separators=(",", ":")) + "\n", root=self.path)
 
     def log_skipped(self, skipped, done: set[str]) -> None:
         """Log each bad input record (`SkippedSample`) once, keyed by its line; add the keys to `done`.
@@ -209,6 +231,12 @@ class Run:
         processes = self.dist.gather({**info, "seconds_total": seconds})
         if not self.dist.main:
             return
+        try:
+            self._write_end(seconds, processes, extra)
+        finally:
+            self.lock.release()
+
+    def _write_end(self, seconds: float, processes: list, extra: dict) -> None:
         self._merge()
         self.manifest.setdefault("timings", []).append(seconds)
         self.manifest.update(
@@ -217,7 +245,19 @@ class Run:
             world_size=self.dist.world,
             **extra,
         )
-        write_json(self.path / MANIFEST, self.manifest)
+        write_json(self.path / MANIFEST, self.manifest, root=self.path)
+
+    def table(self, frame, name: str) -> None:
+        """Write a table (`.parquet`, else CSV) into the run folder atomically, never through a link."""
+        with self.file(name) as f:
+            if name.endswith(".parquet"):
+                frame.to_parquet(f, index=False)
+            else:
+                f.write(frame.to_csv(index=False).encode("utf-8"))
+
+    def file(self, name: str, mode: str = "wb"):
+        """Return a context manager writing the run file `name` atomically, never through a link."""
+        return writer(self.path / name, root=self.path, mode=mode)
 
     def _merge(self) -> None:
         """Fold the rank shards into `samples.jsonl` (atomically; a crash in between leaves duplicates that
@@ -225,21 +265,77 @@ class Run:
         shards = [p for p in self.logs() if p.name != LOG]
         if not shards:
             return
-        tmp = self.path / (LOG + ".tmp")
-        with open(tmp, "w") as f:
+        with self.file(LOG, "w") as f:
             for record in self.records():
                 f.write(json.dumps(record, separators=(",", ":")) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / LOG)
         for shard in shards:
             shard.unlink()
 
 
 def _repair(log: Path) -> None:
-    """Cut a torn last line (a process killed mid-write) off a log."""
-    data = log.read_bytes()
+    """Cut a torn last line (a process killed mid-write) off a log (rewritten atomically, never through a link)."""
+    data = read_bytes(log)
     keep = data[: data.rfind(b"\n") + 1]
     if len(keep) != len(data):
-        with open(log, "r+b") as f:
-            f.truncate(len(keep))
+        write_bytes_atomic(log, keep)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    with writer(path, root=path.parent) as f:
+        f.write(data)
+
+
+def _record(line: bytes) -> dict | None:
+    """Return a log line's record, or None when the line is damaged (not a JSON object with a string id)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("id"), str) else None
+
+
+def _what(line: bytes) -> str:
+    if b"\0" in line:
+        return "NUL bytes"
+    return "a record without an id" if line.lstrip().startswith(b"{") and _json(line) else "not JSON"
+
+
+def _json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def repair_logs(folder: str | Path) -> int:
+    """Drop the damaged lines of a run's logs (a torn last line too), keeping a copy of each log it changes
+    (`samples.jsonl.bak-<time>`); hold the run's lock meanwhile; print and return how many lines it dropped."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return 0  # nothing to repair: a new run
+    lock = Lock(folder)
+    lock.acquire()
+    try:
+        logs = sorted(folder.glob(SHARDS)) + ([folder / LOG] if (folder / LOG).is_file() else [])
+        dropped = sum(_drop_damaged(log) for log in logs)
+    finally:
+        lock.release()
+    print(
+        f"corelens: --repair-log dropped {dropped} damaged line(s) from the logs of {folder}", file=sys.stderr
+    )
+    return dropped
+
+
+def _drop_damaged(log: Path) -> int:
+    """Rewrite `log` without its damaged lines, after a backup of it; return how many it dropped."""
+    lines = read_bytes(log).split(b"\n")
+    torn = lines.pop()  # b"" when the log ends with a newline
+    kept = [line for line in lines if line.strip() and _record(line) is not None]
+    dropped = len([line for line in lines if line.strip()]) - len(kept) + (1 if torn.strip() else 0)
+    if dropped:
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        backup = log.with_name(f"{log.name}.bak-{stamp}")
+        write_bytes_atomic(backup, read_bytes(log))
+        write_bytes_atomic(log, b"".join(line + b"\n" for line in kept))
+    return dropped

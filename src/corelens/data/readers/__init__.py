@@ -11,13 +11,14 @@ where you choose. A malformed record raises an error naming the file, the record
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, OptionError
 
 
 @dataclass
@@ -51,6 +52,21 @@ def parse_spec(spec: str) -> tuple[str, Path] | None:
     return name, Path(rest)
 
 
+def check_options(name: str, options: dict) -> None:
+    """Raise OptionError (`--options`) for a key that reader `name` does not take, listing the keys it does."""
+    reader = _readers()[name]
+    known = [
+        p.name
+        for p in inspect.signature(reader).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.name != "skip_bad"  # --skip-bad is an option of its own
+    ]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise OptionError(
+            f"--options: {name} takes no {', '.join(map(repr, unknown))}; its options are {', '.join(known)}"
+        )
+
+
 def _fingerprint(source: Path) -> dict:
     files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
     return {
@@ -70,6 +86,7 @@ def convert(spec: str, out: str | Path, *, skip_bad: bool = False, **options) ->
     name, source = parsed
     if not source.exists():
         raise CorelensError(f"{name}: {source} does not exist")
+    check_options(name, options)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     result = _readers()[name](source, out, skip_bad=skip_bad, **options)
@@ -93,6 +110,7 @@ def resolve(spec: str | Path, *, skip_bad: bool = False, **options) -> Path:
     name, source = parsed
     if not source.exists():
         raise CorelensError(f"{name}: {source} does not exist")
+    check_options(name, options)
     key = json.dumps(
         {"reader": name, **_fingerprint(source), "skip_bad": skip_bad, **options}, sort_keys=True
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -69,6 +71,21 @@ def find_one(folder: Path, names: list[str], what: str) -> Path:
         if hits:
             return hits[0]
     raise InputError(f"{what} not found (looked for {', '.join(names)})", file=str(folder))
+
+
+def number(value, where: dict, field: str, *, integer: bool = False) -> float | int:
+    """Return `value` as a finite number (an int when `integer`); raise InputError naming `field` otherwise.
+
+    A string, a bool, None, NaN or an infinity is refused: a dataset stores its numbers as numbers, and a
+    string would otherwise surface later as a traceback (`int("abc")`) or a silent NaN box.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise InputError(f"expected a number, got {value!r}", **where, field=field)
+    if integer:
+        if value != int(value):
+            raise InputError(f"expected an integer, got {value!r}", **where, field=field)
+        return int(value)
+    return float(value)
 
 
 def clip_box(box, width: float, height: float) -> tuple[list[float] | None, bool]:

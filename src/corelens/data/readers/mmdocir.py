@@ -24,7 +24,16 @@ from pathlib import Path
 
 from PIL import Image
 
-from corelens.data.readers.common import PAGE_MODES, Records, clip_box, find_one, page_window, run_until_limit
+from corelens.data.paths import inside, safe_name
+from corelens.data.readers.common import (
+    PAGE_MODES,
+    Records,
+    clip_box,
+    find_one,
+    number,
+    page_window,
+    run_until_limit,
+)
 from corelens.errors import InputError
 
 LEVELS = ("auto", "page", "layout", "both")
@@ -37,7 +46,7 @@ class _Document:
         indices = doc.get("page_indices")
         if not isinstance(indices, (list, tuple)) or len(indices) != 2:
             raise InputError("page_indices must be [start, end]", **where, field="page_indices")
-        start, end = int(indices[0]), int(indices[1])
+        start, end = (number(v, where, "page_indices", integer=True) for v in indices)
         if end < start:
             raise InputError(f"page_indices {indices} end before they start", **where, field="page_indices")
         name = str(doc["doc_name"])
@@ -53,7 +62,7 @@ class _Document:
                     field="page_indices",
                 )
         self.rows, self.start, self.where = rows, start, where
-        self.folder = out / "pages" / "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        self.folder = inside(out, out / "pages" / safe_name(name))
         self.paths: dict[int, tuple[str, tuple[int, int]]] = {}
 
     def __len__(self) -> int:
@@ -90,10 +99,10 @@ def _pages_of(item: dict, n: int, where: dict) -> tuple[list[int], list[dict]]:
     if not isinstance(pages, list) or not isinstance(layouts, list):
         raise InputError("page_id and layout_mapping must be lists", **where, field="page_id")
     for page in pages:
-        if not isinstance(page, int) or not 0 <= page < n:
+        if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < n:
             raise InputError(f"evidence page {page!r} is not a page of the {n}", **where, field="page_id")
     for m in layouts:
-        ok = isinstance(m, dict) and isinstance(m.get("page"), int) and 0 <= m["page"] < n
+        ok = isinstance(m, dict) and type(m.get("page")) is int and 0 <= m["page"] < n
         if not ok or not isinstance(m.get("bbox"), list) or len(m["bbox"]) != 4:
             raise InputError(f"bad layout item {m!r}", **where, field="layout_mapping")
     return sorted(set(pages)), layouts
@@ -108,10 +117,12 @@ def _layout_targets(
         k = shown.index(m["page"])
         _, (width, height) = document.page(m["page"])
         size = m.get("page_size") or [width, height]
-        if not isinstance(size, list) or len(size) != 2 or min(float(v) for v in size) <= 0:
+        if not isinstance(size, list) or len(size) != 2:
             raise InputError(f"bad page_size {size!r}", **where, field="layout_mapping")
-        pw, ph = float(size[0]), float(size[1])
-        raw = [float(v) for v in m["bbox"]]
+        pw, ph = (number(v, where, "layout_mapping.page_size") for v in size)
+        if min(pw, ph) <= 0:
+            raise InputError(f"bad page_size {size!r}", **where, field="layout_mapping")
+        raw = [number(v, where, "layout_mapping.bbox") for v in m["bbox"]]
         box, changed = clip_box(raw, pw, ph)
         if box is None:
             dropped.append({"page": m["page"] + 1, "bbox": raw, "reason": "empty once clipped to the page"})
@@ -154,7 +165,7 @@ def _convert(
         with records.guard(where):
             try:
                 doc = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
                 raise InputError(f"invalid JSON: {exc}", **where) from None
             if (
                 not isinstance(doc, dict)

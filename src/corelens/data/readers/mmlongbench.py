@@ -19,6 +19,7 @@ import ast
 import json
 from pathlib import Path
 
+from corelens.data.paths import inside, safe_name
 from corelens.data.readers.common import PAGE_MODES, Records, find_one, page_window, run_until_limit
 from corelens.errors import InputError
 
@@ -82,7 +83,7 @@ def _convert(
     documents = source / "documents" if (source / "documents").is_dir() else samples_path.parent / "documents"
     try:
         items = json.loads(samples_path.read_text())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
         raise InputError(f"invalid JSON: {exc}", file=str(samples_path)) from None
     if not isinstance(items, list):
         raise InputError("samples.json must hold a list of questions", file=str(samples_path))
@@ -102,9 +103,14 @@ def _convert(
                 doc = str(item["doc_id"])
                 if doc not in opened:
                     pdf = documents / doc
+                    if Path(doc).is_absolute() or ".." in Path(doc).parts:
+                        # doc_id names a file under documents/; it may not point elsewhere.
+                        raise InputError(
+                            f"doc_id {doc!r} is not a path inside {documents}", **where, field="doc_id"
+                        )
                     if not pdf.is_file():
                         raise InputError(f"document {doc} not found in {documents}", **where, field="doc_id")
-                    opened[doc] = Pdf(pdf, out / "pages" / Path(doc).stem, max_side)
+                    opened[doc] = Pdf(pdf, inside(out, out / "pages" / safe_name(doc)), max_side)
                 document = opened[doc]
                 if evidence and evidence[-1] > document.pages:
                     raise InputError(

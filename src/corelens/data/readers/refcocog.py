@@ -18,7 +18,8 @@ import json
 import pickle
 from pathlib import Path
 
-from corelens.data.readers.common import Records, clip_box, find_one, run_until_limit
+from corelens.data.paths import inside, safe_name
+from corelens.data.readers.common import Records, clip_box, find_one, number, run_until_limit
 from corelens.errors import InputError
 
 TEMPLATE = "{expression}"
@@ -51,7 +52,7 @@ def load_refs(path: Path) -> list:
 def _box(raw, where: dict) -> list[float]:
     if not isinstance(raw, (list, tuple)) or len(raw) != 4:
         raise InputError(f"bbox must be [x, y, w, h], got {raw!r}", **where, field="bbox")
-    x, y, w, h = (float(v) for v in raw)
+    x, y, w, h = (number(v, where, "bbox") for v in raw)
     if w <= 0 or h <= 0:
         raise InputError(f"bbox has no area: {raw!r}", **where, field="bbox")
     return [x, y, x + w, y + h]
@@ -77,7 +78,7 @@ def _original(
         boxes = {a["id"]: a["bbox"] for a in instances["annotations"]}
         files = {im["id"]: im["file_name"] for im in instances["images"]}
         sizes = {im["id"]: (im.get("width"), im.get("height")) for im in instances["images"]}
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise InputError(f"not a COCO instances file: {exc}", file=str(inst_path)) from None
     folder = images or next(
         (
@@ -165,7 +166,8 @@ def _parquet(source: Path, out: Path, records: Records, template: str) -> None:
                     raise InputError("image has no bytes", **where, field="image")
                 from PIL import Image
 
-                name = out / "images" / f"{qid}.png"
+                # The question id names the PNG: mapped to a safe, collision-free name under out/images.
+                name = inside(out, out / "images" / f"{safe_name(qid)}.png")
                 picture = Image.open(io.BytesIO(image)).convert("RGB")
                 picture.save(name)
                 box, clipped = _clipped(box, picture.size)

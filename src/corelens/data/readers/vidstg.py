@@ -19,15 +19,23 @@ out of the tube (`dropped_frames`, with the reason); a sentence with no box left
 
 from __future__ import annotations
 
+import glob
 import json
 from pathlib import Path
 
 import numpy as np
 
-from corelens.data.readers.common import Records, clip_box, run_until_limit
-from corelens.errors import InputError
+from corelens.data.paths import inside, safe_name
+from corelens.data.readers.common import Records, clip_box, number, run_until_limit
+from corelens.errors import InputError, OptionError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+# Bounds on an entry's rates and ranges (docs/methods.md#resource-limits): VidOR videos run at about 30 fps
+# for under 3 minutes; these leave wide room and still end a crafted `fps: 1e-9` or `[0, 1e12)` at once.
+MIN_FPS, MAX_FPS = 0.01, 1000.0
+MAX_SEGMENT_FRAMES = 10_000_000  # about 4 days at 30 fps
 
 
 def _segment(entry: dict, key: str, where: dict) -> tuple[int, int]:
@@ -35,20 +43,50 @@ def _segment(entry: dict, key: str, where: dict) -> tuple[int, int]:
     raw = entry.get(key)
     if not isinstance(raw, dict) or "begin_fid" not in raw or "end_fid" not in raw:
         raise InputError(f"{key} must be {{begin_fid, end_fid}}", **where, field=key)
-    begin, end = int(raw["begin_fid"]), int(raw["end_fid"])
+    begin, end = raw["begin_fid"], raw["end_fid"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (begin, end)):
+        raise InputError(f"{key} frame ids must be integers, got {raw}", **where, field=key)
     if end <= begin:
         raise InputError(f"{key} is empty or ends before it begins: {raw}", **where, field=key)
+    if begin < 0 or end - begin > MAX_SEGMENT_FRAMES:
+        # Frame ids index the video; a range beyond any real video only costs time and memory.
+        raise InputError(
+            f"{key} {raw} must start at frame >= 0 and span at most {MAX_SEGMENT_FRAMES:,} frames",
+            **where,
+            field=key,
+        )
     return begin, end
 
 
+def _rate(value: object, where: dict, field: str) -> float:
+    """Return a frame rate that is a finite number in [MIN_FPS, MAX_FPS], else raise naming `field`."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not MIN_FPS <= float(value) <= MAX_FPS:  # NaN fails the comparison too
+        raise InputError(
+            f"{field} must be a number in [{MIN_FPS:g}, {MAX_FPS:g}], got {value!r}", **where, field=field
+        )
+    return float(value)
+
+
 def sampled_frames(begin: int, end: int, native_fps: float, fps: float, max_frames: int) -> list[int]:
-    """Return the frame ids sampled at `fps` in [begin, end), `end` exclusive (at most `max_frames`, evenly)."""
+    """Return the frame ids sampled at `fps` in [begin, end), `end` exclusive (at most `max_frames`, evenly).
+
+    Grid point k is frame round(begin + k * native_fps / fps); only the kept points are computed, so the
+    cost is `max_frames` whatever the segment's length or the rates.
+    """
     step = native_fps / fps
-    ids = sorted({int(round(begin + k * step)) for k in range(int((end - begin) / step) + 1)})
-    ids = [i for i in ids if begin <= i < end]
-    if len(ids) > max_frames:
-        ids = [ids[int(j)] for j in np.linspace(0, len(ids) - 1, max_frames).round()]
-    return ids
+    if step <= 1:
+        # The grid is finer than the frames: every frame of the range is a grid point, once.
+        count, frame = end - begin, lambda j: begin + j
+    else:
+        # Distinct points; the last one of k <= (end - begin) / step may round onto `end` itself.
+        count = int((end - begin) / step) + 1
+        while count > 0 and int(round(begin + (count - 1) * step)) >= end:
+            count -= 1
+        frame = lambda j: int(round(begin + j * step))  # noqa: E731
+    if count <= max_frames:
+        return [frame(j) for j in range(count)]
+    return [frame(int(j)) for j in np.linspace(0, count - 1, max_frames).round()]
 
 
 def _trajectories(entry: dict, source: Path, where: dict, cache: dict) -> list:
@@ -59,10 +97,10 @@ def _trajectories(entry: dict, source: Path, where: dict, cache: dict) -> list:
     if vid not in cache:
         # Many entries share a video (one per relation instance): read its VidOR file once.
         cache[vid] = None
-        for hit in sorted(source.rglob(f"{vid}.json")):
+        for hit in sorted(source.rglob(f"{glob.escape(vid)}.json")):
             try:
                 data = json.loads(hit.read_text())
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
                 raise InputError(f"invalid JSON: {exc}", file=str(hit)) from None
             if isinstance(data, dict) and isinstance(data.get("trajectories"), list):
                 cache[vid] = data["trajectories"]
@@ -85,8 +123,9 @@ def _frames(
     if all(p.is_file() for p in wanted.values()):
         return [str(wanted[f]) for f in ids]
 
-    frame_dir = next((d for d in source.rglob(vid) if d.is_dir()), None)
-    video = next(iter(sorted(source.rglob(f"{vid}.mp4"))), None)
+    # The vid is matched literally (glob.escape): `*` or `[` in it must not match other videos.
+    frame_dir = next((d for d in source.rglob(glob.escape(vid)) if d.is_dir()), None)
+    video = next(iter(sorted(source.rglob(f"{glob.escape(vid)}.mp4"))), None)
     if frame_dir is not None:
         files = sorted(p for p in frame_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         count = geometry[2]
@@ -135,7 +174,12 @@ def _frames(
 
 
 def _tube(
-    trajectories: list, target, ids: list[int], truth: tuple[int, int], size: tuple[float, float]
+    trajectories: list,
+    target,
+    ids: list[int],
+    truth: tuple[int, int],
+    size: tuple[float, float],
+    where: dict,
 ) -> tuple[list[int], list[list[float]], list[dict], list[dict]]:
     """The target's boxes on the sampled frames inside the temporal ground truth [begin, end).
 
@@ -146,12 +190,14 @@ def _tube(
     for k, fid in enumerate(ids):
         if not truth[0] <= fid < truth[1]:  # end_fid is exclusive
             continue
-        found = [o for o in (trajectories[fid] if fid < len(trajectories) else []) if o.get("tid") == target]
+        objects = trajectories[fid] if fid < len(trajectories) else []
+        if not isinstance(objects, list):
+            raise InputError(f"trajectories[{fid}] must be a list of objects", **where, field="trajectories")
+        found = [o for o in objects if isinstance(o, dict) and o.get("tid") == target]
         if not found:
             dropped.append({"fid": fid, "reason": "the target has no box on this frame"})
             continue
-        b = found[0]["bbox"]
-        raw = [float(b["xmin"]), float(b["ymin"]), float(b["xmax"]), float(b["ymax"])]
+        raw = _trajectory_box(found[0].get("bbox"), fid, where)
         box, changed = clip_box(raw, *size)
         if box is None:
             dropped.append({"fid": fid, "box": raw, "reason": "the box is empty once clipped to the frame"})
@@ -163,6 +209,40 @@ def _tube(
     return frames, boxes, clipped, dropped
 
 
+def _trajectory_box(b, fid: int, where: dict) -> list[float]:
+    """Return a VidOR `{xmin, ymin, xmax, ymax}` box as numbers; raise InputError naming the frame otherwise."""
+    keys = ("xmin", "ymin", "xmax", "ymax")
+    if not isinstance(b, dict) or any(k not in b for k in keys):
+        raise InputError(
+            f"frame {fid}: bbox must be {{xmin, ymin, xmax, ymax}}", **where, field="trajectories"
+        )
+    return [number(b[k], where, f"trajectories[{fid}].bbox.{k}") for k in keys]
+
+
+def _check_fields(entry: dict, where: dict) -> str:
+    """Check the types of an entry's fields (numbers as numbers, no NaN, a vid naming one file); return the vid.
+
+    Resource bounds (fps, segment length) are checked where the frames are sampled.
+    """
+    vid = entry["vid"]
+    if isinstance(vid, bool) or not isinstance(vid, (str, int)) or str(vid) in ("", ".", ".."):
+        raise InputError(f"vid must be a video name, got {vid!r}", **where, field="vid")
+    if "/" in str(vid) or "\\" in str(vid):
+        # The vid names a video file or frame folder under the source; a path would reach outside it.
+        raise InputError(f"vid {vid!r} holds a path separator; it must name one video", **where, field="vid")
+    number(entry["fps"], where, "fps")
+    for key in ("width", "height"):
+        number(entry[key], where, key, integer=True)
+    if entry.get("frame_count") is not None:
+        number(entry["frame_count"], where, "frame_count", integer=True)
+    for key in ("used_segment", "temporal_gt"):
+        raw = entry.get(key)
+        for end in ("begin_fid", "end_fid"):
+            if isinstance(raw, dict) and end in raw:
+                number(raw[end], where, f"{key}.{end}", integer=True)
+    return str(vid)
+
+
 def _convert(source: Path, out: Path, records: Records, split: str, fps: float, max_frames: int) -> None:
     names = [f"{split}_annotations.json"] if split else []
     path = (
@@ -172,7 +252,7 @@ def _convert(source: Path, out: Path, records: Records, split: str, fps: float, 
         raise InputError(f"{split}_annotations.json not found", file=str(source))
     try:
         entries = json.loads(path.read_text())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
         raise InputError(f"invalid JSON: {exc}", file=str(path)) from None
     if not isinstance(entries, list):
         raise InputError("the annotation file must hold a list of entries", file=str(path))
@@ -188,18 +268,19 @@ def _convert(source: Path, out: Path, records: Records, split: str, fps: float, 
             for key in ("vid", "fps", "width", "height"):
                 if not isinstance(entry, dict) or key not in entry:
                     raise InputError(f"missing {key!r}", **where, field=key)
+            vid = _check_fields(entry, where)
             used = _segment(entry, "used_segment", where)
             truth = _segment(entry, "temporal_gt", where)
-            ids = sampled_frames(*used, float(entry["fps"]), fps, max_frames)
+            ids = sampled_frames(*used, _rate(entry["fps"], where, "fps"), fps, max_frames)
             if not ids:
                 raise InputError(f"no frame sampled in used_segment {used}", **where, field="used_segment")
             trajectories = _trajectories(entry, root, where, cache)
             frame_count = int(entry["frame_count"]) if entry.get("frame_count") is not None else None
             frames = _frames(
-                str(entry["vid"]),
+                vid,
                 root,
                 ids,
-                out / "frames" / str(entry["vid"]),
+                inside(out, out / "frames" / safe_name(vid)),  # the vid names the folder: a safe name
                 where,
                 (int(entry["width"]), int(entry["height"]), frame_count),
             )
@@ -217,7 +298,7 @@ def _convert(source: Path, out: Path, records: Records, split: str, fps: float, 
                         f"{kind} {s} needs target_id and description", **swhere, field=f"{kind}s"
                     )
                 tube_frames, boxes, clipped, dropped = _tube(
-                    trajectories, item["target_id"], ids, truth, size
+                    trajectories, item["target_id"], ids, truth, size, swhere
                 )
                 if not tube_frames:
                     records.skip(
@@ -255,6 +336,10 @@ def convert(
     limit: int | None = None,
 ):
     """Convert VidSTG at `source` into `out/vidstg.jsonl` plus the sampled frames."""
+    if not (isinstance(fps, (int, float)) and MIN_FPS <= fps <= MAX_FPS):  # NaN fails too
+        raise OptionError(f"vidstg fps must be in [{MIN_FPS:g}, {MAX_FPS:g}], got {fps!r}")
+    if not isinstance(max_frames, int) or not 0 < max_frames <= MAX_SEGMENT_FRAMES:
+        raise OptionError(f"vidstg max_frames must be a positive integer, got {max_frames!r}")
     records = Records(skip_bad, limit)
     run_until_limit(_convert, source, out, records, split, fps, max_frames)
     return records.write(out / "vidstg.jsonl")

@@ -10,6 +10,7 @@ from lmms_eval.api.model import lmms
 from PIL import Image
 from tqdm import tqdm
 
+from corelens.data.paths import inside, safe_name
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError
 from corelens.integrations.lmms_eval.policy import from_args
@@ -74,7 +75,8 @@ class Corelens(lmms):
                     size = im.size
                 path = Path(visual)
             elif isinstance(visual, Image.Image):
-                path = Path(self._images.name) / f"{name.replace('/', '_')}_{i}.png"
+                # The sample id names the PNG: a safe name, distinct for distinct ids (corelens.data.paths).
+                path = inside(self._images.name, Path(self._images.name) / f"{safe_name(name)}_{i}.png")
                 visual.convert("RGB").save(path)
                 size = visual.size
             else:

@@ -57,6 +57,7 @@ def _table(spec: str, m: Loaded):
 
 def from_args(m: Loaded, args: dict[str, Any]) -> Policy:
     """Return the policy of lmms-eval model arguments (see the package docstring); unknown keys are an error."""
+    from corelens.experiments.ablate import full_heads
     from corelens.metrics.headsets import k_count, select
 
     given = {k: v for k, v in args.items() if v is not None}
@@ -74,6 +75,7 @@ def from_args(m: Loaded, args: dict[str, Any]) -> Policy:
             raise CorelensError(f"op={op}: expected one of {', '.join(OPS)}")
         table = _table(given["heads"], m)
         heads = select(table, "top", k_count(str(given.get("k", "5%")), len(table)))
+        heads = full_heads(table, heads, m)  # a KV-head table: all query heads of each KV head
         ablation = Ablation(heads, op, str(given.get("keys", "visual")), label=f"top/{given.get('k', '5%')}")
         return Policy("ablate", ablation, given.get("means"))
     if kinds == ["hybrid"]:
