@@ -204,7 +204,14 @@ def _model_shape(m: Any) -> tuple[list[tuple[int, torch.nn.Module]], int, int, i
 class Hybrid:
     """An active hybrid policy on one model: its hook, its caches, and what ran (`stats`)."""
 
-    def __init__(self, m: Any, policy: HybridPolicy, kernel: str = "auto", decode: str = "full") -> None:
+    def __init__(
+        self,
+        m: Any,
+        policy: HybridPolicy,
+        kernel: str = "auto",
+        decode: str = "full",
+        dense_below: float | None = kernels.DENSE_BELOW,
+    ) -> None:
         if kernel not in kernels.KERNELS:
             raise OptionError(f"unknown hybrid kernel {kernel!r}; expected one of {kernels.KERNELS}")
         if decode not in DECODES:
@@ -213,6 +220,7 @@ class Hybrid:
         self.policy = policy
         self.kernel = kernel
         self.decode = decode
+        self.dense_below = dense_below  # the partitioned kernel's crossover (`kernels.prefill`)
         self.full = policy.full_mask(self.layers, self.heads)
         # Full decoding reads every cached key, so no KV head may be trimmed.
         stream_kv = policy.streaming_kv(self.layers, self.heads, self.kv_heads)
@@ -308,8 +316,9 @@ class HybridHook(AttentionHook):
             ran, reason = "sdpa", None
         else:
             out, ran, reason = kernels.prefill(
-                s.kernel, query, key, value, attention_mask, full, p.pattern, scaling, plans=s.plans
-            )
+                s.kernel, query, key, value, attention_mask, full, p.pattern, scaling, plans=s.plans,
+                dense_below=s.dense_below,
+            )  # fmt: skip
         s.stats[f"prefill:{ran}"] += 1
         if reason:
             s.stats["fallback"] += 1
@@ -378,12 +387,15 @@ def hybrid(
     prior: Any = None,
     signal: Any = None,
     rows: int = 16,
+    dense_below: float | None = kernels.DENSE_BELOW,
 ) -> Iterator[Hybrid]:
     """Run `m` with hybrid attention inside the block: `full` heads keep causal attention, the rest stream.
 
     `full`: a HybridPolicy, a policy .json, a heads.csv path / head table / Ranking (with `keep`: a count, a
     fraction or "10%"), or (layer, head) pairs. `sink` / `window` default to the policy's (128 / 1024).
-    `kernel`: "auto", "blocked", "flex" or "reference" (prefill only; streamed decoding is exact-masked).
+    `kernel`: "auto", "blocked", "flex", "partitioned" or "reference" (prefill only; streamed decoding is
+    exact-masked). `dense_below`: the partitioned kernel's crossover: a layer whose head set's ideal speed-up
+    is below it runs every head dense (`h.stats["prefill:dense"]` counts them; None: never).
     `decode`: "full" (every head attends to every cached key after the hybrid prefill, as in the paper) or
     "stream" (the streaming heads keep their pattern in decoding; `h.cache()` then trims their KV heads).
     `full="adaptive"` chooses the full heads per prompt during the prefill (`corelens.attention.adaptive`):
@@ -427,7 +439,7 @@ def hybrid(
             decode=decode,
         )
     else:
-        session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel, decode)
+        session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel, decode, dense_below)
     watch = getattr(session.hook, "watching", None)  # the adaptive hook reads the prompt's token ids
     with activate(session.modules, session.hook), watch() if watch else nullcontext():
         session.active = True

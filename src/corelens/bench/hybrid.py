@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from corelens.attention.kernels import Pattern, flex, ideal_speedup, pairs, prefill
+from corelens.attention.kernels import Pattern, flex, ideal_speedup, pairs, partition, prefill
 from corelens.attention.kernels.flexattn import policy_block_mask
 from corelens.attention.kernels.tiles import streaming_path
 from corelens.errors import OptionError
@@ -167,12 +167,60 @@ def paired(numerator: list[float], denominator: list[float]) -> float:
 
 
 def _timed(fn, device: torch.device = CPU) -> tuple[float, Any]:
-    """Return (seconds, result) of `fn()`, waiting for the device's queued work on both sides."""
+    """Return (seconds, result) of `fn()`, waiting for the device's queued work on both sides.
+
+    On CUDA the time is that of CUDA events recorded around the call (the device's time, host launch gaps
+    included), after a synchronisation.
+    """
     _sync(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000, out
     start = time.perf_counter()
     out = fn()
     _sync(device)
     return time.perf_counter() - start, out
+
+
+def sdpa_backend(fn) -> str:
+    """Return the sdpa operator(s) `fn()` dispatches to (cuDNN, flash, efficient or math), from the profiler."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        fn()
+    ops = sorted({e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot_product_")})
+    return ", ".join(ops) or "none"
+
+
+def model_layout(batch: int, heads: int, tokens: int, dim: int, g, device, dtype) -> torch.Tensor:
+    """Return random (batch, heads, tokens, dim) as the model passes it: a transposed view of (b, n, h, d)."""
+    return torch.randn(batch, tokens, heads, dim, generator=g).to(device, dtype).transpose(1, 2)
+
+
+def plan_seconds(
+    kernel: str, full: torch.Tensor, tokens: int, kv_heads: int, pattern: Pattern, device
+) -> dict:
+    """Return the seconds to build each kernel's masks / plan for one layer from empty caches."""
+    dev = str(device)
+    policy_block_mask.cache_clear()
+    flags = tuple(bool(x) for x in full.tolist())
+    out = {"flex": _timed(lambda: policy_block_mask(flags, tokens, pattern, dev), device)[0]}
+    if kernel == "partitioned":
+        for cached in (partition.layout, partition.window_block_mask, partition.sink_block_mask):
+            cached.cache_clear()
+
+        def plan():
+            partition.layout(flags, kv_heads, dev)
+            partition.window_block_mask(tokens, pattern, dev)
+            if pattern.sink and tokens > pattern.window:
+                partition.sink_block_mask(tokens, pattern, dev)
+
+        out["partitioned"] = _timed(plan, device)[0]
+    return out
 
 
 def kernel_times(
@@ -189,16 +237,17 @@ def kernel_times(
     with_flex: bool,
     device: torch.device = CPU,
     dtype: torch.dtype = torch.float32,
+    kernel: str = "auto",
     granularity: str = "query",
 ) -> dict[str, Any]:
-    """Time stock sdpa, corelens' hybrid kernel (`auto`) and compiled FlexAttention on one layer's attention."""
+    """Time stock sdpa, corelens' hybrid kernel (`kernel`) and compiled FlexAttention on one layer's attention.
+
+    q, k, v are laid out as the model passes them (transposed views), so the kernels read what they read there.
+    """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (
-        torch.randn(1, h, tokens, head_dim, generator=g).to(device, dtype)
-        for h in (heads, kv_heads, kv_heads)
-    )
+    q, k, v = (model_layout(1, h, tokens, head_dim, g, device, dtype) for h in (heads, kv_heads, kv_heads))
     scale = head_dim**-0.5
     stub = _stub(heads // kv_heads)
     fulls = {}
@@ -213,15 +262,21 @@ def kernel_times(
     ran: dict[str, str] = {}
 
     def hybrid(keep):
-        y, ran[str(keep)], _ = prefill("auto", q, k, v, None, fulls[keep], Pattern(sink, window), scale)
+        y, ran[str(keep)], _ = prefill(kernel, q, k, v, None, fulls[keep], Pattern(sink, window), scale)
         return y
 
     def flexed(keep):
         return flex(q, k, v, None, fulls[keep], Pattern(sink, window), scale, compiled=True)
 
     out: dict[str, Any] = {
+        "kernel": kernel,
+        "layout": "model (transposed views of (batch, n, heads, dim))",
         "kernel_full_heads": {str(keep): fulls[keep].nonzero().flatten().tolist() for keep in keeps},
         "hybrid_kernel": ran,
+        "sdpa_backend": sdpa_backend(sdpa),
+        "plan_build_s": plan_seconds(
+            kernel, fulls[keeps[0]], tokens, kv_heads, Pattern(sink, window), device
+        ),
         # The streaming heads' path inside `blocked` on this device (band: the C++ kernel was built).
         "streaming_path": streaming_path(q.device, window, rows=tokens - sink - window),
     }
@@ -308,6 +363,7 @@ def prefill_times(
     device: torch.device = CPU,
     dtype: torch.dtype = torch.float32,
     adaptive: bool = False,
+    kernel: str = "auto",
     granularity: str = "query",
 ) -> dict[str, Any]:
     """Time the whole-decoder prefill: stock sdpa against corelens hybrid attention, same weights and input."""
@@ -339,7 +395,7 @@ def prefill_times(
     def hybrid_forward(x, keep):
         fresh()
         model.set_attn_implementation("corelens")
-        with hybrid(model, policies[keep]) as h:
+        with hybrid(model, policies[keep], kernel=kernel) as h:
             y = model(input_ids=x, use_cache=False).last_hidden_state
         return y, dict(h.stats)
 
@@ -348,7 +404,9 @@ def prefill_times(
         model.set_attn_implementation("corelens")
         policy = policies[keep]
         budget = policy.fraction(layers, heads)
-        with hybrid(model, full="adaptive", budget=budget, prior=policy, sink=sink, window=window) as h:
+        with hybrid(
+            model, full="adaptive", budget=budget, prior=policy, sink=sink, window=window, kernel=kernel
+        ) as h:
             y = model(input_ids=x, use_cache=False).last_hidden_state
         return y, dict(h.stats)
 
@@ -434,6 +492,7 @@ def run_hybrid_benchmark(
     device: str = "cpu",
     dtype: str = "float32",
     adaptive: bool = False,
+    kernel: str = "auto",
     granularity: str = "query",
 ) -> dict[str, Any]:
     """Run the kernel and prefill measurements; return the results (see the module docstring).
@@ -453,6 +512,7 @@ def run_hybrid_benchmark(
     result: dict[str, Any] = {
         "tokens": tokens,
         "keeps": keeps,
+        "kernel": kernel,
         "sink": sink,
         "window": window,
         "heads": heads,
@@ -488,6 +548,7 @@ def run_hybrid_benchmark(
                 with_flex=with_flex,
                 device=dev,
                 dtype=dt,
+                kernel=kernel,
                 granularity=granularity,
             )  # fmt: skip
         )
@@ -508,6 +569,7 @@ def run_hybrid_benchmark(
                     device=dev,
                     dtype=dt,
                     adaptive=adaptive,
+                    kernel=kernel,
                     granularity=granularity,
                 )  # fmt: skip
             )
@@ -534,7 +596,8 @@ def run_hybrid_benchmark(
 def summary(result: dict[str, Any]) -> str:
     """Return a few lines with the ratios of a result."""
     lines = [
-        f"hybrid bench N={result['tokens']} S={result['sink']} W={result['window']}: sdpa {result['sdpa_s']:.3f}s"
+        f"hybrid bench N={result['tokens']} S={result['sink']} W={result['window']} kernel={result.get('kernel', 'auto')}:"
+        f" sdpa {result['sdpa_s']:.3f}s ({result.get('sdpa_backend', '?')}); plan build {result.get('plan_build_s', {})}"
     ]
     for keep, row in result["per_keep"].items():
         line = (

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from corelens.commands.argtypes import checked, device, existing_path, output_file, output_path, positive
-from corelens.errors import InputError
+from corelens.errors import InputError, OptionError
 
 
 def _report(result: dict, line: str, path: str | Path | None) -> int:
@@ -150,6 +150,12 @@ def _hybrid_arguments(parser) -> None:
         "--adaptive", action="store_true", help="also time the prefill with the full heads chosen per prompt"
     )
     parser.add_argument(
+        "--kernel",
+        default="auto",
+        help="the hybrid kernel timed as `hybrid`: auto, blocked, flex, partitioned or reference (default auto;"
+        " compiled flex is timed beside it unless --no-flex)",
+    )
+    parser.add_argument(
         "--granularity",
         choices=("query", "kv"),
         default="query",
@@ -165,6 +171,7 @@ def _fractions(text: str) -> list[float]:
 
 def _run_hybrid(args) -> int:
     """Run the benchmark with parsed options (or, with --table, print the table of saved results)."""
+    from corelens.attention.kernels import KERNELS
     from corelens.bench.hybrid import run_hybrid_benchmark, summary, table
 
     if args.table:
@@ -181,12 +188,14 @@ def _run_hybrid(args) -> int:
                 raise InputError("not a result of `corelens bench hybrid --json`", file=path)
         print(table(results))
         return 0
+    if args.kernel not in KERNELS:  # before any work
+        raise OptionError(f"--kernel: unknown hybrid kernel {args.kernel!r}; expected one of {KERNELS}")
     result = run_hybrid_benchmark(
         args.tokens, args.keep, sink=args.sink, window=args.window, heads=args.heads, kv_heads=args.kv_heads,
         hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
         seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
         prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
-        adaptive=args.adaptive, granularity=args.granularity,
+        adaptive=args.adaptive, kernel=args.kernel, granularity=args.granularity,
     )  # fmt: skip
     return _report(result, summary(result), args.json)
 

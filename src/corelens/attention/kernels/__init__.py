@@ -3,6 +3,10 @@
 - ``reference``: the dense masked reference (every decision materialised; tests and small inputs);
 - ``blocked``: the fast CPU path (sdpa for full heads, block-batched GEMMs for streaming heads);
 - ``flex``: FlexAttention with a per-head block mask, compiled (the default for CUDA tensors);
+- ``partitioned``: the full heads through stock causal sdpa on their own heads, the streaming heads as a
+  window pass and a sink pass merged by log-sum-exp (FlexAttention, one block mask shared by all heads; the
+  CUDA design, exact on any device). Where a layer's head set would gain too little
+  (`partition.DENSE_BELOW`, the `dense_below` argument) it runs every head dense and reports ``dense``;
 - ``auto``: ``flex`` on CUDA, falling back to ``blocked`` (which runs on any device) if it fails; else ``blocked``.
 
 All take post-RoPE queries (batch, heads, n, dim) and un-repeated GQA keys/values (batch, kv_heads, n, dim) of a
@@ -28,13 +32,15 @@ from corelens.attention.kernels.masks import (
     row_starts,
     streaming_keep,
 )
+from corelens.attention.kernels.partition import DENSE_BELOW, partitioned, takes_dense
 from corelens.attention.kernels.tiles import Plans, blocked
 from corelens.errors import OptionError
 
-KERNELS = ("auto", "reference", "blocked", "flex")
+KERNELS = ("auto", "reference", "blocked", "flex", "partitioned")
 log = logging.getLogger(__name__)
 
-_IMPL = {"reference": reference, "blocked": blocked, "flex": flex}
+_IMPL = {"reference": reference, "blocked": blocked, "flex": flex, "partitioned": partitioned}
+_PLANNED = ("blocked", "partitioned")  # the kernels that take the caller's `plans`
 
 
 def choose(kind: str, device: torch.device) -> str:
@@ -58,12 +64,18 @@ def prefill(
     *,
     plans: Plans | None = None,
     fallback: str | None = "blocked",
+    dense_below: float | None = DENSE_BELOW,
 ) -> tuple[torch.Tensor, str, str | None]:
     """Run kernel `kind`; return (output, the kernel that ran, why the fallback was taken or None).
 
-    `plans`: the caller's memo of the mask's padding, for the blocked kernel (one scan per forward).
+    `plans`: the caller's memo of the mask's padding, for the blocked and partitioned kernels (one scan per
+    forward). `dense_below`: the partitioned kernel's crossover (None or 0: never); below it every head runs
+    dense and the kernel that ran is ``dense``.
     """
     name = choose(kind, query.device)
+    if name == "partitioned" and takes_dense(query.shape[2], full, pattern, dense_below):
+        full = torch.ones_like(full, dtype=torch.bool)  # every head causal: one stock sdpa call
+        return _run(name, (query, key, value, mask, full, pattern, scale), plans), "dense", None
     args = (query, key, value, mask, full, pattern, scale)
     try:
         return _run(name, args, plans), name, None
@@ -76,10 +88,11 @@ def prefill(
 
 
 def _run(name: str, args: tuple, plans: Plans | None) -> torch.Tensor:
-    return _IMPL[name](*args, plans=plans) if name == "blocked" else _IMPL[name](*args)
+    return _IMPL[name](*args, plans=plans) if name in _PLANNED else _IMPL[name](*args)
 
 
 __all__ = [
+    "DENSE_BELOW",
     "KERNELS",
     "Pattern",
     "Plans",
@@ -89,6 +102,7 @@ __all__ = [
     "ideal_speedup",
     "masked_attention",
     "pairs",
+    "partitioned",
     "policy_allowed",
     "pooled_speedup",
     "prefill",

@@ -105,6 +105,23 @@ def streaming_mask_function(pattern: Pattern, starts: torch.Tensor | None = None
     return and_masks(causal_mask_function, real_key, budget_overlay(pattern, starts))
 
 
+def window_mask_function(pattern: Pattern) -> MaskFunction:
+    """The window pass of the partitioned kernel: the streaming rule without its sinks (causal, W recent keys)."""
+    return streaming_mask_function(Pattern(0, pattern.window))
+
+
+def sink_pass_mask_function(pattern: Pattern) -> MaskFunction:
+    """The sink pass of the partitioned kernel: query row r is position r + W; it keeps the sinks the streaming
+    rule keeps and the window pass does not. With `window_mask_function` it covers the rule exactly once."""
+    rule, window = streaming_mask_function(pattern), sliding_window_overlay(pattern.window)
+
+    def inner_mask(batch_idx, head_idx, q_idx, kv_idx):
+        i = q_idx + pattern.window
+        return rule(batch_idx, head_idx, i, kv_idx) & ~window(batch_idx, head_idx, i, kv_idx)
+
+    return inner_mask
+
+
 def hybrid_mask_function(
     pattern: Pattern,
     full: torch.Tensor,

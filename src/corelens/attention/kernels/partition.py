@@ -1,0 +1,246 @@
+"""The partitioned path (the CUDA design): full heads through sdpa, streaming heads as a window pass + a sink pass.
+
+The query heads are partitioned once per head set (`layout`, cached): the full heads run as stock causal sdpa
+on their own heads, so on CUDA they get whatever backend sdpa picks for the stock model (cuDNN or flash), and
+the streaming heads run the rule of `masks.py` (docs/methods.md#hybrid) as two exact passes merged by their
+log-sum-exps:
+
+- the window pass: causal attention over the W most recent keys (`masks.window_mask_function`), one
+  FlexAttention call with ONE block mask shared by every head and batch row;
+- the sink pass: the rows i >= W over the S sink keys that their window does not reach (j <= i - W,
+  `masks.sink_pass_mask_function`), a small FlexAttention call over the first S keys.
+
+Each row of the sink pass (i >= W) keeps key 0 and each window row keeps its query, so both log-sum-exps are
+finite and the merge weight of the sinks is sigmoid(lse_sink - lse_window). The two block masks are built
+analytically from block corners (no N x N evaluation) and cached per (n, pattern, device), never per layer.
+
+Heads: each pass groups its query heads by KV head; the KV heads with the same number c of members in the
+pass form one call of c x (their count) query heads over their KV heads (GQA without repeating keys). A run
+of consecutive heads is a view, any other set an `index_select` of the query heads (the KV heads likewise).
+Masks: None (causal) and causal with left padding (each batch row runs from its first real token; padding
+rows output zeros); any other model mask takes the blocked kernel's exact dense path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from corelens.attention.kernels.flexattn import BLOCK, _grid, _pack, flex_fn
+from corelens.attention.kernels.masks import (
+    Pattern,
+    allowed_mask,
+    block_keeps,
+    ideal_speedup,
+    sink_pass_mask_function,
+    window_mask_function,
+)
+from corelens.attention.kernels.tiles import Padding, Plans, blocked
+
+# Crossover: below this ideal speed-up (docs/methods.md#hybrid) of a layer's head set at its prompt length the
+# dispatcher runs every head dense (stock sdpa): the hybrid path's merge and second pass would cost more than
+# they save (benchmarks/README.md#partitioned-crossover).
+DENSE_BELOW = 1.1
+
+
+@dataclass(frozen=True)
+class Call:
+    """One attention call of a pass: query heads `q` (KV-major, `members` per KV head) over the KV heads `kv`."""
+
+    q: torch.Tensor
+    kv: torch.Tensor
+    members: int
+    q_run: tuple[int, int] | None  # (first, stop) when the query heads are consecutive: read as a view
+    kv_run: tuple[int, int] | None
+
+
+def _run(idx: list[int]) -> tuple[int, int] | None:
+    return (idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else None
+
+
+def _calls(heads: list[list[int]], device: torch.device) -> tuple[Call, ...]:
+    """Return the calls of one pass from its query heads per KV head (`heads[j]`: the members of KV head j)."""
+    calls = []
+    for count in sorted({len(m) for m in heads if m}):
+        kv = [j for j, m in enumerate(heads) if len(m) == count]
+        q = [h for j in kv for h in heads[j]]
+        calls.append(
+            Call(torch.tensor(q, device=device), torch.tensor(kv, device=device), count, _run(q), _run(kv))
+        )
+    return tuple(calls)
+
+
+@lru_cache(maxsize=256)
+def layout(full: tuple[bool, ...], kv_heads: int, device: str) -> tuple[tuple[Call, ...], tuple[Call, ...]]:
+    """Return the (full, streaming) calls of a head set (cached per head set: computed once, not per call)."""
+    groups = len(full) // kv_heads
+    members = [range(j * groups, (j + 1) * groups) for j in range(kv_heads)]
+    dev = torch.device(device)
+    return (
+        _calls([[h for h in m if full[h]] for m in members], dev),
+        _calls([[h for h in m if not full[h]] for m in members], dev),
+    )
+
+
+def _take(x: torch.Tensor, idx: torch.Tensor, run: tuple[int, int] | None) -> torch.Tensor:
+    """Return heads `idx` of x (batch, heads, n, dim): a view for a run of consecutive heads, else a copy."""
+    return x[:, run[0] : run[1]] if run else x.index_select(1, idx)
+
+
+def _put(out: torch.Tensor, call: Call, o: torch.Tensor) -> None:
+    """Write a call's output o (batch, heads, n, dim) into its heads of `out` (batch, n, all heads, dim)."""
+    o = o.transpose(1, 2)
+    if call.q_run:
+        out[:, :, call.q_run[0] : call.q_run[1]] = o
+    else:
+        out.index_copy_(2, call.q, o.to(out.dtype))
+
+
+def _from_blocks(any_: torch.Tensor, all_: torch.Tensor, mask_mod, q_len: int, kv_len: int, block: int):
+    from torch.nn.attention.flex_attention import BlockMask
+
+    num, idx = _pack(any_ & ~all_)
+    full_num, full_idx = _pack(all_)
+    return BlockMask.from_kv_blocks(
+        num, idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod,
+        seq_lengths=(q_len, kv_len),
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=16)
+def window_block_mask(n: int, pattern: Pattern, device: str, block: int = BLOCK):
+    """Return the block mask of the window pass over an n-token prompt: one for all heads and batch rows."""
+    dev = torch.device(device)
+    window = Pattern(0, pattern.window)  # the rule without sinks: causal, the W most recent keys
+    any_, all_ = block_keeps(window, torch.zeros(1, dtype=torch.bool, device=dev), *_grid(n, block, dev))
+    return _from_blocks(any_, all_, window_mask_function(pattern), n, n, block)
+
+
+@lru_cache(maxsize=16)
+def sink_block_mask(n: int, pattern: Pattern, device: str, block: int = BLOCK):
+    """Return the block mask of the sink pass: queries W .. n - 1 (rows i - W) over the S sink keys."""
+    dev = torch.device(device)
+    rows = n - pattern.window
+    sink = min(
+        pattern.sink, rows
+    )  # row r (query r + W) keeps sink j iff j <= r: causal on the (rows, S) grid
+    q0 = torch.arange(0, rows, block, device=dev)[:, None]
+    k0 = torch.arange(0, sink, block, device=dev)[None, :]
+    q1, k1 = (q0 + block - 1).clamp(max=rows - 1), (k0 + block - 1).clamp(max=sink - 1)
+    whole = (q0 + block <= rows) & (k0 + block <= sink)
+    any_, all_ = block_keeps(pattern, torch.ones(1, dtype=torch.bool, device=dev), q0, q1, k0, k1, whole)
+    return _from_blocks(any_, all_, sink_pass_mask_function(pattern), rows, sink, block)
+
+
+# Compiled variants the two passes may need in one process: window / sink pass x the head counts of a
+# layout's calls x GQA on / off. Past dynamo's recompile limit (8 by default) a call would run FlexAttention
+# unfused (N x N scores), so the limit is raised to this once, the first time a compiled pass runs.
+RECOMPILE_LIMIT = 64
+
+
+def _allow_recompiles() -> None:
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+
+
+def _flex_lse(q, k, v, block_mask, scale: float, compiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return FlexAttention's output and its log-sum-exp (natural log) under `block_mask`."""
+    gqa = q.shape[1] != k.shape[1]
+    if compiled:
+        _allow_recompiles()
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:  # torch < 2.9: the older keyword
+        return flex_fn(compiled)(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_lse=True)
+    out, aux = flex_fn(compiled)(
+        q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True)
+    )
+    return out, aux.lse
+
+
+def streaming(q, k, v, pattern: Pattern, scale: float, compiled: bool) -> torch.Tensor:
+    """Return the streaming rule's attention of q over k, v (batch, heads, n, dim): window + sinks, merged."""
+    n = q.shape[2]
+    device = str(q.device)
+    out, lse = _flex_lse(q, k, v, window_block_mask(n, pattern, device), scale, compiled)
+    w = pattern.window
+    s = min(pattern.sink, n - w)  # row i - W keeps the sinks j <= i - W: at most n - W of them
+    if s <= 0:  # no row reaches past its window to a sink
+        return out
+    rows = (slice(None), slice(None), slice(w, None))
+    sink, sink_lse = _flex_lse(
+        q[rows], k[:, :, :s], v[:, :, :s], sink_block_mask(n, pattern, device), scale, compiled
+    )
+    acc = torch.promote_types(out.dtype, torch.float32)  # merge in fp32 (fp64 stays fp64)
+    weight = torch.sigmoid(sink_lse.to(acc) - lse[rows].to(acc))[..., None]
+    out[rows] = out[rows].to(acc).lerp_(sink.to(acc), weight).to(out.dtype)
+    return out
+
+
+def _rows(
+    query, key, value, out, full: tuple[bool, ...], pattern: Pattern, scale: float, compiled: bool
+) -> None:
+    """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim)."""
+    full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
+    for call in full_calls:
+        q, k, v = (
+            _take(query, call.q, call.q_run),
+            _take(key, call.kv, call.kv_run),
+            _take(value, call.kv, call.kv_run),
+        )
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=call.members > 1)
+        _put(out, call, o)
+    for call in stream_calls:
+        q, k, v = (
+            _take(query, call.q, call.q_run),
+            _take(key, call.kv, call.kv_run),
+            _take(value, call.kv, call.kv_run),
+        )
+        _put(out, call, streaming(q, k, v, pattern, scale, compiled))
+
+
+def partitioned(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    full: torch.Tensor,
+    pattern: Pattern,
+    scale: float,
+    *,
+    plans: Plans | None = None,
+    compiled: bool | None = None,
+) -> torch.Tensor:
+    """Return hybrid prefill attention (batch, n, heads, dim_v): sdpa for the full heads, window + sinks for the rest.
+
+    `compiled`: FlexAttention through `torch.compile` (default: on CUDA); `plans` as for `blocked`.
+    """
+    compiled = query.device.type == "cuda" if compiled is None else compiled
+    batch, heads, n, _ = query.shape
+    flags = tuple(bool(x) for x in full.tolist())
+    if pattern.is_dense(n):  # the window covers every causal pair: all heads are full heads
+        flags = (True,) * heads
+    model = allowed_mask(mask)
+    padding = Padding((0,) * batch, left=True) if model is None else (plans or Plans()).get(model, batch)
+    if not padding.left:  # any mask but causal + left padding: the exact dense path
+        return blocked(query, key, value, mask, full, pattern, scale, plans=plans)
+    out = query.new_empty(batch, n, heads, value.shape[-1])
+    if not any(padding.starts):  # one call for the whole batch
+        _rows(query, key, value, out, flags, pattern, scale, compiled)
+        return out
+    for b, start in enumerate(padding.starts):  # row b runs from its first real token, as a prompt of its own
+        one = slice(b, b + 1), slice(None), slice(start, None)
+        out[b, :start] = 0
+        _rows(query[one], key[one], value[one], out[b : b + 1, start:], flags, pattern, scale, compiled)
+    return out
+
+
+def takes_dense(n: int, full: torch.Tensor, pattern: Pattern, dense_below: float | None) -> bool:
+    """Return whether a layer's head set at prompt length n is better run dense (`DENSE_BELOW`)."""
+    if not dense_below or pattern.is_dense(n):
+        return False
+    return ideal_speedup(n, float(full.float().mean()), pattern.sink, pattern.window) < dense_below
