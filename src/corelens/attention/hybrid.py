@@ -276,7 +276,7 @@ class HybridHook(AttentionHook):
 
     def __init__(self, session: Hybrid) -> None:
         self.session = session
-        # (full KV heads, heads, full-head flags, device) -> the trimmed decoding's head indices (`_query_heads`)
+        # (layer, device) -> the trimmed decoding's head indices (`_query_heads`)
         self._heads: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def attend(self, call: AttentionCall, inner: Kernel) -> Kernel:
@@ -342,7 +342,7 @@ class HybridHook(AttentionHook):
         q_pos = torch.arange(total - q_len, total, device=device).expand(batch, q_len)
         model = allowed_mask(attention_mask)
         out = query.new_empty(batch, q_len, heads, value.shape[-1])
-        full_q, full_flags, stream_q = self._query_heads(layer, full, heads, device)
+        full_q, full_flags, stream_q = self._query_heads(index, layer, full, heads, device)
 
         if len(full_q):
             k_pos = torch.arange(total, device=device).expand(batch, total)
@@ -359,16 +359,19 @@ class HybridHook(AttentionHook):
         return out, None
 
     def _query_heads(
-        self, layer: HybridCacheLayer, full: torch.Tensor, heads: int, device: torch.device
+        self, index: int, layer: HybridCacheLayer, full: torch.Tensor, heads: int, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return the query heads of the layer's full KV heads, their full-head flags, and the streaming KV
-        heads' query heads, as device tensors built on the host once per (layer, flags, device)."""
-        groups = heads // layer.kv_heads
-        key = (tuple(layer.full_kv.tolist()), heads, tuple(full.tolist()), str(device))  # host data only
+        heads' query heads, as device tensors built on the host once per (layer, device).
+
+        Once per layer suffices: a session that decodes with a trimmed cache has a fixed full-head table, from
+        which every cache it hands out takes its KV split (adaptive sessions decode in full).
+        """
+        key = (index, str(device))
         if key not in self._heads:
-            offsets = torch.arange(groups)
-            full_q = (layer.full_kv[:, None] * groups + offsets).flatten()
-            stream_q = (layer.stream_kv[:, None] * groups + offsets).flatten()
+            offsets = torch.arange(heads // layer.kv_heads)
+            full_q = (layer.full_kv[:, None] * len(offsets) + offsets).flatten()
+            stream_q = (layer.stream_kv[:, None] * len(offsets) + offsets).flatten()
             self._heads[key] = (full_q.to(device), full[full_q].to(device), stream_q.to(device))
         return self._heads[key]
 
