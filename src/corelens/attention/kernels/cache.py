@@ -56,7 +56,9 @@ class HybridCacheLayer(DynamicLayer):
         self.skeys = self.svalues = self.positions = None
         self.visible: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.next_position: torch.Tensor | None = None  # (1,) on the device: the next absolute position
-        self.indices: tuple[torch.Tensor, torch.Tensor] | None = None  # (streaming, full) KV heads, on the device
+        self.indices: tuple[torch.Tensor, torch.Tensor] | None = (
+            None  # (streaming, full) KV heads, on the device
+        )
 
     # --- what transformers calls -------------------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
