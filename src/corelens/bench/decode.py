@@ -95,7 +95,7 @@ def run_decode_benchmark(
     import transformers
     from transformers import DynamicCache
 
-    import corelens
+    from corelens.attention.hybrid import hybrid as hybrid_attention
 
     dev = torch.device(device)
     pairs = full_heads(layers, heads, kv_heads, keep, granularity, seed)
@@ -119,7 +119,7 @@ def run_decode_benchmark(
         def hybrid(n):
             model.set_attn_implementation("corelens")
             options = {"sink": sink, "window": window, "kernel": kernel, "decode": "stream"}
-            with corelens.hybrid(model, pairs, **options) as h:
+            with hybrid_attention(model, pairs, **options) as h:
                 cache = h.cache()
                 return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache), (cache, h)
 
