@@ -120,6 +120,29 @@ def test_greedy_decoding_with_the_trimmed_cache(tiny_dir, groups, pad):
     assert report["saved_bytes"] == want and report["saved_fraction"] > 0
 
 
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_decode_attention_is_the_masked_reference_in_the_input_dtype(monkeypatch, groups, q_len):
+    from corelens.attention.kernels.cache import decode_attention
+    from corelens.attention.kernels.dense import masked_attention
+
+    g = torch.Generator().manual_seed(groups * 10 + q_len)
+    q = torch.randn(2, 2 * groups, q_len, 16, generator=g)
+    k, v = torch.randn(2, 2, 2, 37, 16, generator=g).unbind(0)
+    allowed = torch.rand(2, 2 * groups, q_len, 37, generator=g) < 0.4
+    allowed[..., 5] = True  # every row keeps a key
+    want = masked_attention(q, k, v, allowed, 0.25)
+    assert (decode_attention(q, k, v, allowed, 0.25) - want).abs().max().item() <= 1e-5
+    upcast = []
+    to_float = torch.Tensor.float
+    monkeypatch.setattr(
+        torch.Tensor, "float", lambda t, *a, **kw: upcast.append(t.shape) or to_float(t, *a, **kw)
+    )
+    half = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), allowed, 0.25)
+    assert half.dtype == torch.bfloat16 and not upcast  # no fp32 copy of the cache
+    assert (half.float() - want).abs().max().item() <= 3e-2
+
+
 def _forced_decoding(m, policy, ids, mask, prompt, **options):
     """Return the last-position logits of a prefill of `prompt` tokens and of one step per further token."""
     logits = []
