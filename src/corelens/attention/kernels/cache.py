@@ -56,9 +56,8 @@ class HybridCacheLayer(DynamicLayer):
         self.skeys = self.svalues = self.positions = None
         self.visible: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.next_position: torch.Tensor | None = None  # (1,) on the device: the next absolute position
-        self.indices: tuple[torch.Tensor, torch.Tensor] | None = (
-            None  # (streaming, full) KV heads, on the device
-        )
+        # The (streaming, full) KV head indices, on the device from the trim on.
+        self.indices: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # --- what transformers calls -------------------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -249,8 +248,8 @@ def decode_attention(
     (batch, heads, q, n)), in the input dtype: no fp32 copy of the cache.
 
     Each KV head's query heads are folded into the query axis, so SDPA reads every key and value once per KV
-    head, unrepeated and uncast, and its kernels accumulate the softmax in fp32. A row with no allowed key
-    outputs 0, as `dense.masked_attention`.
+    head, unrepeated and uncast, and its kernels accumulate the softmax in fp32. Every row of a decoding step
+    keeps at least its own position, so no row is fully masked (where SDPA backends differ).
     """
     batch, heads, q_len, dim = query.shape
     kv_heads, n = key.shape[1], key.shape[2]
