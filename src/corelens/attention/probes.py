@@ -17,7 +17,7 @@ from corelens.attention.dispatch import AttentionCall, AttentionHook
 # Byte budget of the fp32 scores materialised at once, per device type. On the CPU 4 MiB (2**20 scores), as
 # small blocks matter there for peak memory: glibc keeps freed heap blocks under its mmap threshold. On CUDA
 # up to 256 MiB, never more than an eighth of what the allocator could still hand out: 32 rows x 28 heads x
-# 32k keys (117 MiB) then run in one chunk, at 128k in four, well below the stock MLP's activations.
+# 32k keys (117 MiB) then run in one chunk, at 128k in two, well below the stock MLP's activations.
 CPU_CHUNK_BYTES = 4 << 20
 CUDA_CHUNK_BYTES = 256 << 20
 # Keys upcast to fp32 at once for a half-precision K (bytes of the fp32 block): K is never copied whole.
