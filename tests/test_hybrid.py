@@ -82,9 +82,10 @@ def test_any_policy_equals_the_dense_masked_reference(tiny_dir, groups):
 
 
 @pytest.mark.parametrize("groups", [2, 3])
-def test_greedy_decoding_with_the_trimmed_cache(tiny_dir, groups):
+@pytest.mark.parametrize("pad", [9, 60])  # 60: row 1's one real token, so decoded tokens fill its sinks
+def test_greedy_decoding_with_the_trimmed_cache(tiny_dir, groups, pad):
     m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[groups]))
-    ids, mask = _prompt(61, 2, 9, seed=10 + groups)
+    ids, mask = _prompt(61, 2, pad, seed=10 + groups)
     # A layer-0 KV head whose query heads all stream, one whose heads are all full, and mixed ones.
     policy = [(0, h) for h in range(groups)] + [(1, 0)]
     gen = {"max_new_tokens": 9, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
@@ -117,6 +118,102 @@ def test_greedy_decoding_with_the_trimmed_cache(tiny_dir, groups):
     # batch 2, K and V, fp32; the streaming KV heads keep `kept` of `total` positions (+ their slot table).
     want = 2 * streaming * (total - kept) * 2 * dim * 4 - slot_positions
     assert report["saved_bytes"] == want and report["saved_fraction"] > 0
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_decode_attention_is_the_masked_reference_in_the_input_dtype(monkeypatch, groups, q_len):
+    from corelens.attention.kernels.cache import decode_attention
+    from corelens.attention.kernels.dense import masked_attention
+
+    g = torch.Generator().manual_seed(groups * 10 + q_len)
+    q = torch.randn(2, 2 * groups, q_len, 16, generator=g)
+    k, v = torch.randn(2, 2, 2, 37, 16, generator=g).unbind(0)
+    allowed = torch.rand(2, 2 * groups, q_len, 37, generator=g) < 0.4
+    allowed[..., 5] = True  # every row keeps a key
+    want = masked_attention(q, k, v, allowed, 0.25)
+    assert (decode_attention(q, k, v, allowed, 0.25) - want).abs().max().item() <= 1e-5
+    upcast = []
+    to_float = torch.Tensor.float
+    monkeypatch.setattr(
+        torch.Tensor, "float", lambda t, *a, **kw: upcast.append(t.shape) or to_float(t, *a, **kw)
+    )
+    half = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), allowed, 0.25)
+    assert half.dtype == torch.bfloat16 and not upcast  # no fp32 copy of the cache
+    assert (half.float() - want).abs().max().item() <= 3e-2
+
+
+def _forced_decoding(m, policy, ids, mask, prompt, **options):
+    """Return the last-position logits of a prefill of `prompt` tokens and of one step per further token."""
+    logits = []
+    with torch.no_grad(), corelens.hybrid(m, policy, sink=3, window=8, decode="stream", **options) as h:
+        cache = h.cache() if options.get("kernel") != "reference" else None  # reference: a DynamicCache
+        out = m.model(input_ids=ids[:, :prompt], attention_mask=mask[:, :prompt], cache=cache, use_cache=True)
+        logits.append(out.logits[:, -1])
+        for t in range(prompt, ids.shape[1]):
+            out = m.model(
+                input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.past_key_values
+            )
+            logits.append(out.logits[:, -1])
+    return torch.stack(logits), h
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+def test_forced_decoding_with_the_trimmed_cache_fills_late_sinks(tiny_dir, groups):
+    # Row 1 has one real prompt token (position 60): its sinks 61 and 62 are written while decoding, and
+    # distinct forced tokens (unlike a greedy loop that repeats one) make a missed sink visible.
+    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[groups]))
+    ids, mask = _prompt(70, 2, 60, seed=12)
+    mask[1, 61:] = 1
+    policy = [(0, 0), (0, 1), (1, 0)]
+    trimmed, h = _forced_decoding(m, policy, ids, mask, 61)
+    dense, ref = _forced_decoding(m, policy, ids, mask, 61, kernel="reference")
+    assert h.stats["trimmed"] == 9 * m.num_layers and ref.stats["masked"] == 9 * m.num_layers
+    assert (trimmed - dense).abs().max().item() <= 1e-5
+    assert h.last_cache.layers[0].positions[1, :3].tolist() == [60, 61, 62]
+
+
+_HOST_READS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+
+def test_a_trimmed_decoding_step_reads_nothing_back(tiny_dir, monkeypatch):
+    # The cache's write and the trimmed kernel of a decoding step run with every tensor-to-host read raising.
+    from corelens.attention.hybrid import HybridHook
+    from corelens.attention.kernels.cache import HybridCacheLayer
+
+    armed = []
+
+    def guarded(fn):
+        def run(*args, **kwargs):
+            if not armed:
+                return fn(*args, **kwargs)
+            with pytest.MonkeyPatch.context() as patch:
+                for name in _HOST_READS:
+                    patch.setattr(torch.Tensor, name, _refuse(name))
+                patch.setattr(torch, "nonzero", _refuse("torch.nonzero"))
+                return fn(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(HybridCacheLayer, "_update_trimmed", guarded(HybridCacheLayer._update_trimmed))
+    monkeypatch.setattr(HybridHook, "_trimmed", guarded(HybridHook._trimmed))
+    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[2]))
+    ids, mask = _prompt(64, 2, 60, seed=3)
+    mask[1, 61:] = 1
+    with torch.no_grad(), corelens.hybrid(m, [(0, 0), (1, 2)], sink=3, window=8, decode="stream") as h:
+        cache = h.cache()
+        out = m.model(input_ids=ids[:, :61], attention_mask=mask[:, :61], cache=cache, use_cache=True)
+        armed.append(True)
+        for t in range(61, 64):
+            m.model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.past_key_values)
+    assert h.stats["trimmed"] == 3 * m.num_layers
+
+
+def _refuse(name):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{name} reads a tensor back to the host inside a decoding step")
+
+    return refuse
 
 
 def test_full_decoding_after_a_hybrid_prefill(tiny_dir):

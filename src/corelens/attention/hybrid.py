@@ -32,7 +32,7 @@ import torch
 
 from corelens.attention import kernels
 from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
-from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer
+from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer, decode_attention
 from corelens.attention.kernels.dense import masked_attention, policy_allowed
 from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
 from corelens.errors import CorelensError, OptionError
@@ -291,6 +291,8 @@ class HybridHook(AttentionHook):
 
     def __init__(self, session: Hybrid) -> None:
         self.session = session
+        # (layer, device) -> the trimmed decoding's head indices (`_query_heads`)
+        self._heads: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def attend(self, call: AttentionCall, inner: Kernel) -> Kernel:
         """Choose the kernel for this call: prefill, trimmed-cache decoding, or exact masked decoding."""
@@ -342,35 +344,52 @@ class HybridHook(AttentionHook):
         return masked_attention(query, key, value, allowed, scaling), None
 
     def _trimmed(self, index, full, layer, module, query, key, value, attention_mask, scaling=None, **_):
-        """Decoding over a trimmed cache layer: full KV heads over every position, streaming ones over their slots."""
+        """Decoding over a trimmed cache layer: full KV heads over every position, streaming ones over their slots.
+
+        Nothing is read back to the host: the head indices come from `_query_heads` (on the device), both parts
+        run in the input dtype (`decode_attention`), and the streaming part's shapes are the same every step.
+        """
         s = self.session
         p = s.policy
         batch, heads, q_len, _ = query.shape
-        groups = heads // s.kv_heads
         device = query.device
         total = key.shape[2]
         starts = layer.starts.to(device).expand(batch)
         q_pos = torch.arange(total - q_len, total, device=device).expand(batch, q_len)
         model = allowed_mask(attention_mask)
         out = query.new_empty(batch, q_len, heads, value.shape[-1])
+        full_q, full_flags, stream_q = self._query_heads(index, layer, full, heads, device)
 
-        full_kv = layer.full_kv.to(device)
-        if len(full_kv):
-            qh = (full_kv[:, None] * groups + torch.arange(groups, device=device)).flatten()
+        if len(full_q):
             k_pos = torch.arange(total, device=device).expand(batch, total)
-            allowed = policy_allowed(full[qh.cpu()], model, q_pos, k_pos, starts, p.pattern)
-            out[:, :, qh] = masked_attention(query[:, qh], key, value, allowed, scaling)
+            allowed = policy_allowed(full_flags, model, q_pos, k_pos, starts, p.pattern)
+            out[:, :, full_q] = decode_attention(query[:, full_q], key, value, allowed, scaling)
 
         sk, sv, pos = layer.visible
-        stream_kv = layer.stream_kv.to(device)
-        qh = (stream_kv[:, None] * groups + torch.arange(groups, device=device)).flatten()
         allowed = streaming_keep(q_pos, pos, starts, p.pattern)  # (batch, q, slots); -1 slots excluded
         if model is not None:
             cols = pos.clamp(min=0)[:, None, :].expand(batch, q_len, pos.shape[1])
             allowed &= model[:, 0].gather(-1, cols)
-        out[:, :, qh] = masked_attention(query[:, qh], sk, sv, allowed[:, None], scaling)
+        out[:, :, stream_q] = decode_attention(query[:, stream_q], sk, sv, allowed[:, None], scaling)
         s.stats["trimmed"] += 1
         return out, None
+
+    def _query_heads(
+        self, index: int, layer: HybridCacheLayer, full: torch.Tensor, heads: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return the query heads of the layer's full KV heads, their full-head flags, and the streaming KV
+        heads' query heads, as device tensors built on the host once per (layer, device).
+
+        Once per layer suffices: a session that decodes with a trimmed cache has a fixed full-head table, from
+        which every cache it hands out takes its KV split (adaptive sessions decode in full).
+        """
+        key = (index, str(device))
+        if key not in self._heads:
+            offsets = torch.arange(heads // layer.kv_heads)
+            full_q = (layer.full_kv[:, None] * len(offsets) + offsets).flatten()
+            stream_q = (layer.stream_kv[:, None] * len(offsets) + offsets).flatten()
+            self._heads[key] = (full_q.to(device), full[full_q].to(device), stream_q.to(device))
+        return self._heads[key]
 
 
 @contextmanager

@@ -3,6 +3,9 @@
 `RamProbe` computes, for a few query rows, the fp32 attention probabilities of every query head over all
 keys (from the post-RoPE queries and keys the model uses, GQA-aware, with the model's causal/padding mask),
 and reduces them to the mass on the target set Omega and on the visual set V.
+
+All probe rows of a layer run as one batched computation, cut into chunks of rows by a byte budget on the
+fp32 scores (`chunk_bytes`), with nothing read back to the host until the layer's totals are complete.
 """
 
 from __future__ import annotations
@@ -11,26 +14,78 @@ import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook
 
-# Bound on the scores tensor materialised at once (elements, 4 MiB in fp32): rows are processed in chunks
-# below it. Small blocks matter for peak memory: glibc keeps freed heap blocks under its mmap threshold.
-_CHUNK_ELEMENTS = 1 << 20
+# Byte budget of the fp32 scores materialised at once, per device type. On the CPU 4 MiB (2**20 scores), as
+# small blocks matter there for peak memory: glibc keeps freed heap blocks under its mmap threshold. On CUDA
+# up to 256 MiB, never more than an eighth of what the allocator could still hand out: 32 rows x 28 heads x
+# 32k keys (117 MiB) then run in one chunk, at 128k in two, well below the stock MLP's activations.
+CPU_CHUNK_BYTES = 4 << 20
+CUDA_CHUNK_BYTES = 256 << 20
+# Keys upcast to fp32 at once for a half-precision K (bytes of the fp32 block): K is never copied whole.
+_KEY_BLOCK_BYTES = 32 << 20
+
+
+def chunk_bytes(device: torch.device) -> int:
+    """Return the byte budget of one chunk of fp32 scores on `device` (see CPU_CHUNK_BYTES / CUDA_CHUNK_BYTES)."""
+    if device.type != "cuda":
+        return CPU_CHUNK_BYTES  # the CPU allocator's bound (and any other device's: no free-memory query)
+    free, _ = torch.cuda.mem_get_info(device)  # a driver query: it does not wait for queued work
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(CPU_CHUNK_BYTES, min(CUDA_CHUNK_BYTES, (free + cached) // 8))
+
+
+def rows_per_chunk(heads: int, kv_len: int, budget: int) -> int:
+    """Return how many query rows' fp32 scores (heads x kv_len each) fit `budget` bytes (at least 1)."""
+    return max(1, budget // (4 * heads * kv_len))
+
+
+def _check_rows(rows: torch.Tensor, q_offset: int, q_len: int) -> None:
+    """Raise when host `rows` fall outside the call's queries (device rows are the caller's to keep in range)."""
+    if rows.device.type != "cpu" or not len(rows):
+        return  # reading device rows back would wait for the device; an index out of range still fails there
+    if int(rows.min()) < q_offset or int(rows.max()) >= q_offset + q_len:
+        raise ValueError(f"probe rows {rows.tolist()} are outside this call's queries")
+
+
+def _grouped_scores(q: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """Return fp32 q . k over every key: q (batch, kv_heads, groups, rows, dim) fp32, key (batch, kv_heads, n, dim).
+
+    An fp32 K is used in place. A half-precision K is upcast one block of keys at a time (`_KEY_BLOCK_BYTES`),
+    so the products are exact and accumulate in fp32 without an fp32 copy of all of K.
+    """
+    if key.dtype == torch.float32:
+        return torch.einsum("bkgrd,bknd->bkgrn", q, key)
+    batch, kv_heads, groups, n_rows, dim = q.shape
+    kv_len = key.shape[2]
+    scores = q.new_empty(batch, kv_heads, groups, n_rows, kv_len)
+    block = max(1, _KEY_BLOCK_BYTES // (4 * batch * kv_heads * (dim + groups * n_rows)))
+    for start in range(0, kv_len, block):
+        keys = key[:, :, start : start + block].float()
+        scores[..., start : start + block] = torch.einsum("bkgrd,bknd->bkgrn", q, keys)
+    return scores
 
 
 def row_scores(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
-    """Return fp32 masked, scaled scores of query `rows` (absolute positions): (batch, heads, rows, kv_len)."""
+    """Return fp32 masked, scaled scores of query `rows` (absolute positions): (batch, heads, rows, kv_len).
+
+    `rows` may live on the host or on the call's device; device rows are not read back (no host sync).
+    """
+    _check_rows(rows, call.q_offset, call.query.shape[2])
+    return _scores(call, rows.to(call.query.device))
+
+
+def _scores(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
+    """`row_scores` of `rows` already on the call's device and in range: nothing is read back to the host."""
     query, key = call.query, call.key
-    batch, heads, q_len, dim = query.shape
+    batch, heads, _, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     local = rows - call.q_offset
-    if int(local.min()) < 0 or int(local.max()) >= q_len:
-        raise ValueError(f"probe rows {rows.tolist()} are outside this call's queries")
     q = query[:, :, local].float().view(batch, kv_heads, heads // kv_heads, len(rows), dim)
-    scores = torch.einsum("bkgrd,bknd->bkgrn", q, key.float()).mul_(call.scaling)
+    scores = _grouped_scores(q, key).mul_(call.scaling)
     scores = scores.reshape(batch, heads, len(rows), kv_len)
     mask = call.attention_mask
     if mask is None:
         keys = torch.arange(kv_len, device=key.device)
-        allowed = keys[None, :] <= rows.to(key.device)[:, None]
+        allowed = keys[None, :] <= rows[:, None]
         scores.masked_fill_(~allowed, float("-inf"))
     else:
         rows_mask = mask[:, :, local, :kv_len]
@@ -43,8 +98,11 @@ def row_scores(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
 
 def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
     """Return fp32 attention probabilities of query `rows` (absolute positions): (batch, heads, rows, kv_len)."""
-    scores = row_scores(call, rows)
-    # Softmax in place: no second (heads, rows, kv_len) buffer.
+    return _softmax_(row_scores(call, rows))
+
+
+def _softmax_(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension in place: no second (heads, rows, kv_len) buffer."""
     scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
     return scores.div_(scores.sum(dim=-1, keepdim=True))
 
@@ -78,6 +136,13 @@ class RamProbe(AttentionHook):
         self.visual_mass = torch.full((num_layers, num_heads), float("nan"))
         self.view_mass = torch.full((num_layers, num_heads, len(self.views), 2), float("nan"))
         self._indicator: torch.Tensor | None = None
+        self._rows_on: torch.Tensor | None = None
+
+    def _device_rows(self, device: torch.device) -> torch.Tensor:
+        """Return the probe rows on `device`, copied there once (not per layer)."""
+        if self._rows_on is None or self._rows_on.device != device:
+            self._rows_on = self.rows.to(device)
+        return self._rows_on
 
     def _indicators(self, kv_len: int, device: torch.device) -> torch.Tensor:
         # 0/1 columns marking Omega and V: one matmul reduces a block of rows to both masses.
@@ -112,18 +177,20 @@ class RamProbe(AttentionHook):
         if call.query.shape[0] != 1:
             raise ValueError("RamProbe measures one sample at a time (batch size 1)")
         heads, kv_len = call.query.shape[1], call.key.shape[2]
-        step = max(1, _CHUNK_ELEMENTS // (heads * kv_len))
         device = call.key.device
+        _check_rows(self.rows, call.q_offset, call.query.shape[2])  # on the host, once per layer
+        step = rows_per_chunk(heads, kv_len, chunk_bytes(device))
+        rows = self._device_rows(device)
         indicator = self._indicators(kv_len, device)
         totals = torch.zeros(heads, indicator.shape[1], device=device)
         # Per-key mass summed over the probed rows: the views' masses are sums of its entries.
         per_key = torch.zeros(heads, kv_len, device=device) if self.views else None
-        for start in range(0, len(self.rows), step):
-            probs = row_probabilities(call, self.rows[start : start + step])[0]  # (heads, rows, kv)
+        for start in range(0, len(rows), step):  # device work only: nothing is read back per chunk
+            probs = _softmax_(_scores(call, rows[start : start + step]))[0]  # (heads, rows, kv)
             totals += (probs @ indicator).sum(dim=1)
             if per_key is not None:
                 per_key += probs.sum(dim=1)
-        totals = totals.cpu() / len(self.rows)
+        totals = totals.cpu() / len(self.rows)  # the layer's one copy to the host
         self.mass[call.layer] = totals[:, 0]
         self.visual_mass[call.layer] = totals[:, 1]
         if per_key is not None:

@@ -312,6 +312,8 @@ def run_ram_benchmark(
     """Time and measure peak memory of the sdpa, RAM-probe and eager forwards; return the results dict."""
     import transformers
 
+    from corelens.attention.probes import chunk_bytes, rows_per_chunk
+
     threads = cores()
     torch.set_num_threads(threads)
     if repeats is None:
@@ -409,6 +411,8 @@ def run_ram_benchmark(
         out[f"{v}_peak_mb"] = memory[v]["peak_mb"]
         out[f"{v}_maxrss_mb"] = memory[v]["maxrss_mb"]
         out[f"{v}_baseline_mb"] = memory[v]["baseline_mb"]
+    # How the probe cut its rows here (`probes.chunk_bytes`: on CUDA it depends on the free memory).
+    out["probe_rows_per_chunk"] = rows_per_chunk(heads, tokens, chunk_bytes(torch.device(device)))
     out["probe_time_ratio"] = out["probe_s"] / out["sdpa_s"]
     out["probe_mem_ratio"] = out["probe_peak_mb"] / out["sdpa_peak_mb"]
     out["eager_mem_over_probe"] = out["eager_peak_mb"] / out["probe_peak_mb"] if eager else None

@@ -200,6 +200,53 @@ def _run_hybrid(args) -> int:
     return _report(result, summary(result), args.json)
 
 
+def _decode_arguments(parser) -> None:
+    """Add the options of `corelens bench decode` to `parser`."""
+    parser.add_argument("--tokens", type=positive, required=True, help="prompt length N")
+    parser.add_argument("--steps", type=positive, default=64, help="decoded tokens (timed)")
+    parser.add_argument(
+        "--keep", type=checked(_fraction, "share"), default=0.2, help="full share F: 0.2 or 20%%"
+    )
+    parser.add_argument(
+        "--granularity", choices=("kv", "query"), default="kv", help="F counts KV or query heads"
+    )
+    parser.add_argument("--sink", type=int, default=128)
+    parser.add_argument("--window", type=positive, default=1024)
+    parser.add_argument("--layers", type=positive, default=4)
+    parser.add_argument("--hidden", type=positive, default=2048)
+    parser.add_argument("--heads", type=positive, default=16)
+    parser.add_argument("--kv-heads", type=positive, default=2)
+    parser.add_argument("--intermediate", type=positive, default=5632)
+    parser.add_argument(
+        "--kernel", choices=("auto", "blocked", "flex"), default="auto", help="hybrid prefill"
+    )
+    parser.add_argument("--repeats", type=positive, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
+
+
+def _fraction(text: str) -> float:
+    shares = _fractions(text)
+    if len(shares) != 1:
+        raise argparse.ArgumentTypeError(f"expected one share such as 0.2 or 20%, got {text!r}")
+    return shares[0]
+
+
+def _run_decode(args) -> int:
+    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
+    from corelens.bench.decode import run_decode_benchmark, summary
+
+    result = run_decode_benchmark(
+        args.tokens, keep=args.keep, granularity=args.granularity, steps=args.steps, sink=args.sink,
+        window=args.window, layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+        intermediate=args.intermediate, kernel=args.kernel, repeats=args.repeats, seed=args.seed,
+        device=args.device, dtype=args.dtype,
+    )  # fmt: skip
+    return _report(result, summary(result), args.json)
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(","))
@@ -244,6 +291,8 @@ BENCHMARKS = {
     "hybrid": ("hybrid attention kernels and prefill against stock sdpa and FlexAttention", _hybrid_arguments,
                _run_hybrid),
     "scale": ("corelens rank on 1 and 2 processes, and its per-sample overhead", _scale_arguments, _run_scale),
+    "decode": ("decoding tokens/s and KV-cache bytes: stock dense cache against hybrid's trimmed cache",
+               _decode_arguments, _run_decode),
 }  # fmt: skip
 
 

@@ -17,11 +17,19 @@ by the hybrid kernel from `visible`. The data flow is one way, as in DuoAttentio
 hybrid session that made the cache owns it and reads layer `i` at decoder layer `i`'s attention call; the
 layer only marks itself `fresh` when `update` has just produced that call's keys. When the session ends it
 closes the cache, and a closed cache refuses to decode trimmed heads.
+
+A decoding step over a trimmed layer reads nothing back to the host: the head indices live on the cache's
+device from the trim on, the next position is a device counter (`next_position`), ring slots and sink slots
+are computed and written on the device (`index_copy_`, `scatter_`), and `decode_attention` runs in the input
+dtype. The streaming part has the same shapes at every step (S + W slots), so a CUDA graph could capture it;
+what stays dynamic is the full KV heads' length, which grows by one position per token as in transformers'
+`DynamicCache` (and the model's mask with it): capturing those needs a preallocated, masked buffer.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
 from corelens.errors import CorelensError
@@ -47,6 +55,9 @@ class HybridCacheLayer(DynamicLayer):
         self.trimmed = False
         self.skeys = self.svalues = self.positions = None
         self.visible: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.next_position: torch.Tensor | None = None  # (1,) on the device: the next absolute position
+        # The (streaming, full) KV head indices, on the device from the trim on.
+        self.indices: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # --- what transformers calls -------------------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -91,6 +102,7 @@ class HybridCacheLayer(DynamicLayer):
         self.starts = None
         self.trimmed = False
         self.skeys = self.svalues = self.positions = self.visible = self.returned_shape = None
+        self.next_position = self.indices = None
         self.fresh = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -144,7 +156,9 @@ class HybridCacheLayer(DynamicLayer):
         batch, _, total, _ = keys.shape
         device = keys.device
         sink, window = self.sink, self.window
-        stream, full = self.stream_kv.to(device), self.full_kv.to(device)
+        # Copied to the device once here, so that no decoding step copies from the host (a copy that waits).
+        self.indices = stream, full = self.stream_kv.to(device), self.full_kv.to(device)
+        self.next_position = torch.full((1,), total, dtype=torch.long, device=device)
         starts = self.starts.to(device).expand(batch)
         ks, vs = keys.index_select(1, stream), values.index_select(1, stream)
         slots = sink + window
@@ -166,38 +180,54 @@ class HybridCacheLayer(DynamicLayer):
         self.keys, self.values = keys.index_select(1, full), values.index_select(1, full)
         self.trimmed = True
 
-    def _write(self, ks: torch.Tensor, vs: torch.Tensor, first: int) -> None:
-        """Store new positions first.. (keys (batch, streaming, q, dim)) in the sink slots and the ring."""
+    def _write(self, ks: torch.Tensor, vs: torch.Tensor) -> None:
+        """Store the step's new positions (keys (batch, streaming, q, dim)) in the ring and the sink slots.
+
+        Device work only, on shapes fixed by q: the positions come from the device counter `next_position`.
+        """
         q = ks.shape[2]
         device = ks.device
         sink, window = self.sink, self.window
         starts = self.starts.to(device).expand(ks.shape[0])
+        pos = self.next_position + torch.arange(q, device=device)  # (q,) absolute positions
         keep = max(0, q - window)  # older new positions would be overwritten within this very write
-        for t in range(keep, q):
-            p = first + t
-            slot = sink + p % window
-            self.skeys[:, :, slot] = ks[:, :, t]
-            self.svalues[:, :, slot] = vs[:, :, t]
-            self.positions[:, slot] = torch.where(p >= starts + sink, p, -1)
-        for t in range(q):
-            p = first + t
-            s = p - starts  # sink index per row
-            rows = ((s >= 0) & (s < sink)).nonzero().flatten()
-            if len(rows):
-                self.skeys[rows, :, s[rows]] = ks[rows, :, t]
-                self.svalues[rows, :, s[rows]] = vs[rows, :, t]
-                self.positions[rows, s[rows]] = p
+        slots = sink + pos[keep:] % window  # distinct: at most W consecutive positions
+        self.skeys.index_copy_(2, slots, ks[:, :, keep:])
+        self.svalues.index_copy_(2, slots, vs[:, :, keep:])
+        ring = pos[None, keep:].expand(len(starts), -1)
+        self.positions.index_copy_(1, slots, torch.where(ring >= (starts + sink)[:, None], ring, -1))
+        if sink:  # a row whose first real position is recent still fills its sinks
+            for t in range(q):
+                self._write_sink(ks[:, :, t : t + 1], vs[:, :, t : t + 1], pos[t], starts)
+        self.next_position += q
+
+    def _write_sink(self, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, starts: torch.Tensor) -> None:
+        """Put position `p` (a 0-d device tensor) in sink slot p - start of the rows where that is a sink slot.
+
+        Every row writes (the slot clamped, its old content kept where p is no sink): no row list is read back.
+        """
+        s = p - starts  # (batch,) sink index of p in each row
+        inside = (s >= 0) & (s < self.sink)
+        slot = s.clamp(0, self.sink - 1)
+        for store, new in ((self.skeys, k), (self.svalues, v)):
+            index = slot[:, None, None, None].expand(-1, store.shape[1], 1, store.shape[3])
+            store.scatter_(2, index, torch.where(inside[:, None, None, None], new, store.gather(2, index)))
+        index = slot[:, None]
+        self.positions.scatter_(1, index, torch.where(inside[:, None], p, self.positions.gather(1, index)))
 
     def _update_trimmed(self, key_states: torch.Tensor, value_states: torch.Tensor):
         device = key_states.device
-        stream, full = self.stream_kv.to(device), self.full_kv.to(device)
+        if self.indices[0].device != device:  # the layer moved since the trim (once, not per step)
+            self.indices = tuple(t.to(device) for t in self.indices)
+            self.next_position = self.next_position.to(device)
+        stream, full = self.indices
         first = self.cumulative_length
         q = key_states.shape[-2]
         ks, vs = key_states.index_select(1, stream), value_states.index_select(1, stream)
         self.keys = torch.cat([self.keys, key_states.index_select(1, full)], dim=-2)
         self.values = torch.cat([self.values, value_states.index_select(1, full)], dim=-2)
         if q == 1:  # the ring then holds exactly the window of the new query: write first, no copy
-            self._write(ks, vs, first)
+            self._write(ks, vs)
             self.visible = (self.skeys, self.svalues, self.positions)
         else:  # earlier queries of this step need positions the write would evict: show old + new
             new_pos = torch.arange(first, first + q, device=device).expand(ks.shape[0], q)
@@ -206,9 +236,27 @@ class HybridCacheLayer(DynamicLayer):
                 torch.cat([self.svalues, vs], dim=2),
                 torch.cat([self.positions, new_pos], dim=1),
             )
-            self._write(ks, vs, first)
+            self._write(ks, vs)
         self.cumulative_length += q
         return self.keys, self.values
+
+
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """Return attention (batch, q, heads, dim) of a decoding step under `allowed` (broadcastable to
+    (batch, heads, q, n)), in the input dtype: no fp32 copy of the cache.
+
+    Each KV head's query heads are folded into the query axis, so SDPA reads every key and value once per KV
+    head, unrepeated and uncast, and its kernels accumulate the softmax in fp32. Every row of a decoding step
+    keeps at least its own position, so no row is fully masked (where SDPA backends differ).
+    """
+    batch, heads, q_len, dim = query.shape
+    kv_heads, n = key.shape[1], key.shape[2]
+    folded = query.reshape(batch, kv_heads, heads // kv_heads * q_len, dim)
+    mask = allowed.expand(batch, heads, q_len, n).reshape(batch, kv_heads, -1, n)
+    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scale)
+    return out.view(batch, heads, q_len, value.shape[-1]).transpose(1, 2)
 
 
 class HybridCache(Cache):

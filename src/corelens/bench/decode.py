@@ -1,0 +1,179 @@
+"""Decoding benchmark: tokens/s and KV-cache bytes, stock dense cache against hybrid's trimmed cache.
+
+A random-weight Qwen2.5-VL text decoder (`corelens.bench.ram.build_model`, default 4 layers of width 2048,
+16 query heads over 2 KV heads) reads an N-token random prompt and then decodes `steps` tokens one at a time,
+batch 1, under `torch.no_grad()`, the next token's id given (random, the same for both sides: the decoder has
+no head to choose one):
+
+- ``dense``: transformers' "sdpa" attention with its `DynamicCache` (every KV head keeps every position);
+- ``hybrid``: `corelens.hybrid(model, policy, decode="stream")` with `h.cache()`: the streaming KV heads keep S
+  sinks + a window of W, the full ones every position. The policy keeps a share F full (seeded random): with
+  ``granularity="kv"`` round(F L H_kv) KV heads and all their query heads, so every other KV head is trimmed;
+  with ``"query"`` round(F L H) query heads, and a KV head is trimmed only when all its query heads stream.
+
+Each side: one warm-up (prefill + 2 steps at a short length), then `repeats` runs of prefill + steps at N,
+interleaved; decode time is the median over runs of the steps' wall time (after a device synchronisation),
+the prefill untimed. KV bytes are the cache's after the last step (`HybridCache.report` for the hybrid side,
+whose ``dense_bytes`` is what a `DynamicCache` holds for the same positions).
+
+Run as ``corelens bench decode --tokens N --keep 0.2 --steps 64 --json FILE``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from corelens.bench.ram import build_model, machine_info, make_input_ids
+
+GRANULARITIES = ("kv", "query")
+WARMUP_TOKENS = 256
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def full_heads(layers: int, heads: int, kv_heads: int, keep: float, granularity: str, seed: int):
+    """Return the (layer, query head) pairs kept full: a seeded random share `keep` of KV or query heads."""
+    groups = heads // kv_heads
+    units = layers * (kv_heads if granularity == "kv" else heads)
+    count = max(0, min(units, round(keep * units)))
+    chosen = torch.randperm(units, generator=torch.Generator().manual_seed(seed))[:count].tolist()
+    if granularity == "query":
+        return [(u // heads, u % heads) for u in chosen]
+    per_layer = kv_heads
+    return [(u // per_layer, (u % per_layer) * groups + g) for u in chosen for g in range(groups)]
+
+
+def _cache_bytes(cache) -> int:
+    """Return the bytes a transformers cache holds (keys and values of every layer)."""
+    return sum(
+        t.numel() * t.element_size()
+        for layer in cache.layers
+        for t in (layer.keys, layer.values)
+        if t is not None
+    )
+
+
+def _decode(model, ids: torch.Tensor, steps: torch.Tensor, device: torch.device, cache):
+    """Prefill `ids` into `cache`, then feed `steps` one token at a time; return the decoding seconds."""
+    model(input_ids=ids, cache=cache, use_cache=True)
+    _sync(device)
+    start = time.perf_counter()
+    for t in range(steps.shape[1]):
+        model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def run_decode_benchmark(
+    tokens: int,
+    *,
+    keep: float = 0.2,
+    granularity: str = "kv",
+    steps: int = 64,
+    sink: int = 128,
+    window: int = 1024,
+    layers: int = 4,
+    hidden: int = 2048,
+    heads: int = 16,
+    kv_heads: int = 2,
+    intermediate: int = 5632,
+    vocab_size: int = 1024,
+    kernel: str = "auto",
+    repeats: int = 3,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """Time `steps` decoding steps after an N-token prompt, dense against hybrid; return the results dict."""
+    import transformers
+    from transformers import DynamicCache
+
+    from corelens.attention.hybrid import hybrid as hybrid_attention
+
+    dev = torch.device(device)
+    pairs = full_heads(layers, heads, kv_heads, keep, granularity, seed)
+    dims = {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "intermediate": intermediate,
+    }
+    times: dict[str, list[float]] = {"dense": [], "hybrid": []}
+    with torch.no_grad():
+        model = build_model(**dims, vocab_size=vocab_size, seed=seed, device=device, dtype=dtype)
+        ids = make_input_ids(tokens + steps, vocab_size, seed).to(dev)
+
+        def dense(n):
+            model.set_attn_implementation("sdpa")
+            cache = DynamicCache(config=model.config)
+            return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache), cache
+
+        def hybrid(n):
+            model.set_attn_implementation("corelens")
+            options = {"sink": sink, "window": window, "kernel": kernel, "decode": "stream"}
+            with hybrid_attention(model, pairs, **options) as h:
+                cache = h.cache()
+                return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache), (cache, h)
+
+        short = min(tokens, WARMUP_TOKENS)
+        for run in (dense, hybrid):
+            run(short)
+        for _ in range(repeats):
+            seconds, dense_cache = dense(tokens)
+            times["dense"].append(seconds)
+            seconds, (cache, session) = hybrid(tokens)
+            times["hybrid"].append(seconds)
+        report = cache.report()
+        stats = dict(session.stats)
+        dense_bytes = _cache_bytes(dense_cache)
+
+    out: dict[str, Any] = {
+        "tokens": tokens,
+        "steps": steps,
+        **dims,
+        "keep": keep,
+        "granularity": granularity,
+        "full_query_heads": len(pairs),
+        "trimmed_kv_heads": sum(len(layer.stream_kv) for layer in cache.layers),
+        "sink": sink,
+        "window": window,
+        "repeats": repeats,
+        "seed": seed,
+        "device": device,
+        "dtype": dtype,
+    }
+    for side in times:
+        out[f"{side}_decode_s"] = statistics.median(times[side])
+        out[f"{side}_tokens_per_s"] = steps / out[f"{side}_decode_s"]
+        out[f"{side}_times_s"] = times[side]
+    out["decode_speedup"] = out["dense_decode_s"] / out["hybrid_decode_s"]
+    out["dense_kv_bytes"] = dense_bytes
+    out["hybrid_kv_bytes"] = report["hybrid_bytes"]
+    out["hybrid_dense_equivalent_bytes"] = report["dense_bytes"]
+    out["kv_bytes_ratio"] = report["hybrid_bytes"] / dense_bytes
+    out["hybrid_stats"] = stats
+    out["torch"] = torch.__version__
+    out["transformers"] = transformers.__version__
+    out["machine"] = machine_info()
+    if dev.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(dev)
+    return out
+
+
+def summary(result: dict[str, Any]) -> str:
+    """Return a one-line summary of a decode benchmark result."""
+    return (
+        f"decode bench N={result['tokens']} +{result['steps']} L={result['layers']} "
+        f"F={result['keep']:.0%} ({result['granularity']}): dense {result['dense_tokens_per_s']:.1f} tok/s "
+        f"{result['dense_kv_bytes'] / 2**20:.1f} MiB | hybrid {result['hybrid_tokens_per_s']:.1f} tok/s "
+        f"{result['hybrid_kv_bytes'] / 2**20:.1f} MiB | speed-up {result['decode_speedup']:.2f}x, "
+        f"KV bytes {result['kv_bytes_ratio']:.3f}x"
+    )
