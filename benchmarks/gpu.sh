@@ -11,7 +11,13 @@
 #      the timed length; q, k, v in the model's strided layout), the mask / plan build time per layer, and
 #      the whole 2-layer prefill at F = 20 % and 50 % against the FLOP prediction;
 #   3. the same kernel table at 128k (no prefill: the step's time goes to the kernels);
-#   4. with more than one GPU, a 2-process torchrun ranking of the organism on cuda:0 and cuda:1.
+#   4. with more than one GPU, a 2-process torchrun ranking of the organism on cuda:0 and cuda:1;
+#   5. benchmarks/gpu_probe_decode.py: the batched RAM probe against its row-by-row form on the device and its
+#      host synchronisations per layer; trimmed-cache decoding against the dense rule, token by token;
+#   6. bench ram at 32k (4 layers) and 128k (2 layers): probe against stock forward, time and allocator peak;
+#   7. bench decode at 64k: tokens/s and KV-cache bytes, dense cache against F = 20 % KV-granular.
+# Steps 0-4 ("prefill") and 5-7 ("probe") each fit one 8-minute device call: `bash benchmarks/gpu.sh prefill`
+# then `bash benchmarks/gpu.sh probe`; no argument runs both (about 13 minutes at the worst).
 # Each step has its own time limit so that the whole script ends within 8 minutes; JSON files, logs and the
 # tables land in $OUT, which the device tool brings back. Dry run on a CPU (parses and runs every command at
 # tiny sizes): DRY=1 bash benchmarks/gpu.sh
@@ -28,6 +34,8 @@ else
   sizes=(32768 65536) long=131072 shape=() parity=()
 fi
 keeps=(--keep 0.05,0.1,0.2,0.5)
+part=${1:-all}
+if [ "$part" != probe ]; then
 timeout 60 "$py" -c "
 import torch, transformers
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version(),
@@ -53,4 +61,20 @@ if [ "$gpus" -gt 1 ]; then
   cp /tmp/gpu-rank/manifest.json "$out/torchrun-manifest.json"
 else
   echo "one GPU: the 2-process torchrun ranking is skipped" | tee -a "$out/gpu.txt"
+fi
+fi
+if [ "$part" != prefill ]; then
+  if [ "${DRY:-0}" = 1 ]; then probe=(--device cpu --tokens 256) ram=(512 640) decode=512
+  else probe=(--device cuda --tokens 8192) ram=(32768 131072) decode=65536; fi
+  timeout 90 "$py" benchmarks/gpu_probe_decode.py "${probe[@]}" 2>&1 | grep -v Warning | tee -a "$out/gpu.txt"
+  layers=4
+  for n in "${ram[@]}"; do
+    timeout 150 "$py" -m corelens bench ram "${dev[@]}" --tokens "$n" "${width[@]}" --layers $layers --no-eager \
+      --repeats 2 --json "$out/ram-gpu-$n.json" 2>&1 | tail -3 | tee -a "$out/gpu.txt" \
+      || echo "bench ram N=$n did not finish" | tee -a "$out/gpu.txt"
+    layers=2
+  done
+  timeout 150 "$py" -m corelens bench decode "${dev[@]}" --tokens "$decode" "${width[@]}" --layers 4 --keep 0.2 \
+    --granularity kv --steps 64 --repeats 2 --json "$out/decode-gpu-$decode.json" 2>&1 | tail -3 \
+    | tee -a "$out/gpu.txt" || echo "bench decode N=$decode did not finish" | tee -a "$out/gpu.txt"
 fi
