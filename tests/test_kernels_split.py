@@ -216,3 +216,13 @@ def test_bench_kernel_times_plan_and_backend_on_model_layout():
     assert out["hybrid_kernel"] == {"0.25": "partitioned"} and out["kernel"] == "partitioned"
     assert set(out["plan_build_s"]) == {"flex", "partitioned"}
     assert "scaled_dot_product" in out["sdpa_backend"]
+
+
+def test_bench_kernel_choices_are_the_kernels():
+    from corelens.attention.kernels import KERNELS
+    from corelens.cli import parser
+
+    bench = next(a for a in parser()._subparsers._group_actions[0].choices["bench"]._actions if a.choices)
+    hybrid = bench.choices["hybrid"]
+    kernel = next(a for a in hybrid._actions if a.dest == "kernel")
+    assert tuple(kernel.choices) == KERNELS

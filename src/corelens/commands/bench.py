@@ -152,6 +152,9 @@ def _hybrid_arguments(parser) -> None:
     parser.add_argument(
         "--kernel",
         default="auto",
+        # Written out (not imported from corelens.attention.kernels.KERNELS) so that parsing imports no torch;
+        # tests/test_kernels_split.py checks that the two lists agree.
+        choices=("auto", "reference", "blocked", "flex", "partitioned"),
         help="the hybrid kernel timed as `hybrid`: auto, blocked, flex, partitioned or reference (default auto;"
         " compiled flex is timed beside it unless --no-flex)",
     )
