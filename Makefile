@@ -24,10 +24,12 @@ $(STAMP): requirements.lock requirements-extras.lock pyproject.toml
 demo: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/corelens demo --out runs/demo
 
+# One pytest worker per core (pytest-xdist), each on one thread: most tests are small tensors and
+# subprocesses, where a second thread per worker buys less than a second worker.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest -q -p no:cacheprovider tests \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -p no:cacheprovider -n auto tests \
 		--doctest-modules $(DOCTESTS)
 
 format: $(STAMP)
