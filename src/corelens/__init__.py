@@ -28,7 +28,24 @@ _EXPORTS = {
     "rank": "corelens.experiments.rank",
     "read_samples": "corelens.data",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Ablation",
+    "CorelensError",
+    "HeadSet",
+    "InputError",
+    "Loaded",
+    "OptionError",
+    "Ranking",
+    "Sample",
+    "UnsupportedModelError",
+    "ablate",
+    "hybrid",
+    "load",
+    "measure_sample",
+    "prepare",
+    "rank",
+    "read_samples",
+]
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from corelens.attention.hybrid import hybrid

@@ -185,6 +185,9 @@ def _run(args: argparse.Namespace, where: str) -> int:
     try:
         if isinstance(getattr(args, "data", None), str) and args.command != "organism":
             _resolve_data(args)
+            from corelens.commands.common import check_data
+
+            check_data(args)  # no usable sample, or no targets where they are needed: before the model loads
         if getattr(args, "repair_log", False):
             _repair_log(args)
         args.func(args)

@@ -26,7 +26,20 @@ _EXPORTS = {
         "corelens.metrics.spectra",
     ),
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Rid",
+    "RidTerms",
+    "Spectrum",
+    "erank",
+    "kept_rank",
+    "mixig",
+    "rid",
+    "rid_terms",
+    "row_entropies",
+    "singular_values",
+    "spectrum",
+    "tme",
+]
 
 if TYPE_CHECKING:
     from corelens.metrics.mixing import mixig, row_entropies, tme
