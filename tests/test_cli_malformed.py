@@ -206,3 +206,170 @@ def test_bench_hybrid_table_is_an_option(capsys) -> None:
     assert capsys.readouterr().out.startswith("| N | F | f | sdpa s |")
     assert bench_hybrid(["--table", str(saved), "--tokens", "64"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+# The likeliest first-hour mistakes (issue 29): each is one line `corelens[ CMD]: error: ...`, exit 2, before
+# any model loads (the --model below does not exist: had it been loaded first, the error would name it).
+
+
+def one_error(capsys, argv: list[str]) -> str:
+    """Run `argv`; assert exit 2 and one clean error line; return its message."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and code == 2, f"{argv} exited {code}: {err}"
+    lines = err.strip().splitlines()
+    assert ERROR.match(lines[-1]) and all(line.startswith(("usage:", " ")) for line in lines[:-1]), err
+    return ERROR.match(lines[-1]).group(1)
+
+
+@pytest.fixture(scope="module")
+def untargeted(valid, tmp_path_factory) -> Path:
+    """The organism's samples without their target boxes: the usual shape of a user's own data."""
+    import json
+
+    data = Path(valid["--data"][0])
+    path = tmp_path_factory.mktemp("untargeted") / "mine.jsonl"
+    records = [json.loads(line) for line in data.read_text().splitlines()]
+    for record in records:
+        record.pop("targets")
+        record["images"] = [str(data.parent / p) for p in record["images"]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "hint"),
+    [
+        ("rank", [], "--omega causal"),
+        ("ablate", ["--op", "knockout", "--keys", "omega"], "--keys visual"),
+        ("sap", [], "--prior vis_attn,complexity,noise"),
+    ],
+)
+def test_data_without_targets_stops_before_the_model_loads(command, extra, hint, valid, untargeted, capsys):
+    argv = [command, *required(leaf((command,)), "--model", valid), "--model", MISSING, *extra]
+    argv[argv.index("--data") + 1] = str(untargeted)
+    message = one_error(capsys, argv)
+    assert message.startswith(f"{untargeted}: no sample has target boxes") and hint in message
+
+
+def test_causal_omega_needs_no_targets(valid, untargeted, capsys):
+    """With --omega causal the same data pass the check: the next error is the model's."""
+    argv = ["rank", "--model", MISSING, "--data", str(untargeted), "--out", valid["--out"][0]]
+    assert MISSING in one_error(capsys, [*argv, "--omega", "causal"])
+
+
+@pytest.mark.parametrize("command", ["rank", "ablate", "hybrid", "sap", "flow"])
+def test_empty_sample_file_is_one_error_naming_it(command, valid, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    out = tmp_path / "out"
+    argv = [command, *required(leaf((command,)), "--data", valid), "--data", str(empty)]
+    argv[argv.index("--out") + 1] = str(out)
+    assert one_error(capsys, argv) == f"{empty}: no samples: the file holds no records (or --limit is 0)"
+    assert not out.exists()  # no table of NaN accuracies (ablate used to write one and exit 0)
+
+
+def test_every_sample_skipped_is_one_error_with_the_reasons(valid, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a"\n{"id": "a"\n[1]\n')
+    argv = ["ablate", *required(leaf(("ablate",)), "--data", valid), "--data", str(bad), "--skip-bad"]
+    message = one_error(capsys, argv)
+    assert message.startswith(f"{bad}: no sample could be used: all 3 were skipped (invalid JSON: ")
+    assert message.endswith("(char 11): 2, a record must be a JSON object, got array: 1)")
+
+
+def test_runs_count_used_and_skipped_samples_by_reason(tmp_path, capsys):
+    """The run driver prints `N samples used, M skipped (reason: count), see LOG`; none used is an error."""
+    from corelens.data.sample import Sample, SkippedSample
+    from corelens.errors import InputError
+    from corelens.runs.driver import Loop, drive
+    from corelens.runs.rundir import Run
+
+    samples = [Sample(id=f"s{i}", task="image", question="q", answer="a", source="d.jsonl") for i in range(4)]
+    unreadable = [SkippedSample("d.jsonl", 9, None, None, "d.jsonl:9: invalid JSON: oops")]
+
+    def step(sample, done):
+        if sample.id != "s0":
+            raise InputError(
+                "image file not found", file="d.jsonl", line=2, sample=sample.id, field="images[0]"
+            )
+        return [{"id": sample.id, "status": "ok"}]
+
+    run = Run(tmp_path / "run", "test", {}, argv=[])
+    drive(Loop("t", step), samples, run=run, skipped=unreadable, skip_bad=True, progress=True)
+    log = tmp_path / "run" / "samples.jsonl"
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed == f"1 samples used, 4 skipped (image file not found: 3, invalid JSON: oops: 1), see {log}"
+    run.finish()
+    with pytest.raises(
+        InputError, match=r"^d.jsonl: no sample could be used: all 3 were skipped \(image file"
+    ):
+        drive(Loop("t", step), samples[1:], skip_bad=True)
+
+
+def test_unknown_option_or_command_names_the_nearest(capsys):
+    assert (
+        one_error(capsys, ["rank", "--modle", "x"])
+        == "unrecognized arguments: --modle; did you mean --model?"
+    )
+    assert one_error(capsys, ["rank", "--bogus"]) == "unrecognized arguments: --bogus"  # nothing near
+    assert one_error(capsys, ["bench", "hybrid", "--tokns", "64"]).endswith("did you mean --tokens?")
+    assert one_error(capsys, ["rnak"]).endswith("; did you mean 'rank'?")
+    assert one_error(capsys, ["rank", "--query", "answr"]).endswith("; did you mean 'answer'?")
+
+
+def test_every_option_has_help_and_help_shows_defaults(capsys):
+    missing = [
+        f"{' '.join(path)} {name(action)}"
+        for path, p in commands(parser())
+        for action in p._actions
+        if not action.help and not isinstance(action, argparse._SubParsersAction)
+    ]
+    assert not missing, f"options without a help line: {missing}"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["rank", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "(default: question)" in shown and "(default: 1%,5%,10%)" in shown
+    assert "(default: None)" not in shown and "(default: False)" not in shown
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        parser().parse_args(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out == f"corelens {version('corelens')}\n"
+
+
+def test_report_takes_a_folder_of_run_folders(tmp_path, capsys):
+    """`corelens report runs/demo`: the run folders inside, in the order they were started."""
+    import json
+
+    from corelens.commands.report import run_folders
+
+    for name, started in [("stability", "3"), ("rank-image", "1"), ("ablate-image", "2"), ("data", None)]:
+        (tmp_path / name).mkdir()
+        if started:
+            (tmp_path / name / "manifest.json").write_text(json.dumps({"started": started}))
+    assert [p.name for p in run_folders([str(tmp_path)])] == ["rank-image", "ablate-image", "stability"]
+    assert run_folders([str(tmp_path / "stability")]) == [tmp_path / "stability"]
+    assert one_error(capsys, ["report", str(tmp_path / "data")]).endswith("holds no run folder")
+    assert "--out" in one_error(capsys, ["report", str(tmp_path), str(tmp_path / "stability")])
+
+
+def test_help_and_argument_errors_do_not_import_torch():
+    """`corelens --help`, `--version` and an argument error answer without torch or transformers (fast)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom corelens.cli import main\n"
+        "for argv in (['--version'], ['--help'], ['rank', '--modle', 'x'], ['report', '--help']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr

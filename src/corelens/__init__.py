@@ -1,18 +1,33 @@
 """corelens: find, test and exploit the attention heads of multimodal LLMs that retrieve visual evidence."""
 
+from __future__ import annotations
+
+from importlib import import_module as _import_module
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING
 
 __version__ = _version("corelens")  # one source: pyproject.toml, as installed
 
-from corelens.attention.hybrid import hybrid  # noqa: E402
-from corelens.attention.interventions import Ablation, ablate  # noqa: E402
-from corelens.data import Sample, read_samples  # noqa: E402
-from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError  # noqa: E402
-from corelens.experiments.rank import Ranking, measure_sample, rank  # noqa: E402
-from corelens.heads import HeadSet  # noqa: E402
-from corelens.models import Loaded, load  # noqa: E402
-from corelens.models.prepare import prepare  # noqa: E402
-
+# The public API, each name imported from its module on first use (PEP 562), so that `import corelens` and
+# the command line's parser (`corelens --help`, an argument error) do not pay for torch and transformers.
+_EXPORTS = {
+    "Ablation": "corelens.attention.interventions",
+    "CorelensError": "corelens.errors",
+    "HeadSet": "corelens.heads",
+    "InputError": "corelens.errors",
+    "Loaded": "corelens.models",
+    "OptionError": "corelens.errors",
+    "Ranking": "corelens.experiments.rank",
+    "Sample": "corelens.data",
+    "UnsupportedModelError": "corelens.errors",
+    "ablate": "corelens.attention.interventions",
+    "hybrid": "corelens.attention.hybrid",
+    "load": "corelens.models",
+    "measure_sample": "corelens.experiments.rank",
+    "prepare": "corelens.models.prepare",
+    "rank": "corelens.experiments.rank",
+    "read_samples": "corelens.data",
+}
 __all__ = [
     "Ablation",
     "CorelensError",
@@ -31,3 +46,26 @@ __all__ = [
     "rank",
     "read_samples",
 ]
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors
+    from corelens.attention.hybrid import hybrid
+    from corelens.attention.interventions import Ablation, ablate
+    from corelens.data import Sample, read_samples
+    from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError
+    from corelens.experiments.rank import Ranking, measure_sample, rank
+    from corelens.heads import HeadSet
+    from corelens.models import Loaded, load
+    from corelens.models.prepare import prepare
+
+
+def __getattr__(name: str):
+    """Import a public name's module on first use and keep the name (later uses are plain lookups)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'corelens' has no attribute {name!r}")
+    value = getattr(_import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,32 +1,171 @@
-"""Command line: argument parsing only; each command (corelens.commands.*) calls one experiment."""
+"""Command line: argument parsing only; each command (corelens.commands.*) calls one experiment.
+
+A command's module (and so torch and transformers) is imported only when that command is parsed or its help
+is asked for: `corelens --help`, `--version` and a malformed command line answer without them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import importlib
+import importlib.util
 import os
 import re
 import sys
 import traceback
+from importlib.metadata import version
 
 from corelens.commands import COMMANDS
 from corelens.errors import CorelensError
 
+_LEAF = "_corelens_parser"  # namespace attribute: the innermost parser that parsed (for unknown options)
 
-def parser() -> argparse.ArgumentParser:
-    """Return the corelens argument parser with every command registered."""
-    p = argparse.ArgumentParser(prog="corelens", description="Find, test and exploit visual retrieval heads.")
+
+class Formatter(argparse.HelpFormatter):
+    """Help lines that end with the option's default, unless it is None or off, or the line already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
+        if not shown or default is None or default is False or default in ("", argparse.SUPPRESS):
+            return text  # a positional, a flag, or no default: nothing to show
+        if "default" in text:
+            return text  # the help states its default in its own words
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """corelens' parsers: help shows defaults; an unknown option or choice names the nearest one; a command's
+    options are added (its module imported) only when the command is parsed or its help is shown.
+
+    The suggestions are made here (difflib) for every Python corelens supports: argparse's own
+    `suggest_on_error` (Python 3.14) covers only choices, and the installed 3.11 has none.
+    """
+
+    def __init__(self, *args, command: str | None = None, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
+        self.command = command  # the module under corelens.commands that has not yet added the options
+
+    def load(self) -> Parser:
+        """Add the command's options (import its module) once; return the parser."""
+        if self.command is not None:
+            name, self.command = self.command, None
+            importlib.import_module(f"corelens.commands.{name}").register(_Into(self, name))
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.load()
+        if args is not None and self._subparsers is None:
+            # A command's own options: a misspelt one is the error to show, before "arguments are required".
+            known = [o for action in self._actions for o in action.option_strings]
+            unknown = [
+                a
+                for a in args
+                if a.startswith("--") and not any(o.startswith(a.split("=")[0]) for o in known)
+            ]
+            if unknown:
+                self.error(f"unrecognized arguments: {' '.join(unknown)}{_nearest_option(unknown, self)}")
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not hasattr(namespace, _LEAF):  # the innermost parser returns first: it is the one to name
+            setattr(namespace, _LEAF, self)
+        return namespace, extras
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        leaf = vars(namespace).pop(_LEAF, self)
+        if extras:  # refused by the command that was parsed, with its own usage line
+            leaf.error(f"unrecognized arguments: {' '.join(extras)}{_nearest_option(extras, leaf)}")
+        return namespace
+
+    def format_usage(self) -> str:
+        return self.load() and super().format_usage()
+
+    def format_help(self) -> str:
+        return self.load() and super().format_help()
+
+    def error(self, message: str):
+        super().error(message + _nearest_choice(message))
+
+
+class _Into:
+    """What a command's `register(sub)` receives: `add_parser` hands back the parser already listed."""
+
+    def __init__(self, parser: Parser, name: str) -> None:
+        self.parser, self.name = parser, name
+
+    def add_parser(self, name: str, *, help: str | None = None, **kwargs) -> Parser:  # noqa: A002
+        if name != self.name:
+            raise RuntimeError(f"corelens.commands.{self.name}.register added a parser named {name!r}")
+        for key, value in kwargs.items():  # description, epilog: as if given when the parser was made
+            setattr(self.parser, key, value)
+        return self.parser
+
+
+def _nearest_option(extras: list[str], leaf: argparse.ArgumentParser) -> str:
+    """Return "; did you mean --x?" for the first unknown option close to one of `leaf`'s, else ""."""
+    known = {o.lstrip("-"): o for action in leaf._actions for o in action.option_strings}
+    for extra in extras:
+        if extra.startswith("-"):  # compared without the dashes, which every option shares
+            close = difflib.get_close_matches(extra.split("=", 1)[0].lstrip("-"), list(known), n=1)
+            if close:
+                return f"; did you mean {known[close[0]]}?"
+    return ""
+
+
+def _nearest_choice(message: str) -> str:
+    """Return "; did you mean 'x'?" for argparse's "invalid choice: 'y' (choose from ...)" message, else ""."""
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if not found:
+        return ""
+    choices = [c.strip().strip("'") for c in found.group(2).split(",")]
+    close = difflib.get_close_matches(found.group(1), choices, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _summary(name: str) -> str | None:
+    """Return the `help=` a command's register() gives its parser, read from its source (not imported)."""
+    origin = importlib.util.find_spec(f"corelens.commands.{name}").origin
+    with open(origin, encoding="utf-8") as source:
+        tree = ast.parse(source.read(), origin)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "add_parser"
+            and node.args
+            and getattr(node.args[0], "value", None) == name
+        ):
+            return next(
+                (
+                    k.value.value
+                    for k in node.keywords
+                    if k.arg == "help" and isinstance(k.value, ast.Constant)
+                ),
+                None,
+            )
+    return None
+
+
+def parser(lazy: bool = False) -> Parser:
+    """Return the corelens argument parser with every command registered (`lazy`: each on first use)."""
+    p = Parser(prog="corelens", description="Find, test and exploit visual retrieval heads.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"%(prog)s {version('corelens')}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"corelens.commands.{name}").register(sub)
+        child = sub.add_parser(name, help=_summary(name), command=name)
+        if not lazy:
+            child.load()
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the corelens command line; return the exit code (2: a malformed command, or a CorelensError)."""
     try:
-        args = parser().parse_args(argv)
+        args = parser(lazy=True).parse_args(argv)
     except SystemExit as stop:  # argparse printed the usage and one error line (2), or the help (0)
         return stop.code
     from corelens.runs.dist import launched
@@ -50,6 +189,9 @@ def _run(args: argparse.Namespace, where: str) -> int:
     try:
         if isinstance(getattr(args, "data", None), str) and args.command != "organism":
             _resolve_data(args)
+            from corelens.commands.common import check_data
+
+            check_data(args)  # no usable sample, or no targets where they are needed: before the model loads
         if getattr(args, "repair_log", False):
             _repair_log(args)
         args.func(args)

@@ -98,8 +98,13 @@ def register(sub) -> None:
         default=None,
         help="op mean: reference samples (default: the rank run's data)",
     )
-    a.add_argument("--scorer", choices=SCORERS, default="auto")
-    a.add_argument("--max-new-tokens", type=int, default=8)
+    a.add_argument(
+        "--scorer",
+        choices=SCORERS,
+        default="auto",
+        help="how an answer is scored: exact match, a choice letter, yes/no; auto picks by the gold answer",
+    )
+    a.add_argument("--max-new-tokens", type=int, default=8, help="greedy answer length in tokens")
     a.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     a.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     add_run_options(a)

@@ -113,9 +113,9 @@ def _token_size(text: str) -> str:
 
 
 def _device(text: str) -> str:
-    import torch
+    if text != "auto":  # the default: checked without importing torch (argparse converts it at every parse)
+        import torch
 
-    if text != "auto":
         try:
             torch.device(text)
         except (RuntimeError, ValueError):

@@ -299,6 +299,26 @@ BENCHMARKS = {
 }  # fmt: skip
 
 
+# The help of the synthetic model's shape and the run's options that the benchmarks share.
+SHARED_HELP = {
+    "layers": "decoder layers of the synthetic model",
+    "hidden": "hidden size of the synthetic model",
+    "heads": "query heads per layer",
+    "kv_heads": "KV heads per layer",
+    "head_dim": "channels per head",
+    "intermediate": "FFN intermediate size",
+    "target_tokens": "tokens of the target region Ω",
+    "query_rows": "query rows measured",
+    "tokens": "prompt length N",
+    "sink": "sink tokens S every streaming head keeps",
+    "window": "recent tokens W every streaming head keeps",
+    "repeats": "timed repeats (the median is reported)",
+    "seed": "seed of the random weights and inputs",
+    "dtype": "dtype of weights and activations",
+    "task": "the organism task whose samples are ranked",
+}
+
+
 def register(sub) -> None:
     """Add the `bench` parser and one sub-parser per benchmark."""
     b = sub.add_parser("bench", help="performance benchmarks (see benchmarks/)")
@@ -306,4 +326,6 @@ def register(sub) -> None:
     for name, (summary, arguments, run) in BENCHMARKS.items():
         w = what.add_parser(name, help=summary, description=summary)
         arguments(w)
+        for action in w._actions:
+            action.help = action.help or SHARED_HELP.get(action.dest)
         w.set_defaults(func=run)

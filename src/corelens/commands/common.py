@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 from corelens.commands.argtypes import device, device_map, max_memory, positive
 
@@ -127,7 +128,43 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
 
 
 def limits_of(args: argparse.Namespace):
-    """Return the `Limits` of parsed --max-pixels / --max-pages."""
+    """Return the `Limits` of parsed --max-pixels / --max-pages (the defaults for a command without them)."""
     from corelens.data.sample import Limits
 
-    return Limits(max_pixels=args.max_pixels, max_pages=args.max_pages)
+    defaults = Limits()
+    return Limits(
+        max_pixels=getattr(args, "max_pixels", defaults.max_pixels),
+        max_pages=getattr(args, "max_pages", defaults.max_pages),
+    )
+
+
+def _targets_needed(args: argparse.Namespace) -> str | None:
+    """Return why this command needs target boxes in its samples (and what to use without them), or None."""
+    if getattr(args, "omega", None) == "targets":  # rank: Ω is the cells under the targets
+        return "--omega targets (the default) measures attention on them; use --omega causal to estimate Ω from the model instead"
+    if getattr(args, "op", None) == "knockout" and getattr(args, "keys", None) == "omega":
+        return "--op knockout --keys omega knocks out the keys under them; use --keys visual instead"
+    if args.command == "sap" and "key" in ",".join(args.prior or ["key"]).split(","):
+        # sap's default priors include `key`, the softmax of each cell's overlap with the targets.
+        return "the key prior (one of the default priors) is built from them; pick others, e.g. --prior vis_attn,complexity,noise"
+    return None
+
+
+def check_data(args: argparse.Namespace) -> None:
+    """Read --data before the model loads: stop, as one line naming the file, when no sample can be used (an
+    empty file, every record bad) or when no sample has the target boxes the command needs."""
+    from corelens.data.sample import read_samples
+    from corelens.errors import InputError
+    from corelens.runs.driver import Tally, skip_reason
+
+    samples, skipped = read_samples(
+        args.data,
+        skip_bad=getattr(args, "skip_bad", False),
+        limit=getattr(args, "limit", None),
+        limits=limits_of(args),
+    )
+    if not samples:  # the same error the run would give, before minutes of loading a model
+        Tally(0, Counter(skip_reason(bad.to_dict()) for bad in skipped)).require(args.data)
+    needs = _targets_needed(args)
+    if needs and not any(sample.targets for sample in samples):
+        raise InputError(f"no sample has target boxes ('targets'): {needs}", file=args.data)

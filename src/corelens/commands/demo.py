@@ -18,7 +18,9 @@ def run(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the `demo` parser."""
     d = sub.add_parser("demo", help="the main job on the bundled default model")
-    d.add_argument("--out", type=output_path, default="runs/demo")
+    d.add_argument(
+        "--out", type=output_path, default="runs/demo", help="folder of the demo's runs and report.html"
+    )
     add_model_options(d, required=False)
     d.set_defaults(model=None)
     d.add_argument("--n", type=int, default=8, help="samples per task")

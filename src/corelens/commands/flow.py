@@ -74,14 +74,24 @@ def register(sub) -> None:
     )
     f.add_argument("--rank-eps", type=float, default=None, help="epsilon of the rank threshold (fp32's)")
     f.add_argument("--energy", type=float, default=0.99, help="share of Σσ² kept by --rank energy")
-    f.add_argument("--tme-rows", choices=("mean", "last"), default="mean")
+    f.add_argument(
+        "--tme-rows",
+        choices=("mean", "last"),
+        default="mean",
+        help="TME of the mean over the rows, or of the last row only",
+    )
     f.add_argument(
         "--alpha",
         type=float,
         default=DEFAULT_ALPHA,
         help="TME sharpening exponent (1: the unsharpened W; authors' code: 8)",
     )
-    f.add_argument("--mixig-of", choices=("output", "delta"), default="output")
+    f.add_argument(
+        "--mixig-of",
+        choices=("output", "delta"),
+        default="output",
+        help="MixIG's TME of the module's output X', or of its update ΔX",
+    )
     f.add_argument("--no-rope", action="store_true", help="skip the ε_RoPE measurement")
     f.add_argument(
         "--rope-on",

@@ -111,8 +111,13 @@ def register(sub) -> None:
     h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
     h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
     add_random_from(h)
-    h.add_argument("--scorer", choices=SCORERS, default="auto")
-    h.add_argument("--max-new-tokens", type=int, default=8)
+    h.add_argument(
+        "--scorer",
+        choices=SCORERS,
+        default="auto",
+        help="how an answer is scored: exact match, a choice letter, yes/no; auto picks by the gold answer",
+    )
+    h.add_argument("--max-new-tokens", type=int, default=8, help="greedy answer length in tokens")
     h.add_argument("--limit", type=int, default=None, help="use the first N samples")
     h.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     add_run_options(h)

@@ -70,7 +70,12 @@ def register(sub) -> None:
     add_model_options(r)
     r.add_argument("--data", type=samples_path, required=True, help="samples (JSONL)")
     r.add_argument("--out", type=output_path, required=True, help="run directory (resumed if it exists)")
-    r.add_argument("--query", choices=("question", "last", "answer"), default="question")
+    r.add_argument(
+        "--query",
+        choices=("question", "last", "answer"),
+        default="question",
+        help="attention rows measured: the question's tokens, the last prompt token, or the answer's",
+    )
     r.add_argument("--rule", choices=("any", "centre", "coverage"), default="any", help="box -> token rule")
     r.add_argument(
         "--padding",

@@ -129,11 +129,32 @@ def serve(files: list[Path], port: int) -> None:
             print("stopped")
 
 
+def run_folders(paths: list[str]) -> list[Path]:
+    """Return each path that is a run folder (it holds manifest.json) as given, and for a folder of run folders
+    (the demo's `runs/demo`) the run folders directly inside it, in the order they were started."""
+    from corelens.runs.rundir import MANIFEST, read_manifest
+
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if (path / MANIFEST).is_file():
+            found.append(path)
+            continue
+        inside = [p for p in sorted(path.iterdir()) if (p / MANIFEST).is_file()] if path.is_dir() else []
+        if not inside:
+            raise CorelensError(f"{path}: not a run folder (no {MANIFEST}) and holds no run folder")
+        # The order they ran in: the demo's ranks, then its sweeps, then its stability, as its own report.
+        found += sorted(inside, key=lambda p: str(read_manifest(p / MANIFEST).get("started") or ""))
+    return found
+
+
 def run(args: argparse.Namespace) -> None:
     """Write the HTML report of the given run directories; with --serve, serve it on localhost."""
     from corelens.report.html import write_report_files
 
-    files = write_report_files(args.runs, args.out, title=args.title, inline=not args.serve)
+    if args.out is None and len(args.runs) > 1:
+        raise CorelensError("report of several folders: --out FILE.html names the page to write")
+    out = args.out or Path(args.runs[0]) / "report.html"  # one folder: the page beside its runs
+    files = write_report_files(run_folders(args.runs), out, title=args.title, inline=not args.serve)
     extra = "".join(f" + {f.stat().st_size / 1e6:.1f} MB of explorer data in {f.name}" for f in files[1:])
     print(f"wrote {files[0]} ({files[0].stat().st_size / 1e6:.1f} MB{extra})")
     if args.serve:
@@ -147,10 +168,16 @@ def register(sub) -> None:
         "runs",
         nargs="+",
         type=existing_path,
-        help="run directories (rank, stability, ablate, hybrid, flow, sap)",
+        help="run folders (rank, stability, ablate, hybrid, flow, sap), or folders of run folders such as the "
+        "demo's runs/demo",
     )
-    r.add_argument("--out", type=output_path, required=True, help="HTML file to write")
-    r.add_argument("--title", default="corelens report")
+    r.add_argument(
+        "--out",
+        type=output_path,
+        default=None,
+        help="HTML file to write (default: report.html inside the one folder given)",
+    )
+    r.add_argument("--title", default="corelens report", help="the page's title")
     r.add_argument(
         "--serve",
         action="store_true",

@@ -100,8 +100,13 @@ def register(sub) -> None:
         default=1.0,
         help="T of the key and complexity priors, softmax(x / T) of values in [0, 1]: lower is sharper",
     )
-    s.add_argument("--scorer", choices=("auto", "exact", "choice", "yesno"), default="auto")
-    s.add_argument("--max-new-tokens", type=int, default=8)
+    s.add_argument(
+        "--scorer",
+        choices=("auto", "exact", "choice", "yesno"),
+        default="auto",
+        help="how an answer is scored: exact match, a choice letter, yes/no; auto picks by the gold answer",
+    )
+    s.add_argument("--max-new-tokens", type=int, default=8, help="greedy answer length in tokens")
     s.add_argument("--seed", type=int, default=0, help="seed of the noise prior")
     s.add_argument("--limit", type=int, default=None, help="use the first N good samples")
     s.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")

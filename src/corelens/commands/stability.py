@@ -67,5 +67,5 @@ def register(sub) -> None:
     )
     s.add_argument("--pairs", type=int, default=200, help="--curve: random subset pairs per n")
     s.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the Spearman intervals")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and subset draws")
     s.set_defaults(func=run)

@@ -1,18 +1,31 @@
-"""Statistics computed from records: RAM tables (and later spectra, mixing, stability)."""
+"""Statistics computed from records: RAM tables (and later spectra, mixing, stability).
 
-from corelens.metrics.mixing import mixig, row_entropies, tme
-from corelens.metrics.spectra import (
-    Rid,
-    RidTerms,
-    Spectrum,
-    erank,
-    kept_rank,
-    rid,
-    rid_terms,
-    singular_values,
-    spectrum,
-)
+The names below are imported from their module on first use (PEP 562): a command line that only reads the
+constants of `corelens.metrics.kvheads` (its parser) does not import torch.
+"""
 
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    **dict.fromkeys(("mixig", "row_entropies", "tme"), "corelens.metrics.mixing"),
+    **dict.fromkeys(
+        (
+            "Rid",
+            "RidTerms",
+            "Spectrum",
+            "erank",
+            "kept_rank",
+            "rid",
+            "rid_terms",
+            "singular_values",
+            "spectrum",
+        ),
+        "corelens.metrics.spectra",
+    ),
+}
 __all__ = [
     "Rid",
     "RidTerms",
@@ -27,3 +40,26 @@ __all__ = [
     "spectrum",
     "tme",
 ]
+
+if TYPE_CHECKING:
+    from corelens.metrics.mixing import mixig, row_entropies, tme
+    from corelens.metrics.spectra import (
+        Rid,
+        RidTerms,
+        Spectrum,
+        erank,
+        kept_rank,
+        rid,
+        rid_terms,
+        singular_values,
+        spectrum,
+    )
+
+
+def __getattr__(name: str):
+    """Import a name's module on first use and keep the name."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'corelens.metrics' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -13,7 +13,10 @@ everything around the step, once:
 - logging: each record is appended and fsynced by the process that made it, before the next starts;
 - the result: after every rank has finished, all records of the run in sample order (then record order
   within a sample), whichever rank or earlier run wrote them, so that the tables built from them do not
-  depend on the number of processes.
+  depend on the number of processes;
+- the count: how many samples were used and how many skipped, by reason (`Tally`, printed with `progress`);
+  a run that used no sample (an empty file, or every sample skipped) is an `InputError` naming the file and
+  the reasons, before any table is written from nothing.
 
 Examples:
     >>> from corelens.data.sample import Sample
@@ -28,15 +31,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from tqdm import tqdm
 
 from corelens.data.sample import Sample
 from corelens.errors import InputError
 from corelens.runs.dist import Dist, balance
-from corelens.runs.rundir import Run, write_json
+from corelens.runs.rundir import LOG, Run, write_json
 
 LENGTHS = "lengths.json"
 
@@ -157,13 +162,75 @@ def drive(
                 "status": "skipped",
                 "line": sample.line,
                 "error": _reason(err, sample),
+                "reason": err.reason if isinstance(err, InputError) else f"{type(err).__name__}: {err}",
             }
             log(record | ({"rank": dist.rank} if dist.world > 1 else {}))
         if run is not None:
             run.stats["samples"] += 1
             run.stats["seconds"] = round(run.stats["seconds"] + time.perf_counter() - t0, 3)
     dist.barrier()
-    return ordered(loop, samples, run.records() if run is not None else memory)
+    records = ordered(loop, samples, run.records() if run is not None else memory)
+    tally = Tally.of(loop, samples, records, run.path / LOG if run is not None else None)
+    source = samples[0].source if samples else (skipped[0].file if skipped else None)
+    tally.require(source)
+    if progress and dist.main:
+        print(tally, flush=True)
+    return records
+
+
+@dataclass
+class Tally:
+    """How many samples a run used, and how many it skipped by reason (read-time skips included)."""
+
+    used: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason -> count
+    log: Path | None = None  # where each skipped sample's record, with its full reason, is
+
+    @classmethod
+    def of(cls, loop: Loop, samples: Sequence[Sample], records: Iterable[dict], log: Path | None = None):
+        """Count the `records` of `samples` (those `drive` returns): a sample with an "ok" record is used."""
+        owner = {key: sample.id for sample in samples for key in loop.keys(sample)}
+        used = {owner[r["id"]] for r in records if r.get("status") == "ok" and r["id"] in owner}
+        reasons = Counter(skip_reason(r) for r in records if r.get("status") == "skipped")
+        return cls(len(used), reasons, log)
+
+    def reasons(self, shown: int = 3) -> str:
+        """`reason: count, ...`, the commonest `shown` reasons first, then how many other reasons there are."""
+        common = self.skipped.most_common()
+        text = ", ".join(f"{reason}: {n}" for reason, n in common[:shown])
+        return text + (f", {len(common) - shown} other reasons" if len(common) > shown else "")
+
+    def __str__(self) -> str:
+        """`N samples used, M skipped (reason: count, ...), see samples.jsonl`."""
+        text = f"{self.used} samples used, {sum(self.skipped.values())} skipped"
+        if self.skipped:
+            text += f" ({self.reasons()})" + (f", see {self.log}" if self.log is not None else "")
+        return text
+
+    def require(self, source: str | None) -> None:
+        """Raise an InputError naming `source` when no sample was used: nothing to measure or score."""
+        if self.used:
+            return
+        if not self.skipped:
+            raise InputError("no samples: the file holds no records (or --limit is 0)", file=source)
+        see = f"; see {self.log}" if self.log is not None else ""
+        raise InputError(
+            f"no sample could be used: all {sum(self.skipped.values())} were skipped ({self.reasons()}){see}",
+            file=source,
+        )
+
+
+def skip_reason(record: dict) -> str:
+    """A skipped record's reason without its place (file, line, sample, field), so that equal reasons count
+    together: the step's own "reason", else the error less the location a read-time skip recorded beside it."""
+    if record.get("reason"):
+        return str(record["reason"])
+    error = str(record.get("error") or "unknown")
+    place = {
+        k: record.get(f)
+        for k, f in (("file", "file"), ("line", "line"), ("sample", "sample_id"), ("field", "field"))
+    }
+    return error.removeprefix(str(InputError("", **place)))
 
 
 def _reason(err: Exception, sample: Sample) -> str:
