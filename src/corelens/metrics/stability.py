@@ -40,12 +40,15 @@ def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def spearman_interval(ma: np.ndarray, mb: np.ndarray, draws: int, seed: int, level: float = 0.95) -> tuple:
     """Return the `level` interval (low, high) of the Spearman of the true per-head means of two data sets.
 
-    `ma`, `mb`: (..., samples, heads) matrices (leading axes: independent data sets). Each one's means are
-    drawn from their posterior (`posterior_means`, seeds `seed` and `seed` + 1). The Spearman of two noisy
-    mean vectors is biased towards 0 by an amount the draws do not pin down (they add their own noise to the
-    observed means), so the interval takes in both the percentile interval of the drawn Spearman (no bias
-    correction) and the reflected one, [2 rho - q_high, 2 rho - q_low] (the full correction), rho being the
-    Spearman of the observed means; clipped to [-1, 1]. nan where a mean vector is constant.
+    `ma`, `mb`: (..., samples, heads) matrices (leading axes: independent data sets). The Spearman rho of the
+    observed means is biased towards 0: sampling noise shuffles heads whose true means are close. Each data
+    set's means are drawn from their posterior (`posterior_means`, seeds `seed` and `seed` + 1); the drawn
+    Spearman (mean m, quantiles q_low, q_high) carries that noise once more. Taking the attenuation as a
+    reliability factor, rho(noise x lambda) = rho / (1 + lambda u) (Spearman's correction for attenuation),
+    rho and m give u = (rho / m - 1) / (2 - rho / m) (0 when the draws show no attenuation, at most 1) and
+    the corrected Spearman c = (1 + u) rho. The interval is c - (1 + u)(q_high - m) to c + (1 + u)(m - q_low),
+    widened to take in the percentile interval [q_low, q_high] and rho itself, clipped to [-1, 1]; nan where
+    a mean vector is constant. docs/methods.md#cross-task-stability.
     """
     rho = spearman_rows(ma.mean(-2), mb.mean(-2))
     drawn = spearman_rows(posterior_means(ma, draws, seed), posterior_means(mb, draws, seed + 1))
@@ -53,9 +56,15 @@ def spearman_interval(ma: np.ndarray, mb: np.ndarray, draws: int, seed: int, lev
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-nan draws: a constant head vector
         q_low, q_high = np.nanquantile(drawn, [tail, 1 - tail], axis=-1)
-    low = np.clip(np.minimum(q_low, 2 * rho - q_high), -1.0, 1.0)
-    high = np.clip(np.maximum(q_high, 2 * rho - q_low), -1.0, 1.0)
-    return low, high
+        m = np.nanmean(drawn, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = rho / m
+        attenuated = (rho * m > 0) & (ratio > 1)  # the draws lie closer to 0 than rho, on its side
+        u = np.clip(np.where(attenuated, (ratio - 1) / np.maximum(2 - ratio, 1e-12), 0.0), 0.0, 1.0)
+    scale = 1 + u
+    low = np.minimum.reduce([scale * rho - scale * (q_high - m), q_low, rho])
+    high = np.maximum.reduce([scale * rho + scale * (m - q_low), q_high, rho])
+    return np.clip(low, -1.0, 1.0), np.clip(high, -1.0, 1.0)
 
 
 def spearman_pairs(
