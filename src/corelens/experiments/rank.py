@@ -17,10 +17,11 @@ import torch
 
 from corelens.attention import RamProbe, activate
 from corelens.data.sample import Limits, Sample, read_samples
-from corelens.errors import InputError
+from corelens.errors import InputError, warn
 from corelens.experiments.omega import OmegaSettings, estimate_omega
 from corelens.metrics.headsets import k_count, parse_k
 from corelens.metrics.kvheads import DEFAULT_RULE, check_granularity, group_size, kv_frame, mark_kv
+from corelens.metrics.posterior import few_samples
 from corelens.metrics.ram import head_table, sample_frame, top_heads
 from corelens.metrics.uncertainty import bootstrap_heads, uncertain_heads
 from corelens.models.loaded import Loaded, load
@@ -230,6 +231,9 @@ def rank(
     loop = Loop("rank", step, length=partial(prompt_length, m))
     logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
     records = [r for r in logged if r["status"] == "ok"]
+    message = few_samples(len(records))
+    if message and (run is None or run.dist.main):
+        warn(message)  # below the size tests/test_calibration.py checks the intervals at
     ranking = _ranking(records)
     # The table ranked: per query head, or per KV head with the rule applied to each sample's members.
     group = group_size(m.num_heads, m.num_kv_heads)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, warn
 from corelens.metrics.headsets import k_count, parse_k
+from corelens.metrics.posterior import SPEARMAN_CALIBRATED_FROM, few_samples
 from corelens.metrics.ram import RANKED, read_ram
 from corelens.metrics.stability import (
     aggregate_ranking,
@@ -104,6 +105,10 @@ def stability(
     loaded = [read_rank_run(p) for p in paths]
     rams = [ram for ram, _ in loaded]
     labels = run_labels(paths, rams)
+    fewest = min(ram["sample_id"].nunique() for ram in rams)
+    message = few_samples(fewest, "smallest run compared", "Spearman intervals", SPEARMAN_CALIBRATED_FROM)
+    if message:
+        warn(message)  # below the size tests/test_calibration.py checks the Spearman interval at
     settings = {
         "runs": [str(p.resolve()) for p in paths],
         "ram_sha256": [file_hash(p / "ram.parquet") for p in paths],

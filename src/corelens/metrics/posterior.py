@@ -49,9 +49,12 @@ def posterior_means(
 
 
 def few_samples(
-    samples: int, what: str = "ranking", calibrated_from: int = CALIBRATED_FROM, intervals: str = "intervals and P(top-k)"
+    samples: int,
+    what: str = "ranking",
+    intervals: str = "intervals and P(top-k)",
+    calibrated_from: int = CALIBRATED_FROM,
 ) -> str | None:
-    """Return the warning for a `what` resting on fewer samples than its intervals are calibrated for, else None.
+    """Return the warning for a `what` resting on fewer samples than its `intervals` are calibrated for, else None.
 
     Examples:
         >>> few_samples(5)
