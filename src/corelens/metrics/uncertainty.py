@@ -53,15 +53,19 @@ def rank_bounds(draws: np.ndarray, rank: np.ndarray, level: float = LEVEL, chunk
         >>> rank_bounds(draws, np.array([1, 2, 3]), level=0.9)
         (array([1, 2, 2]), array([1, 3, 3]))
     """
-    heads = draws.shape[-1]
+    total, heads = draws.shape[-2:]
     above = np.empty(draws.shape[:-2] + (heads,), int)
     below = np.empty_like(above)
-    step = max(1, chunk // max(1, draws.size * heads))
+    step = max(1, chunk // max(1, draws.size))  # a block of `step` heads compares draws.size * step pairs
     others = draws[..., None, :]  # (..., draws, 1, heads) against a block of heads (..., draws, block, 1)
     for start in range(0, heads, step):
         block = draws[..., start : start + step, None]
-        above[..., start : start + step] = ((others > block).mean(-3) >= level).sum(-1)
-        below[..., start : start + step] = ((others < block).mean(-3) >= level).sum(-1)
+        above[..., start : start + step] = (np.count_nonzero(others > block, axis=-3) / total >= level).sum(
+            -1
+        )
+        below[..., start : start + step] = (np.count_nonzero(others < block, axis=-3) / total >= level).sum(
+            -1
+        )
     return np.minimum(1 + above, rank), np.maximum(heads - below, rank)
 
 
