@@ -82,8 +82,8 @@ def spearman_pairs(
         >>> rams = {task: cl.rank(m, generate(task, tmp / task, 8, seed=1), query="answer", ks=None).ram
         ...         for task in ("image", "document")}
         >>> spearman_pairs(rams, n_boot=200).round(2)  # 8 samples: below SPEARMAN_CALIBRATED_FROM
-               a         b  spearman   low  high  n_a  n_b
-        0  image  document       0.2 -0.01  0.42    8    8
+               a         b  spearman  low  high  n_a  n_b
+        0  image  document       0.2 -0.0  0.42    8    8
     """
     matrices = {label: sample_matrix(ram, value) for label, ram in rams.items()}
     shapes = {label: m.shape[1] for label, m in matrices.items()}
