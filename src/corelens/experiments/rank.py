@@ -231,9 +231,6 @@ def rank(
     loop = Loop("rank", step, length=partial(prompt_length, m))
     logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
     records = [r for r in logged if r["status"] == "ok"]
-    message = few_samples(len(records))
-    if message and (run is None or run.dist.main):
-        warn(message)  # below the size tests/test_calibration.py checks the intervals at
     ranking = _ranking(records)
     # The table ranked: per query head, or per KV head with the rule applied to each sample's members.
     group = group_size(m.num_heads, m.num_kv_heads)
@@ -248,6 +245,9 @@ def rank(
         table = bootstrap_heads(scored, counts, n_boot=n_boot, seed=boot_seed)
         ranking.heads = mark_kv(table, group) if granularity == "kv" else table
         uncertainty = {"k": ks, "counts": counts, "n_boot": n_boot, "seed": boot_seed}
+    message = few_samples(len(records))
+    if message and (run is None or run.dist.main):
+        warn(message)  # below the size tests/test_calibration.py checks the intervals at
     if run is None or not run.dist.main:
         if run is not None:
             run.finish()

@@ -105,10 +105,6 @@ def stability(
     loaded = [read_rank_run(p) for p in paths]
     rams = [ram for ram, _ in loaded]
     labels = run_labels(paths, rams)
-    fewest = min(ram["sample_id"].nunique() for ram in rams)
-    message = few_samples(fewest, "smallest run compared", "Spearman intervals", SPEARMAN_CALIBRATED_FROM)
-    if message:
-        warn(message)  # below the size tests/test_calibration.py checks the Spearman interval at
     settings = {
         "runs": [str(p.resolve()) for p in paths],
         "ram_sha256": [file_hash(p / "ram.parquet") for p in paths],
@@ -118,6 +114,10 @@ def stability(
     }
     run = Run(out, "stability", settings, argv)
     result = compute_stability(dict(zip(labels, rams)), k=k, n_boot=n_boot, seed=seed)
+    fewest = min(ram["sample_id"].nunique() for ram in rams)
+    message = few_samples(fewest, "smallest run compared", "Spearman intervals", SPEARMAN_CALIBRATED_FROM)
+    if message:
+        warn(message)  # below the size tests/test_calibration.py checks the Spearman interval at
     run.table(result.spearman, "spearman.csv")
     run.table(result.jaccard, "jaccard.csv")
     run.table(pd.DataFrame(result.universal, columns=["layer", "head"]), "universal.csv")
