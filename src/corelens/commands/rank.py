@@ -127,6 +127,11 @@ def register(sub) -> None:
         help="--granularity kv: a KV head's score from its query heads' RAM: sum (default, as SparseMM), "
         "mean (same ranking) or max (the best member per sample)",
     )
-    r.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the samples (heads.csv)")
+    r.add_argument(
+        "--n-boot",
+        type=int,
+        default=1000,
+        help="posterior draws of the head means for the intervals and P(top-k) in heads.csv",
+    )
     r.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
     r.set_defaults(func=run)

@@ -66,6 +66,11 @@ def register(sub) -> None:
         help="top-k for Jaccard / universal heads / depth: a count or N%% (--curve: a list)",
     )
     s.add_argument("--pairs", type=int, default=200, help="--curve: random subset pairs per n")
-    s.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the Spearman intervals")
+    s.add_argument(
+        "--n-boot",
+        type=int,
+        default=1000,
+        help="posterior draws of each run's means for the Spearman intervals",
+    )
     s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and subset draws")
     s.set_defaults(func=run)

@@ -17,10 +17,11 @@ import torch
 
 from corelens.attention import RamProbe, activate
 from corelens.data.sample import Limits, Sample, read_samples
-from corelens.errors import InputError
+from corelens.errors import InputError, warn
 from corelens.experiments.omega import OmegaSettings, estimate_omega
 from corelens.metrics.headsets import k_count, parse_k
 from corelens.metrics.kvheads import DEFAULT_RULE, check_granularity, group_size, kv_frame, mark_kv
+from corelens.metrics.posterior import few_samples
 from corelens.metrics.ram import head_table, sample_frame, top_heads
 from corelens.metrics.uncertainty import bootstrap_heads, uncertain_heads
 from corelens.models.loaded import Loaded, load
@@ -244,6 +245,9 @@ def rank(
         table = bootstrap_heads(scored, counts, n_boot=n_boot, seed=boot_seed)
         ranking.heads = mark_kv(table, group) if granularity == "kv" else table
         uncertainty = {"k": ks, "counts": counts, "n_boot": n_boot, "seed": boot_seed}
+    message = few_samples(len(records))
+    if message and (run is None or run.dist.main):
+        warn(message)  # below the size tests/test_calibration.py checks the intervals at
     if run is None or not run.dist.main:
         if run is not None:
             run.finish()

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, warn
 from corelens.metrics.headsets import k_count, parse_k
+from corelens.metrics.posterior import SPEARMAN_CALIBRATED_FROM, few_samples
 from corelens.metrics.ram import RANKED, read_ram
 from corelens.metrics.stability import (
     aggregate_ranking,
@@ -113,6 +114,10 @@ def stability(
     }
     run = Run(out, "stability", settings, argv)
     result = compute_stability(dict(zip(labels, rams)), k=k, n_boot=n_boot, seed=seed)
+    fewest = min(ram["sample_id"].nunique() for ram in rams)
+    message = few_samples(fewest, "smallest run compared", "Spearman intervals", SPEARMAN_CALIBRATED_FROM)
+    if message:
+        warn(message)  # below the size tests/test_calibration.py checks the Spearman interval at
     run.table(result.spearman, "spearman.csv")
     run.table(result.jaccard, "jaccard.csv")
     run.table(pd.DataFrame(result.universal, columns=["layer", "head"]), "universal.csv")

@@ -1,10 +1,11 @@
-"""How sure is a head ranking: bootstrap intervals per head, P(top-k), stability against sample size.
+"""How sure is a head ranking: intervals of mass and rank per head, P(top-k), stability against sample size.
 
-Every function reads the per-sample long RAM table (`metrics.ram.sample_frame`, a run's `ram.parquet`) and
-resamples its samples (docs/methods.md, "Ranking uncertainty"). A bootstrap resample is a vector of
-multinomial counts over the n samples, so the resampled per-head means of B resamples are one matrix product
-(B x n counts) @ (n x heads values) / n. Ranks follow `metrics.ram.head_table`: 1 = highest mean, ties broken
-by (layer, head).
+Every function reads the per-sample long RAM table (`metrics.ram.sample_frame`, a run's `ram.parquet`).
+Intervals and P(top-k) come from posterior draws of the per-head means (`metrics.posterior`: a Bayesian
+bootstrap with one pooled prior pseudo-sample, docs/methods.md "Ranking uncertainty"); ranking resamples and
+the stability curve resample the samples themselves. A bootstrap resample is a vector of multinomial counts
+over the n samples, so the resampled per-head means of B resamples are one matrix product (B x n counts) @
+(n x heads values) / n. Ranks follow `metrics.ram.head_table`: 1 = highest mean, ties broken by (layer, head).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 from scipy import stats
 
 from corelens.errors import CorelensError
+from corelens.metrics.posterior import posterior_means
 from corelens.metrics.ram import head_table
 from corelens.metrics.stability import sample_matrix
 
@@ -39,6 +41,34 @@ def p_column(count: int) -> str:
     return f"p_top{count}"
 
 
+def rank_bounds(draws: np.ndarray, rank: np.ndarray, level: float = LEVEL, chunk: int = 2**24) -> tuple:
+    """Return (low, high) rank bounds per head from (..., draws, heads) posterior draws of the means.
+
+    Head j counts as above head i when at least `level` of the draws put j's mean above i's (below: the same
+    the other way); low = 1 + heads above, high = heads - heads below. Each bound then takes in `rank`, the
+    full-data rank, so that low <= rank <= high. Pairs are compared in blocks of about `chunk` cells.
+
+    Examples:
+        >>> draws = np.array([[3.0, 2.0, 1.0], [3.0, 1.0, 2.0], [3.0, 2.0, 1.5]])  # head 0 always first
+        >>> rank_bounds(draws, np.array([1, 2, 3]), level=0.9)
+        (array([1, 2, 2]), array([1, 3, 3]))
+    """
+    total, heads = draws.shape[-2:]
+    above = np.empty(draws.shape[:-2] + (heads,), int)
+    below = np.empty_like(above)
+    step = max(1, chunk // max(1, draws.size))  # a block of `step` heads compares draws.size * step pairs
+    others = draws[..., None, :]  # (..., draws, 1, heads) against a block of heads (..., draws, block, 1)
+    for start in range(0, heads, step):
+        block = draws[..., start : start + step, None]
+        above[..., start : start + step] = (np.count_nonzero(others > block, axis=-3) / total >= level).sum(
+            -1
+        )
+        below[..., start : start + step] = (np.count_nonzero(others < block, axis=-3) / total >= level).sum(
+            -1
+        )
+    return np.minimum(1 + above, rank), np.maximum(heads - below, rank)
+
+
 def bootstrap_heads(
     ram: pd.DataFrame,
     counts: Sequence[int],
@@ -48,10 +78,12 @@ def bootstrap_heads(
     value: str = "mass",
     level: float = LEVEL,
 ) -> pd.DataFrame:
-    """Return the head table of `ram` with bootstrap intervals of mean `value` and rank, and P(top-k) per count.
+    """Return the head table of `ram` with intervals of mean `value` and rank, and P(top-k) per count.
 
-    Columns added: `mass_low`/`mass_high` (percentile interval of the mean), `rank_low`/`rank_high` (of the
-    rank; low = best) and one `p_top{k}` per count: the share of resamples in which the head ranks in the top k.
+    `n_boot` posterior draws of the per-head means (`posterior.posterior_means`: a Bayesian bootstrap with one
+    pooled prior pseudo-sample, docs/methods.md#ranking-uncertainty). Columns added: `mass_low`/`mass_high`
+    (the central `level` interval of the drawn means), `rank_low`/`rank_high` (`rank_bounds`; low = best) and
+    one `p_top{k}` per count: the share of draws in which the head ranks in the top k.
 
     Examples:
         >>> import corelens as cl
@@ -62,29 +94,29 @@ def bootstrap_heads(
         >>> table = bootstrap_heads(ram, [4], n_boot=200)
         >>> table[["layer", "head", "mass", "mass_low", "mass_high", "rank_low", "rank_high", "p_top4"]].head(4).round(2)
            layer  head  mass  mass_low  mass_high  rank_low  rank_high  p_top4
-        0      0     7  0.44      0.31       0.50         1          3    0.99
-        1      0     5  0.44      0.31       0.50         1          4    0.98
-        2      0     6  0.25      0.11       0.39         1         14    0.77
-        3      1     0  0.16      0.05       0.28         3         16    0.20
+        0      0     7  0.44      0.24       0.49         1          3    0.98
+        1      0     5  0.44      0.23       0.49         1          3    0.96
+        2      0     6  0.25      0.12       0.39         1         15    0.72
+        3      1     0  0.16      0.05       0.29         3         17    0.24
         >>> table.loc[uncertain_heads(table), ["layer", "head"]].values.tolist()  # 0.2 < P(top-4) < 0.8
-        [[0, 6], [3, 0], [2, 0]]
+        [[0, 6], [1, 0]]
     """
     if n_boot < 1:
         raise CorelensError(f"--n-boot must be at least 1, got {n_boot}")
     table = head_table(ram, value)
     matrix = sample_matrix(ram, value)  # samples x heads, heads in (layer, head) order
-    n = len(matrix)
-    if n == 0:
+    if len(matrix) == 0:
         return table
-    means = boot_counts(n, n_boot, seed) @ np.nan_to_num(matrix) / n
+    means = posterior_means(matrix, n_boot, seed)
     ranks = ranks_of(means)
     tail = (1 - level) / 2
     grid = table.sort_values(["layer", "head"]).index  # table row of each matrix column
+    low, high = rank_bounds(means, table.loc[grid, "rank"].to_numpy(), level)
     extra = {
         f"{value}_low": np.quantile(means, tail, axis=0),
         f"{value}_high": np.quantile(means, 1 - tail, axis=0),
-        "rank_low": np.quantile(ranks, tail, axis=0, method="lower"),
-        "rank_high": np.quantile(ranks, 1 - tail, axis=0, method="higher"),
+        "rank_low": low,
+        "rank_high": high,
     }
     for count in sorted(set(counts)):
         extra[p_column(count)] = (ranks <= count).mean(axis=0)
