@@ -424,7 +424,7 @@ def test_cli_sweep_writes_table_and_figure_resumes_and_warns(tiny_dir, tmp_path,
     table = pd.read_csv(out / "ablation.csv")
     assert list(table.columns) == [
         "set", "k", "k_heads", "seed", "op", "keys", "accuracy", "n", "correct", "ci_low", "ci_high", "overlap",
-        "short_by", "granularity", "query_heads", "kv_heads",
+        "short_by", "granularity", "query_heads", "kv_heads", "heads",
     ]  # fmt: skip
     assert len(table) == 1 + 2 * (1 + 1 + 2 + 2) and (table["n"] == 2).all() and (table["op"] == "zero").all()
     assert sorted(table.loc[table["set"] == "top", "k_heads"]) == [1, 2]
@@ -437,6 +437,12 @@ def test_cli_sweep_writes_table_and_figure_resumes_and_warns(tiny_dir, tmp_path,
     assert manifest["settings"]["seeds"] == [0, 1] and manifest["settings"]["identified_sha256"]
     sets = json.loads((out / "headsets.json").read_text())
     assert len(sets) == 13 and Ablation.from_dict({k: v for k, v in sets[1].items() if k != "name"}).heads
+    named = [" ".join(f"L{layer}H{head}" for layer, head in sorted(map(tuple, s["heads"]))) for s in sets[1:]]
+    assert table["heads"].iloc[1:].tolist() == named  # each row names the heads it ablated
+    summary = pd.read_csv(out / "ablation_summary.csv")
+    drawn = summary["set"].isin(["random", "layer-matched"])
+    assert (summary.loc[drawn, "interval"] == "two-level bootstrap").all()
+    assert (summary.loc[~drawn, "interval"] == "wilson").all()
     first_calls = len(calls)
     assert first_calls <= 13 * 2  # equal head sets share one generation
 

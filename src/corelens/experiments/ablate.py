@@ -25,9 +25,9 @@ from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
 from corelens.metrics import kvheads
-from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, k_count, parse_k, select
+from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, k_count, label, parse_k, select
 from corelens.metrics.ram import read_ram
-from corelens.metrics.uncertainty import RESAMPLED, resampled_summary, resampled_tables
+from corelens.metrics.uncertainty import RESAMPLED, draws_interval, resampled_summary, resampled_tables
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare, prompt_length
 from corelens.runs import Run, current, file_hash, model_data_settings, write_json
@@ -51,6 +51,7 @@ COLUMNS = [
     "granularity",
     "query_heads",
     "kv_heads",
+    "heads",
 ]
 
 
@@ -199,12 +200,27 @@ def same_file_warning(data: str | Path, identified: dict) -> str | None:
     return None
 
 
-def _summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Return one row per (set, k): mean accuracy over seeds, its sd, and the pooled Wilson interval."""
+def _summary(
+    table: pd.DataFrame, records: pd.DataFrame, names: dict[str, str], seed: int = 0
+) -> pd.DataFrame:
+    """Return one row per (set, k): mean accuracy over draws, their sd, and the interval.
+
+    A set drawn once (top, bottom, or one draw) gets the Wilson interval of its answers; a set drawn several
+    times gets the two-level bootstrap over draws and samples (`draws_interval`), which includes the
+    variation between draws (`sd`). `names` maps each (set, k) row's conditions to their names in records.
+    """
     rows = []
     for (kind, k), group in table.groupby(["set", "k"], sort=False):
         correct, n = int(group["correct"].sum()), int(group["n"].sum())
         low, high = interval(correct, n)
+        method = "wilson"
+        if len(group) > 1:
+            conds = [names[(kind, k, s)] for s in group["seed"]]
+            got = records[records["condition"].isin(conds)]
+            answers = got.pivot(index="condition", columns="sample", values="correct").dropna(axis=1)
+            if answers.shape[1]:
+                low, high = draws_interval(answers.to_numpy(dtype=float), seed=seed)
+                method = "two-level bootstrap"
         rows.append(
             {
                 "set": kind,
@@ -216,6 +232,7 @@ def _summary(table: pd.DataFrame) -> pd.DataFrame:
                 "sd": float(group["accuracy"].std(ddof=1)) if len(group) > 1 else 0.0,
                 "ci_low": low,
                 "ci_high": high,
+                "interval": method,
             }
         )
     return pd.DataFrame(rows)
@@ -249,6 +266,7 @@ def _table(
                 "granularity": unit,
                 "query_heads": len(c.ablation.heads),
                 "kv_heads": len(kvheads.kv_heads_of(c.ablation.heads, group)),
+                "heads": label(c.ablation.heads),
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -439,7 +457,8 @@ def sweep(
     columns = ["condition", "sample", "task", "prediction", "gold", "correct"]
     records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
     result_table = _table(records, conds, op, keys, group, unit)
-    summary = _summary(result_table)
+    names = {(c.kind, c.k, c.seed): c.name for c in conds}
+    summary = _summary(result_table, records, names, seed)
     resampled = None
     if rank_resamples:
         sets = ((c.k, c.ablation.heads) for c in conds if c.kind == RESAMPLED)

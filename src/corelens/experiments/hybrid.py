@@ -33,7 +33,7 @@ from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.ablate import rank_manifest, read_heads, resampled_sets, same_file_warning
 from corelens.experiments.evaluate import interval, score
-from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, parse_k, select
+from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
 from corelens.metrics.kvheads import expand, granularity_of, group_size, shares
 from corelens.metrics.uncertainty import RESAMPLED, resampled_summary
 from corelens.models.loaded import Loaded, load
@@ -48,7 +48,7 @@ SET_KINDS = ("top", "bottom", "random", "layer-matched", "stable", ADAPTIVE)  # 
 COLUMNS = [
     "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
     "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction", "short_by",
-    "granularity", "asked", "asked_fraction", "kv_full_heads", "kv_fraction", "cache_kept_fraction",
+    "granularity", "asked", "asked_fraction", "kv_full_heads", "kv_fraction", "cache_kept_fraction", "heads",
 ]  # fmt: skip
 
 
@@ -224,6 +224,7 @@ def _table(
                 "kv_full_heads": eff["kv_full"],
                 "kv_fraction": eff["kv_fraction"],
                 "cache_kept_fraction": eff["cache_kept_fraction"],
+                "heads": "all" if c.policy is None else label(c.policy.full),
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)

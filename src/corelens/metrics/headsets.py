@@ -57,6 +57,16 @@ class HeadSet:
         return f"{self.kind}/{self.k}" + (f"/s{self.seed}" if self.seed is not None else "")
 
 
+def label(heads: Iterable[Head]) -> str:
+    """Return the heads of a set as one cell, e.g. "L0H3 L1H5" (the tables name the head sets drawn).
+
+    Examples:
+        >>> label([(1, 5), (0, 3)])
+        'L0H3 L1H5'
+    """
+    return " ".join(f"L{layer}H{head}" for layer, head in sorted(heads))
+
+
 def parse_k(text: str | Iterable[str]) -> list[str]:
     """Return the k values of a comma-separated list ("1%,2%,10") or a sequence, checked but not converted."""
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text)]

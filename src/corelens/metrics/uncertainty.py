@@ -282,3 +282,44 @@ def resampled_summary(
             }
         )
     return pd.DataFrame(rows)
+
+
+def draws_interval(
+    correct: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = LEVEL
+) -> tuple[float, float]:
+    """Return a two-level bootstrap interval of the mean accuracy of a control drawn several times.
+
+    `correct` is (draws, samples) of 0/1 answers, one row per random head set, all on the same samples. Each
+    resample draws the head sets with replacement, then the samples with replacement (one sample index per
+    column, shared by the resampled draws, since every draw answered the same samples), so the interval takes
+    in both the variation between draws and the sampling of questions (docs/methods.md#control-head-sets). Pooling the
+    answers of all draws, as a Wilson interval does, counts draws x samples answers as independent and leaves
+    the between-draw variation out.
+
+    Examples:
+        >>> agree = np.array([[1, 1, 0, 1] * 10] * 5)  # five draws that answer alike
+        >>> differ = np.array([[1] * 40, [0] * 40, [1] * 40, [0] * 40, [1] * 40])  # draws decide everything
+        >>> low, high = draws_interval(agree); round(high - low, 2) < 0.3
+        True
+        >>> low, high = draws_interval(differ); bool(low < 0.3 and high > 0.9)
+        True
+    """
+    correct = np.asarray(correct, dtype=np.float64)
+    if correct.ndim != 2 or not correct.size:
+        raise CorelensError(f"draws_interval needs a (draws, samples) array, got shape {correct.shape}")
+    draws, samples = correct.shape
+    rng = np.random.default_rng(seed)
+    which = rng.integers(0, draws, size=(n_boot, draws))
+    cols = rng.integers(0, samples, size=(n_boot, samples))
+    # mean over the resampled draws of each resampled draw's mean over the resampled samples, in chunks of
+    # resamples so that memory stays near 64 MB whatever the counts
+    step = max(1, 2**23 // (draws * samples))
+    means = np.concatenate(
+        [
+            correct[which[i : i + step, :, None], cols[i : i + step, None, :]].mean(axis=(1, 2))
+            for i in range(0, n_boot, step)
+        ]
+    )
+    alpha = (1 - level) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return float(low), float(high)
