@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -44,6 +45,47 @@ DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 SUPPORTED = FAMILIES  # model_type -> Family (corelens.models.families)
 
+log = logging.getLogger(__name__)
+
+
+def text_attention(model) -> str | None:
+    """Return the attention implementation the text decoder of `model` runs on (None if it has no config)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "_attn_implementation", None)
+
+
+def adopt(model: torch.nn.Module) -> None:
+    """Put a user-loaded model's text decoder on the corelens attention, saying so once, or refuse in one line.
+
+    Probes and interventions are hooks inside the corelens attention function: on "sdpa", "eager" or a kernel
+    they would never run, and an ablation would silently change nothing.
+    """
+    before = text_attention(model)
+    if before == NAME:  # corelens.load() put it there already
+        return
+    register()
+    try:
+        # text decoder only: the vision tower keeps its own implementation, as load() does
+        model.set_attn_implementation({"text_config": NAME})
+    except Exception as err:  # noqa: BLE001 - any refusal by the model class becomes the one-line error below
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: its text attention is {before!r} and could not be switched to "
+            f"corelens' {NAME!r} ({type(err).__name__}: {err}); load it with corelens.load() or "
+            f"attn_implementation={{'text_config': {NAME!r}}}"
+        ) from None
+    after = text_attention(model)
+    if after != NAME:  # transformers only warns for a class that cannot switch dynamically
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: its text attention is {before!r} and stayed {after!r}; corelens needs "
+            f"{NAME!r}: load it with corelens.load() or attn_implementation={{'text_config': {NAME!r}}}"
+        )
+    log.warning(
+        "corelens: note: %s text attention switched from %r to %r", type(model).__name__, before, NAME
+    )
+
 
 @dataclass
 class Loaded:
@@ -55,6 +97,12 @@ class Loaded:
     model_type: str
     attention_layers: list[torch.nn.Module]  # decoder self-attention modules, in layer order
     source: dict = field(default_factory=dict)  # id, revision and commit of a hub checkpoint
+
+    def __post_init__(self) -> None:
+        # A model the user loaded (any attention) is switched to corelens' attention here; a processor-only
+        # Loaded (no weights, no attention layers) has nothing to switch.
+        if isinstance(self.model, torch.nn.Module) and self.attention_layers:
+            adopt(self.model)
 
     @property
     def family(self) -> Family:
