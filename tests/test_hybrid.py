@@ -360,3 +360,35 @@ def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
     logged = (out / "samples.jsonl").read_text()
     assert main(argv) == 0  # resumed: nothing is answered twice
     assert (out / "samples.jsonl").read_text() == logged
+
+
+def test_crossover_runs_dense_and_says_so_in_table_and_manifest(tiny_dir, tmp_path, capsys):
+    """`--kernel partitioned`: below the crossover every head runs dense, counted in hybrid.csv and the manifest."""
+    from corelens.cli import main
+    from corelens.organism.tasks import generate
+
+    model = tiny_dir("qwen2_5_vl")
+    data = generate("document", tmp_path / "data", n=1, seed=7)
+    rows = [(layer, head, 8 - (4 * layer + head)) for layer in range(2) for head in range(4)]
+    heads = tmp_path / "rank" / "heads.csv"
+    heads.parent.mkdir()
+    pd.DataFrame(rows, columns=["layer", "head", "rank"]).assign(mass=0.0).to_csv(heads, index=False)
+    base = ["hybrid", "--model", str(model), "--data", str(data), "--heads", str(heads), "--keep", "25%",
+            "--sets", "top", "--sink", "2", "--window", "4", "--max-new-tokens", "2", "--kernel", "partitioned"]  # fmt: skip
+    got = {}
+    for below in ("100", "0"):  # an ideal speed-up below 100: always dense; 0: never
+        out = tmp_path / f"below-{below}"
+        capsys.readouterr()
+        assert main([*base, "--dense-below", below, "--out", str(out)]) == 0
+        err = capsys.readouterr().err
+        table = pd.read_csv(out / "hybrid.csv").set_index("set")
+        prefill = json.loads((out / "manifest.json").read_text())["prefill"]
+        assert prefill["kernel"] == "partitioned" and prefill["dense_below"] == float(below)
+        got[below] = (table, prefill["layer_prefills"], err)
+    table, layers, err = got["100"]
+    assert table.loc["top", "dense_prefills"] == 1 and set(layers) == {"dense"} and layers["dense"] >= 2
+    assert "ran every head dense" in err
+    assert table.loc["top", "correct"] == table.loc["dense", "correct"]  # dense is the stock model
+    table, layers, err = got["0"]
+    assert table.loc["top", "dense_prefills"] == 0 and set(layers) == {"partitioned"}
+    assert "ran every head dense" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.attention.kernels import DENSE_BELOW, KERNELS
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path, token_size
 from corelens.commands.common import (
     add_granularity,
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> None:
         rank_resamples=args.rank_resamples,
         stable_p=args.stable_p,
         granularity=args.granularity,
+        kernel=args.kernel,
+        dense_below=args.dense_below,
         progress=True,
         argv=sys.argv,
         load_options=load_options(args),
@@ -58,6 +61,14 @@ def run(args: argparse.Namespace) -> None:
     cols += ["cache_kept_fraction", "cache_saved_fraction"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print_resampled(result, args.rank_resamples)
+    dense = result.table[result.table["dense_prefills"] > 0]
+    if len(dense):
+        print(
+            f"the partitioned kernel's crossover (--dense-below {args.dense_below}) ran every head dense in "
+            f"{dense['dense_prefills'].mean():.0%} of the layer prefills of {len(dense)} condition(s) "
+            "(hybrid.csv: dense_prefills; manifest.json: prefill)",
+            file=sys.stderr,
+        )
     print(
         f"S = {result.sink}, W = {result.window} tokens, decode {args.decode}; "
         f"median prompt {result.median_tokens:.0f} tokens"
@@ -108,6 +119,19 @@ def register(sub) -> None:
         help="decoding after the hybrid prefill: full attention (the paper) or the streaming pattern",
     )
     add_granularity(h, "kept full")
+    h.add_argument(
+        "--kernel",
+        choices=KERNELS,
+        default="auto",
+        help="prefill kernel of the streaming heads (auto: flex on CUDA, blocked on the CPU; docs/methods.md#hybrid)",
+    )
+    h.add_argument(
+        "--dense-below",
+        type=float,
+        default=DENSE_BELOW,
+        help="the partitioned kernel's crossover: a layer whose head set's ideal speed-up is below it runs every "
+        "head dense, as stock attention (0: never; the default is not yet measured on a GPU)",
+    )
     h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
     h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
     add_random_from(h)

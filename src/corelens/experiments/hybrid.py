@@ -18,6 +18,7 @@ is logged before the next starts.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +28,7 @@ import pandas as pd
 import torch
 
 from corelens.attention.hybrid import DECODES, HybridPolicy, hybrid
-from corelens.attention.kernels import pooled_speedup
+from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
 from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
@@ -49,6 +50,7 @@ COLUMNS = [
     "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
     "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction", "short_by",
     "granularity", "asked", "asked_fraction", "kv_full_heads", "kv_fraction", "cache_kept_fraction", "heads",
+    "dense_prefills",
 ]  # fmt: skip
 
 
@@ -137,10 +139,16 @@ def generate_answer(
     policy: HybridPolicy | None,
     decode: str = "full",
     adaptive: bool = False,
+    *,
+    kernel: str = "auto",
+    dense_below: float | None = DENSE_BELOW,
+    ran: Counter | None = None,
 ) -> tuple[str, float]:
     """Return the greedy answer (new tokens, special tokens dropped) and the share of cache bytes saved.
 
     `adaptive`: keep `policy`'s number of full heads in each layer, chosen per prompt during the prefill.
+    `kernel` / `dense_below`: the prefill kernel and the partitioned kernel's crossover (`corelens.hybrid`);
+    `ran` counts the layer prefills per kernel that ran ("dense": the crossover ran every head causal).
     """
     inputs = _inputs(m, prepared)
     gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -157,13 +165,18 @@ def generate_answer(
                     prior=policy,
                     sink=policy.sink,
                     window=policy.window,
+                    kernel=kernel,
                 )  # fmt: skip
                 if adaptive
-                else hybrid(m, policy, decode=decode)
+                else hybrid(m, policy, decode=decode, kernel=kernel, dense_below=dense_below)
             )
             with session as h:
                 out = m.model.generate(**inputs, cache=h.cache(), **gen)
                 saved = h.cache_report()["saved_fraction"]
+                if ran is not None:
+                    ran.update(
+                        {k.split(":", 1)[1]: v for k, v in h.stats.items() if k.startswith("prefill:")}
+                    )
     new = out[0, inputs["input_ids"].shape[1] :]
     return m.processor.tokenizer.decode(new, skip_special_tokens=True).strip(), saved
 
@@ -225,6 +238,7 @@ def _table(
                 "kv_fraction": eff["kv_fraction"],
                 "cache_kept_fraction": eff["cache_kept_fraction"],
                 "heads": "all" if c.policy is None else label(c.policy.full),
+                "dense_prefills": float(got["dense_prefills"].mean()) if n else 0.0,
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -270,6 +284,8 @@ def curve(
     resample: bool = True,
     stable_p: float = STABLE_P,
     granularity: str | None = None,
+    kernel: str = "auto",
+    dense_below: float | None = DENSE_BELOW,
 ) -> HybridCurve:
     """Evaluate `data` under hybrid attention with top / random / bottom full sets of `heads` at each kept share.
 
@@ -277,6 +293,8 @@ def curve(
     ("top-resampled"; `resampled.csv`: median and 90 % interval), as in `corelens.experiments.ablate.sweep`.
     `granularity` "kv" picks KV heads (a KV table of `rank --granularity kv`, or a query table's members
     summed) and keeps all their query heads full; None: the table's own (docs/methods.md#kv-heads).
+    `kernel` / `dense_below`: the prefill kernel and the partitioned kernel's crossover; `hybrid.csv`'s
+    `dense_prefills` is the share of layer prefills the crossover ran dense, the manifest's `prefill` the totals.
     """
     keeps = parse_k(keeps)
     if decode not in DECODES:
@@ -330,6 +348,8 @@ def curve(
             settings["stable_p"] = stable_p
         if unit == "kv":
             settings["granularity"] = unit
+        if kernel != "auto" or dense_below != DENSE_BELOW:
+            settings.update(kernel=kernel, dense_below=dense_below)
         run = Run(out, "hybrid", settings, argv, dist=dist, device=m.device)
     # S and W may be shares of the median prompt: measure every prompt once (over all ranks, cached in the run).
     measured = prompt_lengths(samples, partial(prompt_length, m), run)
@@ -360,14 +380,26 @@ def curve(
 
     def step(sample: Sample, done: set[str]) -> Iterator[dict]:
         p = prepare(m, sample)
-        answers: dict[tuple | None, tuple[str, float]] = {}  # equal full sets share one generation
+        answers: dict[tuple | None, tuple[str, float, Counter]] = {}  # equal full sets share one generation
         for c in conds:
             if f"{c.name}|{sample.id}" in done:
                 continue
             full = None if c.policy is None else (c.adaptive, c.policy.full)
             if full not in answers:
-                answers[full] = generate_answer(m, p, max_new_tokens, c.policy, decode, c.adaptive)
-            prediction, saved = answers[full]
+                ran = Counter()
+                got = generate_answer(
+                    m,
+                    p,
+                    max_new_tokens,
+                    c.policy,
+                    decode,
+                    c.adaptive,
+                    kernel=kernel,
+                    dense_below=dense_below,
+                    ran=ran,
+                )
+                answers[full] = (*got, ran)
+            prediction, saved, ran = answers[full]
             yield {
                 "id": f"{c.name}|{sample.id}",
                 "status": "ok",
@@ -379,6 +411,7 @@ def curve(
                 "gold": sample.answer,
                 "correct": score(prediction, sample.answer, sample.choices, scorer),
                 "saved": saved,
+                "prefill": dict(ran),  # layer prefills per kernel that ran
             }
 
     loop = Loop(
@@ -393,6 +426,9 @@ def curve(
     columns = ["condition", "sample", "task", "tokens", "prediction", "gold", "correct", "saved"]
     ok = [r for r in logged if r.get("status") == "ok"]
     records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
+    # The share of a record's layer prefills that the partitioned kernel's crossover ran dense (records logged
+    # before this field existed count as none).
+    records["dense_prefills"] = [_dense_share(r.get("prefill") or {}) for r in ok]
     result = _table(records, conds, shape, sink_n, window_n, unit)
     resampled = None
     if rank_resamples:
@@ -401,6 +437,12 @@ def curve(
     if run and not run.dist.main:
         run.finish()
     elif run:
+        totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
+        run.manifest["prefill"] = {
+            "kernel": kernel,
+            "dense_below": dense_below,
+            "layer_prefills": dict(totals),
+        }
         run.table(records, "records.parquet")
         run.table(result, "hybrid.csv")
         if resampled is not None:
@@ -415,6 +457,11 @@ def curve(
         skips = sum(1 for r in logged if r.get("status") == "skipped")
         run.finish(samples=len(samples), conditions=len(conds), skipped=skips)
     return HybridCurve(result, records, sink_n, window_n, median, resampled)
+
+
+def _dense_share(prefill: dict) -> float:
+    total = sum(prefill.values())
+    return prefill.get("dense", 0) / total if total else 0.0
 
 
 def curve_path(
