@@ -118,7 +118,8 @@ def test_report_opens_with_findings_and_collapses_manifests(study):
         best = pd.read_csv(run / "heads.csv").sort_values("rank").iloc[0]
         assert f'href="#run-{run.name}"' in findings
         assert (
-            f"L{int(best.layer)}H{int(best['head'])} (mass {best.mass:.3f}, lift {best.lift:.2f})" in findings
+            f"L{int(best.layer)}H{int(best['head'])} {100 * best.mass:.0f} % (lift {best.lift:.1f}×)"
+            in findings
         )
     first = pd.read_csv(stable / "spearman.csv").iloc[0]
     assert f"{first.spearman:.2f} [{first.low:.2f}, {first.high:.2f}]" in findings
@@ -370,5 +371,6 @@ def test_findings_of_flow_and_sap_runs(tmp_path):
     attention = table[table["row"] == "attention"].iloc[0]
     assert f"attention: RID {attention.rid:.3f}, MixIG {attention.mixig:.3f}" in text
     vanilla = pd.read_csv(sap / "accuracy.csv").iloc[0]
-    assert f"vanilla {vanilla.accuracy:.3f} [{vanilla.ci_low:.3f}, {vanilla.ci_high:.3f}]" in text
+    percent = f"{100 * vanilla.accuracy:.0f} % [{100 * vanilla.ci_low:.0f}–{100 * vanilla.ci_high:.0f} %]"
+    assert f"vanilla {percent}" in text
     assert '<a href="#run-flow-image">flow-image</a>' in text and "Samples per run" in text

@@ -30,7 +30,7 @@ from markupsafe import Markup
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
-from corelens.report.summary import anchor, shared_settings, summary_section
+from corelens.report.summary import MISSING, anchor, shared_settings, summary_section
 
 MAX_ROWS = 12
 STYLE = """
@@ -66,7 +66,10 @@ def _definition_list(items: dict) -> Markup:
 
 
 def _cell(value) -> object:
-    """Return a table cell's value as the page shows it: floats to 4 significant digits."""
+    """Return a table cell's value as the page shows it: floats to 4 significant digits, a missing value
+    (NaN, None, pd.NA, an empty CSV cell) as "—"."""
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return MISSING
     return f"{value:.4g}" if isinstance(value, float) else value
 
 
