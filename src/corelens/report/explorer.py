@@ -128,6 +128,9 @@ EXPLORER_JS = r"""
   // Grid colour: white (lowest mean RAM of the task) to HOT (highest), opaque so the text colour can be
   // chosen for contrast: black or white, whichever is farther from the cell's luminance (WCAG AA, >= 4.5:1).
   var HOT = [200, 40, 0];
+  // Maps: a cell the head attends at most uniformly is darkened to 1 - DIM / 255 of its brightness, no more,
+  // so that the objects stay legible under a diffuse head.
+  var DIM = 150;
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
     for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
@@ -166,7 +169,7 @@ EXPLORER_JS = r"""
     grid.appendChild(bar([[0, 'rgb(' + heat(0) + ')'], [1, 'rgb(' + heat(1) + ')']]));
     grid.appendChild(document.createTextNode('highest of this task.'));
     maps.appendChild(document.createTextNode('Maps: picture dimmed where the head attends at most a uniform share'));
-    maps.appendChild(bar([[0, 'rgba(0, 0, 0, 0.7)'], [1, 'rgba(0, 0, 0, 0)']]));
+    maps.appendChild(bar([[0, 'rgba(0, 0, 0, ' + (DIM / 255).toFixed(2) + ')'], [1, 'rgba(0, 0, 0, 0)']]));
     maps.appendChild(document.createTextNode('clear (true colours) at the sample\u2019s largest share; yellow outline: cells above half of it; cyan: target box.'));
   }
   function drawMap(sample, index, canvas) {
@@ -183,7 +186,7 @@ EXPLORER_JS = r"""
       for (var i = 0; i < rows * cols; i++) {
         var share = all[index * rows * cols + i] / 255 * sample.scale[index];
         var v = Math.min(1, Math.max(0, (share - uniform) / ((top - uniform) || 1)));
-        data.data[4 * i + 3] = Math.round(180 * (1 - v));
+        data.data[4 * i + 3] = Math.round(DIM * (1 - v));
         if (v >= 0.5) hot.push(i);
       }
       c2.putImageData(data, 0, 0);
@@ -263,7 +266,7 @@ EXPLORER_JS = r"""
     var t = EXPLORER[task], grid = document.getElementById('grid'), top = -Infinity, low = Infinity;
     t.table.forEach(function (r) { if (r[2] !== null) { top = Math.max(top, r[2]); low = Math.min(low, r[2]); } });
     var table = el('table'), head = el('tr');
-    table.appendChild(el('caption', {}, 'rank of each head by mean RAM (1 = highest), ' + t.name));
+    table.appendChild(el('caption', {}, t.name + ': rank by mean RAM'));
     head.appendChild(el('th', {}, 'layer \\ head'));
     for (var h = 0; h < t.heads; h++) head.appendChild(el('th', {}, String(h)));
     table.appendChild(head);
