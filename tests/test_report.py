@@ -118,7 +118,8 @@ def test_report_opens_with_findings_and_collapses_manifests(study):
         best = pd.read_csv(run / "heads.csv").sort_values("rank").iloc[0]
         assert f'href="#run-{run.name}"' in findings
         assert (
-            f"L{int(best.layer)}H{int(best['head'])} (mass {best.mass:.3f}, lift {best.lift:.2f})" in findings
+            f"L{int(best.layer)}H{int(best['head'])} {100 * best.mass:.0f} % (lift {best.lift:.1f}×)"
+            in findings
         )
     first = pd.read_csv(stable / "spearman.csv").iloc[0]
     assert f"{first.spearman:.2f} [{first.low:.2f}, {first.high:.2f}]" in findings
@@ -216,6 +217,137 @@ def test_head_explorer_in_headless_chromium(study, browser, tmp_path):
     assert top == f"L{int(sample.layer)}H{int(sample['head'])}"
     assert browser.errors() == []
     assert [u for u in browser.requests() if not u.startswith(("file:", "data:"))] == []
+
+
+def _many_samples(run: Path, out: Path, count: int) -> Path:
+    """Copy a rank run with its explorer data repeated to `count` samples (the page pages them)."""
+    shutil.copytree(run, out)
+    arrays, meta = dict(np.load(run / "explorer.npz")), json.loads((run / "explorer.json").read_text())
+    stored = len(meta["samples"])
+    np.savez(out / "explorer.npz", **{f"{k}_{i}": arrays[f"{k}_{i % stored}"] for i in range(count)
+                                      for k in ("maps", "scale", "heads")})  # fmt: skip
+    meta["samples"] = [{**meta["samples"][i % stored], "id": f"copy-{i:02d}"} for i in range(count)]
+    (out / "explorer.json").write_text(json.dumps(meta))
+    return out
+
+
+def _wide_hybrid_run(out: Path) -> Path:
+    """A hybrid run's folder with every hybrid.csv column (the widest table of a report), no model."""
+    from corelens.experiments.hybrid import COLUMNS
+
+    out.mkdir()
+    rows = []
+    for kind, seed, acc in [("dense", None, 1.0), ("top", None, 1.0), ("random", 0, 0.25), ("random", 1, 0.5),
+                            ("bottom", None, 0.25)]:  # fmt: skip
+        row = dict.fromkeys(COLUMNS, 1.0)
+        row.update(set=kind, keep="100%" if kind == "dense" else "2", seed=seed, accuracy=acc, n=8,
+                   correct=int(8 * acc), ci_low=max(0.0, acc - 0.3), ci_high=min(1.0, acc + 0.3),
+                   granularity="query", heads="L0H0 L0H1 L0H2 L0H3 L1H0 L1H1 L1H2 L1H3 " * 4)  # fmt: skip
+        rows.append(row)
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(out / "hybrid.csv", index=False)
+    manifest = {"command": "hybrid", "settings": {"data": "image.jsonl"}, "samples": 8}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def _contrast(a: str, b: str) -> float:
+    """Return the WCAG contrast ratio of two computed CSS colours ("rgb(r, g, b)")."""
+
+    def luminance(colour: str) -> float:
+        channels = [int(c) / 255 for c in re.findall(r"\d+", colour)[:3]]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_report_reads_at_a_glance_in_chromium(study, browser, tmp_path):
+    """At 1400 x 900: no sideways page scroll (the wide hybrid.csv scrolls in its box), the top head shown on
+    load, grid ranks labelled at WCAG AA contrast, legends, a head's panel of 8 samples per page within the
+    screen, the overlay dims without recolouring, overlay figures unscaled up to the report's column."""
+    from corelens.report.html import write_report
+    from corelens.report.overlay import REPORT_WIDTH_PX
+
+    _, runs, stable, _ = study
+    many = _many_samples(runs[0], tmp_path / runs[0].name, 20)
+    page = write_report(
+        [many, *runs[1:], stable, _wide_hybrid_run(tmp_path / "hybrid-wide")], tmp_path / "r.html"
+    )
+    browser.call(
+        "Emulation.setDeviceMetricsOverride", width=1400, height=900, deviceScaleFactor=1, mobile=False
+    )
+    browser.call("Page.navigate", url=page.as_uri())
+    browser.wait(
+        "document.body && document.body.dataset.explorer === 'ready' && !!document.body.dataset.figures"
+    )
+    browser.wait("document.querySelectorAll('#panel-a canvas[data-drawn]').length === 8")
+    layout = browser.evaluate(
+        "(function () { var box = document.querySelector('#run-hybrid-wide .table-box');"
+        " return {page: document.documentElement.scrollWidth, view: window.innerWidth, height: window.innerHeight,"
+        " box: box.clientWidth, table: box.scrollWidth, panel: document.getElementById('panel-a').getBoundingClientRect().height,"
+        " findings: document.getElementById('findings').textContent}; })()"
+    )  # fmt: skip
+    assert (
+        layout["page"] <= layout["view"] and layout["table"] > layout["box"]
+    )  # the table scrolls, not the page
+    assert layout["panel"] <= layout["height"]
+    assert "nan" not in layout["findings"].lower() and "not decided at n = 8" in layout["findings"]
+    heads = pd.read_csv(many / "heads.csv").sort_values("rank")
+    top = f"L{int(heads.iloc[0].layer)}H{int(heads.iloc[0]['head'])}"
+    assert browser.evaluate("document.querySelector('#panel-a .head-label').textContent") == f"A: {top}"
+    assert browser.evaluate("document.querySelector('#grid td.sel-a').dataset.head") == top
+    assert "rank" in browser.evaluate("document.querySelector('#grid caption').textContent")
+    assert (
+        browser.evaluate("document.querySelectorAll('#grid-legend canvas, #map-legend canvas').length") == 2
+    )
+    cells = browser.evaluate(
+        "Array.from(document.querySelectorAll('#grid td.cell')).map(function (td) { var s = getComputedStyle(td);"
+        " return [s.color, s.backgroundColor, parseFloat(s.fontSize)]; })"
+    )
+    assert (
+        len(cells) == 8
+        and min(_contrast(c, b) for c, b, _ in cells) >= 4.5
+        and min(f for *_, f in cells) >= 12
+    )
+    pager = "document.querySelector('#panel-a .pager .page').textContent"
+    assert browser.evaluate(pager) == "samples 1–8 of 20"
+    browser.click("#panel-a .pager .next")
+    browser.click("#panel-a .pager .next")
+    browser.wait("document.querySelectorAll('#panel-a canvas[data-drawn]').length === 4")
+    assert browser.evaluate(pager) == "samples 17–20 of 20"
+    assert browser.evaluate("document.querySelector('#panel-a .pager .next').disabled")
+    browser.click("#panel-a .pager .prev")
+    browser.wait("document.querySelectorAll('#panel-a canvas[data-drawn]').length === 8")
+    assert browser.evaluate(pager) == "samples 9–16 of 20"
+    # The overlay only dims: each cell keeps the picture's hue, the least attended one darkest.
+    pixels = browser.evaluate(
+        "(async function () { var fig = document.querySelector('#panel-a figure.overlay'), canvas = fig.querySelector('canvas');"
+        " var s = EXPLORER[0].samples.filter(function (x) { return x.id === fig.dataset.sample; })[0];"
+        " var index = s.heads.indexOf(fig.dataset.head), n = s.shape[0] * s.shape[1], raw = atob(s.maps), best = 0, worst = 0;"
+        " var maps = Array.from({length: n}, function (_, i) { return raw.charCodeAt(index * n + i); });"
+        " maps.forEach(function (v, i) { if (v > maps[best]) best = i; if (v < maps[worst]) worst = i; });"
+        " var img = new Image(); await new Promise(function (ok) { img.onload = ok; img.src = 'data:image/jpeg;base64,' + s.picture; });"
+        " var plain = document.createElement('canvas'); plain.width = canvas.width; plain.height = canvas.height;"
+        " plain.getContext('2d').drawImage(img, 0, 0, plain.width, plain.height);"
+        " var sx = canvas.width / s.size[0], sy = canvas.height / s.size[1], e = s.extent;"
+        " function at(c, i) { var x = Math.floor((e[0] + (i % s.shape[1] + 0.5) * (e[2] - e[0]) / s.shape[1]) * sx),"
+        "   y = Math.floor((e[1] + (Math.floor(i / s.shape[1]) + 0.5) * (e[3] - e[1]) / s.shape[0]) * sy);"
+        "   return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3)); }"
+        " return {best: [at(canvas, best), at(plain, best)], worst: [at(canvas, worst), at(plain, worst)]}; })()"
+    )  # fmt: skip
+    factors = {}
+    for cell, (shown, plain) in pixels.items():  # shown = plain x one factor: darker, never a new hue
+        factors[cell] = sum(shown) / max(1, sum(plain))
+        assert np.abs(np.subtract(shown, factors[cell] * np.asarray(plain))).max() <= 3, pixels
+    assert factors["worst"] < 0.5 < factors["best"], factors
+    widths = browser.evaluate(
+        "Array.from(document.images).filter(function (i) { return i.alt.indexOf('overlay-') >= 0; })"
+        ".map(function (i) { return [i.clientWidth, i.naturalWidth]; })"
+    )
+    assert widths and all(shown >= min(natural, REPORT_WIDTH_PX) for shown, natural in widths), widths
+    assert browser.errors() == []
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -370,5 +502,6 @@ def test_findings_of_flow_and_sap_runs(tmp_path):
     attention = table[table["row"] == "attention"].iloc[0]
     assert f"attention: RID {attention.rid:.3f}, MixIG {attention.mixig:.3f}" in text
     vanilla = pd.read_csv(sap / "accuracy.csv").iloc[0]
-    assert f"vanilla {vanilla.accuracy:.3f} [{vanilla.ci_low:.3f}, {vanilla.ci_high:.3f}]" in text
+    percent = f"{100 * vanilla.accuracy:.0f} % [{100 * vanilla.ci_low:.0f}–{100 * vanilla.ci_high:.0f} %]"
+    assert f"vanilla {percent}" in text
     assert '<a href="#run-flow-image">flow-image</a>' in text and "Samples per run" in text

@@ -130,7 +130,7 @@ def test_findings_of_flow_and_sap_runs_are_escaped(tmp_path):
     text = summary_section([flow, sap], [{"command": "flow", "samples": 1}, {"command": "sap", "samples": 1}])
     assert "<img" not in text and "<svg" not in text and "</script" not in text
     assert "&lt;/script&gt;&lt;svg onload=window.__pwn=1&gt;: RID 0.500" in text
-    assert "&lt;img src=x onerror=window.__pwn=1&gt; 0.500 [0.400, 0.600]" in text
+    assert "&lt;img src=x onerror=window.__pwn=1&gt; 50 % [40–60 %]" in text
 
 
 def test_the_policy_allows_only_the_pages_own_scripts_and_data_images(hostile):

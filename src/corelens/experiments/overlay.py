@@ -14,7 +14,7 @@ from corelens.data.paths import inside, safe_name
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
-from corelens.report.overlay import Panel, overlay_figure, preview
+from corelens.report.overlay import MAX_PANELS, Panel, overlay_figure, preview
 
 
 def attention_maps(
@@ -29,7 +29,7 @@ def attention_maps(
     return prepared, {head: values.double().numpy() for head, values in probe.maps.items()}
 
 
-def panels(sample: Sample, prepared: Prepared, max_panels: int = 6) -> list[Panel]:
+def panels(sample: Sample, prepared: Prepared, max_panels: int = MAX_PANELS) -> list[Panel]:
     """Return the pixel panels of a prompt (images, pages, first frame of each video frame group).
 
     Panels that hold a target come first, then the others in prompt order, at most `max_panels`.

@@ -77,13 +77,17 @@ def explorer_section(scripts: Markup) -> Markup:
     """Return the explorer's HTML; `scripts`: the `<script>` elements that define `EXPLORER` (inline or a
     file) and then run `EXPLORER_JS`."""
     return Markup("""<section id='explorer'><h2>Head explorer</h2>
-<p>Click a head of the grid (colour: mean mass) to see its share of visual attention on each stored sample;
-tick “compare” to fill panel B. Search a head by name, e.g. L1H2.</p>
+<p>The grid has one cell per head; its number is the head's <strong>rank</strong> by mean RAM (1 = most
+attention on the target) and its colour the mean RAM. The top head is shown on load; click a head to see its
+share of visual attention on each stored sample (8 per page); tick “compare” to fill panel B. Search a head by
+name, e.g. L1H2.</p>
 <div id='tasks'></div>
 <p><input id='head-search' placeholder='L0H1' size='8'> <button id='head-go'>show</button>
 <label><input type='checkbox' id='compare'> compare (panel B)</label>
 <span id='search-error'></span></p>
+<div id='grid-legend' class='legend'></div>
 <div id='grid'></div>
+<div id='map-legend' class='legend'></div>
 <div class='panels'><div id='panel-a' class='panel'></div><div id='panel-b' class='panel'></div></div>
 <h3>Sample picker</h3><select id='sample-picker'></select><div id='sample-heads'></div>
 {}</section>""").format(scripts)
@@ -106,23 +110,36 @@ def data_script(tasks: list[dict]) -> str:
 
 
 STYLE = """
-#grid table td.cell { width: 26px; height: 22px; cursor: pointer; font-size: 0.7em; text-align: center; }
+#grid { overflow-x: auto; } #grid table { margin: 0.3em 0; }
+#grid table td.cell { min-width: 28px; height: 24px; cursor: pointer; font-size: 13px; text-align: center; }
 #grid td.sel-a { outline: 3px solid #06c; } #grid td.sel-b { outline: 3px solid #c60; }
+.legend { font-size: 0.85em; color: #333; margin: 0.3em 0; } .legend canvas { vertical-align: middle; margin: 0 0.4em; }
 .panels { display: flex; gap: 1em; } .panel { flex: 1; min-width: 0; }
 .panel canvas { border: 1px solid #ddd; } .panel figure { margin: 0.3em; }
+.panel figcaption { max-width: 160px; overflow-wrap: anywhere; }
+.pager button { margin: 0 0.3em; } .pager { font-size: 0.85em; }
 #tasks button.on { font-weight: 700; } #search-error { color: #b00; }
 """
 
 EXPLORER_JS = r"""
 (function () {
-  var task = 0, picked = {a: null, b: null};
+  // PAGE samples per page of a head's panel: with 160 px maps a panel stays within one screen.
+  var PAGE = 8, task = 0, picked = {a: null, b: null}, pages = {a: 0, b: 0};
+  // Grid colour: white (lowest mean RAM of the task) to HOT (highest), opaque so the text colour can be
+  // chosen for contrast: black or white, whichever is farther from the cell's luminance (WCAG AA, >= 4.5:1).
+  var HOT = [200, 40, 0];
+  // Maps: a cell the head attends at most uniformly is darkened to 1 - DIM / 255 of its brightness, no more,
+  // so that the objects stay legible under a diffuse head.
+  var DIM = 150;
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
     for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
     if (text !== undefined) e.textContent = text;
     return e;
   }
-  function fmt(v) { return v === null || v === undefined ? 'n/a' : Number(v).toPrecision(4); }
+  function fmt(v) { return v === null || v === undefined ? '—' : Number(v).toPrecision(4); }
+  function pct(v) { return v === null || v === undefined ? '—' : (100 * v).toFixed(1) + ' %'; }
+  function times(v) { return v === null || v === undefined ? '—' : Number(v).toFixed(2) + '×'; }
   function bytes(b64) {
     var s = atob(b64), out = new Uint8Array(s.length);
     for (var i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
@@ -132,6 +149,29 @@ EXPLORER_JS = r"""
     var t = EXPLORER[task];
     return t.table.filter(function (r) { return 'L' + r[0] + 'H' + r[1] === name; })[0];
   }
+  function heat(v) { return HOT.map(function (c) { return Math.round(255 + (c - 255) * v); }); }
+  function luminance(rgb) {
+    var c = rgb.map(function (x) { x /= 255; return x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4); });
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+  }
+  function ink(rgb) { return luminance(rgb) > 0.179 ? '#000000' : '#ffffff'; }  // 0.179: equal contrast
+  function bar(stops, width) {
+    var c = el('canvas', {width: width || 160, height: 12}), ctx = c.getContext('2d');
+    var g = ctx.createLinearGradient(0, 0, c.width, 0);
+    stops.forEach(function (s) { g.addColorStop(s[0], s[1]); });
+    ctx.fillStyle = g; ctx.fillRect(0, 0, c.width, c.height);
+    return c;
+  }
+  function drawLegends() {
+    var grid = document.getElementById('grid-legend'), maps = document.getElementById('map-legend');
+    grid.innerHTML = ''; maps.innerHTML = '';
+    grid.appendChild(document.createTextNode('Grid: number = rank by mean RAM (1 = highest); colour = mean RAM, lowest'));
+    grid.appendChild(bar([[0, 'rgb(' + heat(0) + ')'], [1, 'rgb(' + heat(1) + ')']]));
+    grid.appendChild(document.createTextNode('highest of this task.'));
+    maps.appendChild(document.createTextNode('Maps: picture dimmed where the head attends at most a uniform share'));
+    maps.appendChild(bar([[0, 'rgba(0, 0, 0, ' + (DIM / 255).toFixed(2) + ')'], [1, 'rgba(0, 0, 0, 0)']]));
+    maps.appendChild(document.createTextNode('clear (true colours) at the sample\u2019s largest share; yellow outline: cells above half of it; cyan: target box.'));
+  }
   function drawMap(sample, index, canvas) {
     var img = new Image();
     img.onload = function () {
@@ -139,53 +179,73 @@ EXPLORER_JS = r"""
       ctx.drawImage(img, 0, 0, w, h);
       var rows = sample.shape[0], cols = sample.shape[1], all = sample._maps || (sample._maps = bytes(sample.maps));
       var cells = document.createElement('canvas'); cells.width = cols; cells.height = rows;
-      var c2 = cells.getContext('2d'), data = c2.createImageData(cols, rows);
-      // Colour: the cell's share above uniform, over the sample's largest share of any stored head.
+      var c2 = cells.getContext('2d'), data = c2.createImageData(cols, rows), hot = [];
+      // Level: the cell's share above uniform, over the sample's largest share of any stored head. The
+      // overlay only dims (black, more where the head attends less): the attended cells keep their colours.
       var uniform = 1 / (rows * cols), top = Math.max.apply(null, sample.scale);
       for (var i = 0; i < rows * cols; i++) {
         var share = all[index * rows * cols + i] / 255 * sample.scale[index];
-        var v = Math.max(0, (share - uniform) / ((top - uniform) || 1));
-        data.data[4 * i] = 255; data.data[4 * i + 1] = Math.round(220 * (1 - v));
-        data.data[4 * i + 2] = 0; data.data[4 * i + 3] = Math.round(200 * v);
+        var v = Math.min(1, Math.max(0, (share - uniform) / ((top - uniform) || 1)));
+        data.data[4 * i + 3] = Math.round(DIM * (1 - v));
+        if (v >= 0.5) hot.push(i);
       }
       c2.putImageData(data, 0, 0);
       var sx = w / sample.size[0], sy = h / sample.size[1], e = sample.extent;
+      var cw = (e[2] - e[0]) * sx / cols, ch = (e[3] - e[1]) * sy / rows;
       ctx.imageSmoothingEnabled = false;
       ctx.drawImage(cells, e[0] * sx, e[1] * sy, (e[2] - e[0]) * sx, (e[3] - e[1]) * sy);
+      ctx.strokeStyle = '#ffd400'; ctx.lineWidth = 1;
+      hot.forEach(function (i) { ctx.strokeRect(e[0] * sx + (i % cols) * cw + 0.5, e[1] * sy + Math.floor(i / cols) * ch + 0.5, cw - 1, ch - 1); });
       ctx.strokeStyle = 'cyan'; ctx.lineWidth = 2;
       sample.boxes.forEach(function (b) { ctx.strokeRect(b[0] * sx, b[1] * sy, (b[2] - b[0]) * sx, (b[3] - b[1]) * sy); });
       canvas.dataset.drawn = '1';
     };
     img.src = 'data:image/jpeg;base64,' + sample.picture;
   }
-  function showHead(slot, name) {
+  function showHead(slot, name, keepPage) {
     var r = row(name), panel = document.getElementById('panel-' + slot);
     panel.innerHTML = '';
     if (!r) return false;
+    if (!keepPage || picked[slot] !== name) pages[slot] = 0;
     picked[slot] = name;
     panel.appendChild(el('h3', {'class': 'head-label'}, (slot === 'a' ? 'A: ' : 'B: ') + name));
     var stats = el('p', {'class': 'stats'});
-    stats.appendChild(el('span', {'class': 'ram', 'data-value': String(r[2])}, 'RAM ' + fmt(r[2])));
-    stats.appendChild(document.createTextNode(', share ' + fmt(r[3]) + ', lift ' + fmt(r[4]) + '. Rank: '));
+    stats.appendChild(el('span', {'class': 'ram', 'data-value': String(r[2])}, 'RAM ' + pct(r[2])));
+    stats.appendChild(document.createTextNode(', share ' + pct(r[3]) + ', lift ' + times(r[4]) + '. Rank: '));
     stats.appendChild(document.createTextNode(EXPLORER.map(function (t) {
       var o = t.table.filter(function (x) { return 'L' + x[0] + 'H' + x[1] === name; })[0];
-      return t.name + ' ' + (o ? o[5] + '/' + t.table.length : 'n/a');
+      return t.name + ' ' + (o ? o[5] + '/' + t.table.length : '—');
     }).join(', ')));
     panel.appendChild(stats);
-    EXPLORER[task].samples.forEach(function (s) {
+    // This head's stored samples (past the first few, a sample stores only the top heads), one page of them.
+    var shown = EXPLORER[task].samples.filter(function (s) { return s.heads.indexOf(name) >= 0; });
+    var last = Math.max(0, Math.ceil(shown.length / PAGE) - 1), p = Math.min(pages[slot], last);
+    pages[slot] = p;
+    if (shown.length > PAGE) panel.appendChild(pager(slot, name, p, last, shown.length));
+    shown.slice(p * PAGE, (p + 1) * PAGE).forEach(function (s) {
       var index = s.heads.indexOf(name);
-      if (index < 0) return;  // this sample stores only the top heads
       var fig = el('figure', {'class': 'overlay', 'data-head': name, 'data-sample': s.id});
       var scale = 160 / Math.max(s.size[0], s.size[1]);
       var canvas = el('canvas', {width: Math.round(s.size[0] * scale), height: Math.round(s.size[1] * scale)});
       fig.appendChild(canvas);
       var ram = s.ram[name] || [null, null, null];
-      fig.appendChild(el('figcaption', {}, s.id + ': RAM ' + fmt(ram[0]) + ', share ' + fmt(ram[1]) + ', lift ' + fmt(ram[2])));
+      fig.appendChild(el('figcaption', {}, s.id + ': RAM ' + pct(ram[0]) + ', share ' + pct(ram[1]) + ', lift ' + times(ram[2])));
       panel.appendChild(fig);
       drawMap(s, index, canvas);
     });
     markGrid();
     return true;
+  }
+  function pager(slot, name, p, last, total) {
+    var nav = el('p', {'class': 'pager'});
+    var prev = el('button', {'class': 'prev'}, '‹ previous'), next = el('button', {'class': 'next'}, 'next ›');
+    prev.disabled = p === 0; next.disabled = p === last;
+    prev.addEventListener('click', function () { pages[slot] = p - 1; showHead(slot, name, true); });
+    next.addEventListener('click', function () { pages[slot] = p + 1; showHead(slot, name, true); });
+    nav.appendChild(prev);
+    nav.appendChild(el('span', {'class': 'page'}, 'samples ' + (p * PAGE + 1) + '–' + Math.min(total, (p + 1) * PAGE) + ' of ' + total));
+    nav.appendChild(next);
+    return nav;
   }
   function markGrid() {
     document.querySelectorAll('#grid td.cell').forEach(function (td) {
@@ -197,11 +257,16 @@ EXPLORER_JS = r"""
     var slot = document.getElementById('compare').checked ? 'b' : 'a';
     return showHead(slot, name);
   }
+  function topHead() {
+    var best = EXPLORER[task].table.slice().sort(function (x, y) { return x[5] - y[5]; })[0];
+    return best ? 'L' + best[0] + 'H' + best[1] : null;
+  }
   function drawGrid() {
-    // Colour: mean mass from the task's lowest (clear) to its highest (full).
+    // Colour: mean RAM from the task's lowest (white) to its highest (HOT); number: the head's rank.
     var t = EXPLORER[task], grid = document.getElementById('grid'), top = -Infinity, low = Infinity;
-    t.table.forEach(function (r) { top = Math.max(top, r[2]); low = Math.min(low, r[2]); });
+    t.table.forEach(function (r) { if (r[2] !== null) { top = Math.max(top, r[2]); low = Math.min(low, r[2]); } });
     var table = el('table'), head = el('tr');
+    table.appendChild(el('caption', {}, t.name + ': rank by mean RAM'));
     head.appendChild(el('th', {}, 'layer \\ head'));
     for (var h = 0; h < t.heads; h++) head.appendChild(el('th', {}, String(h)));
     table.appendChild(head);
@@ -209,9 +274,11 @@ EXPLORER_JS = r"""
       var tr = el('tr');
       tr.appendChild(el('th', {}, 'L' + l));
       for (var k = 0; k < t.heads; k++) {
-        var name = 'L' + l + 'H' + k, r = row(name), v = r ? (r[2] - low) / ((top - low) || 1) : 0;
+        var name = 'L' + l + 'H' + k, r = row(name);
+        var v = r && r[2] !== null ? (r[2] - low) / ((top - low) || 1) : 0, rgb = heat(v);
         var td = el('td', {'class': 'cell', 'data-head': name, title: name + (r ? ' rank ' + r[5] : '')}, r ? String(r[5]) : '');
-        td.style.background = 'rgba(200, 40, 0, ' + v.toFixed(3) + ')';
+        td.style.backgroundColor = 'rgb(' + rgb.join(', ') + ')';
+        td.style.color = ink(rgb);
         td.addEventListener('click', function (e) { pick(e.currentTarget.dataset.head); });
         tr.appendChild(td);
       }
@@ -233,9 +300,9 @@ EXPLORER_JS = r"""
     if (!s) return;
     var names = Object.keys(s.ram).sort(function (x, y) { return s.ram[y][0] - s.ram[x][0]; });
     [['top', names.slice(0, 5)], ['bottom', names.slice(-5).reverse()]].forEach(function (pair) {
-      var p = el('p', {'class': 'sample-' + pair[0]}, pair[0] + ' heads on ' + s.id + ': ');
+      var p = el('p', {'class': 'sample-' + pair[0]}, pair[0] + ' heads on ' + s.id + ' (RAM): ');
       pair[1].forEach(function (n) {
-        var a = el('a', {href: '#explorer', 'data-head': n}, n + ' (' + fmt(s.ram[n][0]) + ') ');
+        var a = el('a', {href: '#explorer', 'data-head': n}, n + ' (' + pct(s.ram[n][0]) + ') ');
         a.addEventListener('click', function (e) { e.preventDefault(); pick(n); });
         p.appendChild(a);
       });
@@ -261,7 +328,8 @@ EXPLORER_JS = r"""
   document.getElementById('head-go').addEventListener('click', search);
   document.getElementById('head-search').addEventListener('keydown', function (e) { if (e.key === 'Enter') search(); });
   document.getElementById('sample-picker').addEventListener('change', showSample);
-  drawTasks(); drawGrid(); drawPicker();
+  drawLegends(); drawTasks(); drawGrid(); drawPicker();
+  if (topHead()) showHead('a', topHead());  // the top head is shown on load
   document.body.dataset.explorer = 'ready';
 })();
 """

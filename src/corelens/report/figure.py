@@ -11,16 +11,19 @@ from corelens.runs.files import writer
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["plt", "save_figure"]
+__all__ = ["DPI", "plt", "save_figure"]
+
+DPI = 120  # every figure is written at this resolution
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Lay out `fig`, write it to `path` (PNG, 120 dpi; folders created), close it; return the path."""
+    """Lay out `fig`, write it to `path` (PNG, `DPI` dpi; folders created), close it; return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.get_layout_engine() is None:
         fig.tight_layout()
+
     with writer(path) as f:  # never through a link planted at `path`
-        fig.savefig(f, dpi=120, format=path.suffix.lstrip(".") or "png")
+        fig.savefig(f, dpi=DPI, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
     return path

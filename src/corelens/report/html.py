@@ -30,13 +30,14 @@ from markupsafe import Markup
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
-from corelens.report.summary import anchor, shared_settings, summary_section
+from corelens.report.summary import MISSING, anchor, shared_settings, summary_section
 
 MAX_ROWS = 12
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; } h3 { font-size: 1em; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1em; }
+.table-box { overflow-x: auto; max-width: 100%; } .legend-note { color: #555; font-size: 0.85em; }
 th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: right; } th { background: #f3f3f3; }
 figure { display: inline-block; margin: 0.5em; vertical-align: top; }
 figure img { max-width: 100%; border: 1px solid #eee; } figcaption { font-size: 0.8em; color: #555; }
@@ -66,7 +67,10 @@ def _definition_list(items: dict) -> Markup:
 
 
 def _cell(value) -> object:
-    """Return a table cell's value as the page shows it: floats to 4 significant digits."""
+    """Return a table cell's value as the page shows it: floats to 4 significant digits, a missing value
+    (NaN, None, pd.NA, an empty CSV cell) as "—"."""
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return MISSING
     return f"{value:.4g}" if isinstance(value, float) else value
 
 
@@ -81,9 +85,10 @@ def _table(path: Path) -> Markup:
         for row in frame.head(MAX_ROWS).itertuples(index=False)
     )
     note = Markup("<p><small>… {} more rows in {}</small></p>").format(more, path.name) if more > 0 else ""
-    return Markup("<h3>{}</h3><table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>{}").format(
-        path.name, head, rows, note
-    )
+    # In its own box that scrolls sideways: a wide table (hybrid.csv: 20-odd columns) never widens the page.
+    return Markup(
+        "<h3>{}</h3><div class='table-box'><table><thead><tr>{}</tr></thead><tbody>{}</tbody></table></div>{}"
+    ).format(path.name, head, rows, note)
 
 
 def _figure(path: Path, run: Path) -> Markup:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,11 +11,22 @@ from matplotlib.patches import Rectangle
 from PIL import Image
 
 from corelens.layout import Segment
-from corelens.report.figure import plt, save_figure
+from corelens.report.figure import DPI, plt, save_figure
 
 # Longest side, in pixels, of the picture drawn under an overlay: a panel is about 2 inches wide at the
 # figure's dpi, so more pixels add memory and nothing visible (a 12000 x 12000 image would take 430 MB).
 OVERLAY_MAX_SIDE = 1024
+# Sizes that keep the labels legible in the report: its figures are at most REPORT_WIDTH_PX wide (the page's
+# 1100 px column less the figure's margins), so a figure of MAX_PANELS panels of PANEL_IN inches (plus the
+# labels and colour bar, MARGIN_IN) at DPI is scaled by at most 1080 / 1152 there: LABEL_PT (15 px at 120 dpi)
+# stays above MIN_LABEL_PX on the page.
+REPORT_WIDTH_PX = 1080
+MIN_LABEL_PX = 11
+MAX_PANELS = 4
+PANEL_IN = 2.0
+MARGIN_IN = 1.6
+LABEL_PT = 9
+TITLE_PT = 10
 
 
 def preview(picture: Image.Image, size: tuple[int, int], max_side: int = OVERLAY_MAX_SIDE) -> Image.Image:
@@ -41,10 +53,16 @@ def token_grid(segment: Segment, attention: np.ndarray) -> np.ndarray:
     return attention[segment.token(rows, cols)]
 
 
-def overlay_figure(
-    panels: list[Panel], heads: list[tuple[str, np.ndarray]], path: str | Path, *, title: str = ""
-) -> Path:
-    """Write a heads x panels grid: each head's share of visual attention per token over each picture."""
+def short_title(title: str, width_in: float, font_pt: float = TITLE_PT, lines: int = 2) -> str:
+    """Return `title` wrapped to a figure `width_in` inches wide, at most `lines` lines (the rest cut with "...")."""
+    chars = max(20, int(width_in * 72 / (0.6 * font_pt)))  # 0.6 em: a wide average glyph of DejaVu Sans
+    wrapped = textwrap.wrap(title, chars, max_lines=lines, placeholder="...")
+    return "\n".join(wrapped)
+
+
+def overlay_grid(panels: list[Panel], heads: list[tuple[str, np.ndarray]], *, title: str = "") -> plt.Figure:
+    """Return the heads x panels figure of `overlay_figure`, laid out but not saved (tests read its text)."""
+    panels = panels[:MAX_PANELS]  # wider, the report would scale its labels below MIN_LABEL_PX
     n_rows, n_cols = len(heads), max(1, len(panels))
     shares = []
     for _, attention in heads:
@@ -52,16 +70,20 @@ def overlay_figure(
         total = float(sum(g.sum() for g in grids)) or 1.0
         shares.append([g / total for g in grids])
     vmax = max([float(g.max()) for row in shares for g in row] or [1.0])
+    width = PANEL_IN * n_cols + MARGIN_IN
+    # A row as tall as its tallest panel at PANEL_IN wide (wide frames, tall pages), plus its title's room.
+    aspect = max([p.segment.orig_size[1] / max(1, p.segment.orig_size[0]) for p in panels] or [1.0])
+    row_in = min(3.2, max(1.0, PANEL_IN * aspect + 0.35))
     fig, axes = plt.subplots(
-        n_rows, n_cols, figsize=(2.2 * n_cols + 1.2, 2.1 * n_rows + 0.6), squeeze=False, layout="constrained"
+        n_rows, n_cols, figsize=(width, row_in * n_rows + 0.9), dpi=DPI, squeeze=False, layout="compressed"
     )
     image = None
     for r, (name, _) in enumerate(heads):
         for c, panel in enumerate(panels):
             ax = axes[r][c]
-            width, height = panel.segment.orig_size
+            w, h = panel.segment.orig_size
             # Drawn in image coordinates (extent), from a bounded preview: never at full size.
-            ax.imshow(preview(panel.picture, (width, height)), extent=(0, width, height, 0))
+            ax.imshow(preview(panel.picture, (w, h)), extent=(0, w, h, 0))
             xe, ye = panel.segment.cell_edges()
             image = ax.imshow(
                 shares[r][c],
@@ -71,8 +93,8 @@ def overlay_figure(
                 vmin=0.0,
                 vmax=vmax,
             )
-            ax.set_xlim(min(0, xe[0]), max(width, xe[-1]))
-            ax.set_ylim(max(height, ye[-1]), min(0, ye[0]))
+            ax.set_xlim(min(0, xe[0]), max(w, xe[-1]))
+            ax.set_ylim(max(h, ye[-1]), min(0, ye[0]))
             for x0, y0, x1, y1 in panel.boxes:
                 ax.add_patch(
                     Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="cyan", linewidth=1.5)
@@ -80,11 +102,28 @@ def overlay_figure(
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
-                ax.set_title(panel.label + (" (target)" if panel.hit else ""), fontsize=8)
-            if c == 0:
-                ax.set_ylabel(name, fontsize=8)
+                ax.set_title(
+                    short_title(panel.label + (" (target)" if panel.hit else ""), PANEL_IN, LABEL_PT, 2),
+                    fontsize=LABEL_PT,
+                )
+            if c == 0:  # a text at a fixed place: a y label moves at draw time, after the layout placed it
+                ax.text(-0.04, 0.5, name, transform=ax.transAxes, rotation=90, ha="right", va="center",
+                        fontsize=LABEL_PT)  # fmt: skip
     if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.6, label="share of the head's visual attention")
+        bar = fig.colorbar(image, ax=axes, shrink=0.6)
+        bar.set_label("share of the head's\nvisual attention", fontsize=LABEL_PT)
+        bar.ax.tick_params(labelsize=LABEL_PT)
     if title:
-        fig.suptitle(title if len(title) < 90 else title[:87] + "...", fontsize=9)
-    return save_figure(fig, path)
+        fig.suptitle(short_title(title, width), fontsize=TITLE_PT)
+    return fig
+
+
+def overlay_figure(
+    panels: list[Panel], heads: list[tuple[str, np.ndarray]], path: str | Path, *, title: str = ""
+) -> Path:
+    """Write a heads x panels grid: each head's share of visual attention per token over each picture.
+
+    At most `MAX_PANELS` panels, each `PANEL_IN` inches wide, labels at `LABEL_PT`: the figure is at most
+    `REPORT_WIDTH_PX` wide in the report, so its labels are at least `MIN_LABEL_PX` tall there.
+    """
+    return save_figure(overlay_grid(panels, heads, title=title), path)

@@ -1,16 +1,27 @@
 """The findings that open a report, read from its run directories; each finding links to its run's section.
 
-Rank runs give the top heads (mass, lift) and sparsity; a stability run the cross-task Spearman with its
-interval; ablation runs top-k against random-k accuracy; hybrid runs the accuracy per kept fraction with its
-ideal speed-up; flow runs their Table-1 analogue; SAP runs each condition's accuracy against vanilla.
+Every finding is one sentence a reader can repeat. Accuracies and shares are written in percent (never a
+fraction), each with its 95 % interval in brackets; a missing value is "—". Ablation and hybrid findings set
+the top head set against its controls of the same size (bottom, random, layer-matched) and against the
+unablated / dense model; a difference is claimed only where the 95 % interval of the difference excludes
+zero, otherwise the sentence says "not decided at n = N" (N: samples per condition).
+
+The interval of a difference of two accuracies is the MOVER interval (method of variance estimates recovery,
+Newcombe's "hybrid score" interval when both are Wilson intervals): it combines the two accuracies' own
+intervals, so a control drawn several times brings its two-level bootstrap interval from
+`ablation_summary.csv`. It treats the two as independent; on the same samples (positively correlated answers)
+it is conservative: a difference it decides is decided.
 
 Task labels, run names, rows and conditions come from the runs' files: every finding is built with
-`markupsafe.Markup`, which escapes them (see `corelens.report.html`).
+`markupsafe.Markup`, which escapes them (see `corelens.report.html`). The tables are read by column name, so
+columns added to them later are ignored.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +30,10 @@ from markupsafe import Markup
 from corelens.metrics.topology import sparsity
 
 TOP = 3
+MISSING = "—"
+CONTROLS = ("random", "bottom", "layer-matched")  # the top set's controls, in the order a finding names them
+VERBS = {"zero": "Zeroing", "mean": "Mean-ablating", "uniform": "Flattening", "knockout": "Knocking out"}
+MAX_NAMED = 4  # a top set of at most this many heads is named in its finding
 
 
 def anchor(run: Path) -> str:
@@ -30,78 +45,291 @@ def _link(run: Path) -> Markup:
     return Markup('<a href="#{}">{}</a>').format(anchor(run), run.name)
 
 
-def _ci(row: pd.Series, column: str = "accuracy") -> Markup:
-    return Markup("{:.3f} [{:.3f}, {:.3f}]").format(row[column], row["ci_low"], row["ci_high"])
+def missing(value) -> bool:
+    """Return whether a table value is missing (None, NaN, pd.NA, or not a number at all)."""
+    try:
+        return value is None or bool(pd.isna(value)) or not math.isfinite(float(value))
+    except (TypeError, ValueError):  # a string or a list: not a number
+        return True
 
 
-def _rank(run: Path) -> Markup:
+def pct(value) -> str:
+    """Return a fraction as a whole percent, "25 %"; a missing one as "—"."""
+    return MISSING if missing(value) else f"{100 * float(value):.0f} %"
+
+
+def number(value, digits: int = 2) -> str:
+    """Return a number with `digits` decimals; a missing one as "—"."""
+    return MISSING if missing(value) else f"{float(value):.{digits}f}"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An accuracy (a fraction) with its 95 % interval, the samples per condition and the draws behind it."""
+
+    value: float
+    low: float
+    high: float
+    n: int | None = None
+    draws: int = 1
+
+    def text(self) -> str:
+        """Return "25 % [7–59 %]"; "—" for a missing value, the value alone for a missing interval."""
+        if missing(self.value):
+            return MISSING
+        if missing(self.low) or missing(self.high):
+            return pct(self.value)
+        return f"{100 * self.value:.0f} % [{100 * self.low:.0f}–{100 * self.high:.0f} %]"
+
+    def known(self) -> bool:
+        return not any(missing(v) for v in (self.value, self.low, self.high))
+
+
+def difference(a: Estimate, b: Estimate) -> tuple[float, float, float]:
+    """Return a - b and its 95 % MOVER interval from the two estimates' own intervals (see the module).
+
+    Examples:
+        >>> d, low, high = difference(Estimate(0.25, 0.07, 0.59), Estimate(0.97, 0.85, 1.0))
+        >>> round(d, 2), bool(high < 0)
+        (-0.72, True)
+    """
+    d = a.value - b.value
+    low = d - math.hypot(a.value - a.low, b.high - b.value)
+    high = d + math.hypot(a.high - a.value, b.value - b.low)
+    return d, low, high
+
+
+def _samples(*estimates: Estimate) -> str:
+    ns = sorted({e.n for e in estimates if e.n is not None and not missing(e.n)})
+    return " / ".join(str(int(n)) for n in ns) or MISSING
+
+
+def versus(a: Estimate, b: Estimate, name: str = "top") -> str:
+    """Return how `a` differs from `b`: "top lower by 72 points [40–95]", or "not decided at n = 8" where the
+    interval of the difference includes zero (or a value is missing)."""
+    if not (a.known() and b.known()):
+        return f"not decided at n = {_samples(a, b)}"
+    d, low, high = difference(a, b)
+    if low <= 0 <= high:  # the interval of the difference holds zero: no difference is claimed
+        return f"not decided at n = {_samples(a, b)}"
+    near, far = sorted((abs(low), abs(high)))
+    side = "lower" if d < 0 else "higher"
+    return f"{name} {side}".strip() + f" by {100 * abs(d):.0f} points [{100 * near:.0f}–{100 * far:.0f}]"
+
+
+def decided(a: Estimate, b: Estimate) -> int:
+    """Return -1 / +1 where `a` is decidedly below / above `b`, 0 where the difference is not decided."""
+    if not (a.known() and b.known()):
+        return 0
+    _, low, high = difference(a, b)
+    return -1 if high < 0 else 1 if low > 0 else 0
+
+
+def _read(path: Path) -> pd.DataFrame | None:
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def _column(frame: pd.DataFrame, name: str, default=float("nan")) -> pd.Series:
+    """Return a column, or `default` on every row where the table has no such column (an older run)."""
+    return frame[name] if name in frame.columns else pd.Series(default, index=frame.index)
+
+
+def _estimate(rows: pd.DataFrame) -> Estimate:
+    """Return the estimate of one set at one size from its rows (one per draw).
+
+    One row: its accuracy and Wilson interval. Several draws: their mean accuracy and the envelope of their
+    intervals (wider than pooling their answers); `ablation_summary.csv`'s two-level bootstrap replaces it
+    where the run wrote one (`_summarised`).
+    """
+    acc = pd.to_numeric(_column(rows, "accuracy"), errors="coerce")
+    low = pd.to_numeric(_column(rows, "ci_low"), errors="coerce")
+    high = pd.to_numeric(_column(rows, "ci_high"), errors="coerce")
+    n = pd.to_numeric(_column(rows, "n"), errors="coerce").max()
+    return Estimate(acc.mean(), low.min(), high.max(), None if missing(n) else int(n), len(rows))
+
+
+def _summarised(estimate: Estimate, summary: pd.DataFrame | None, kind: str, level) -> Estimate:
+    """Return `estimate` with the accuracy and interval of `summary`'s row for (`kind`, k = `level`), if any."""
+    if summary is None or not {"set", "k", "accuracy", "ci_low", "ci_high"} <= set(summary.columns):
+        return estimate
+    row = summary[(summary["set"].astype(str) == kind) & (summary["k"].astype(str) == str(level))]
+    if row.empty:
+        return estimate
+    r = row.iloc[0]
+    return Estimate(r["accuracy"], r["ci_low"], r["ci_high"], estimate.n, estimate.draws)
+
+
+def _data_name(manifest: dict) -> str:
+    data = manifest.get("settings", {}).get("data")
+    return Path(str(data)).name if data else "its data"
+
+
+def _controls(sets: dict[str, Estimate], top: Estimate, size: str) -> list[str]:
+    """Return one clause per control set of the top set's size: its accuracy and how the top set differs."""
+    said = []
+    for kind in CONTROLS:
+        if kind not in sets:
+            continue
+        e = sets[kind]
+        draws = f"{e.draws} draws; " if e.draws > 1 else ""
+        count, unit = size.split(" ", 1)  # "3 heads" -> "3 random heads"
+        said.append(f"{count} {kind} {unit}: {e.text()} ({draws}{versus(top, e)})")
+    return said
+
+
+def _unit(rows: pd.DataFrame, count: int) -> str:
+    """Return "3 heads", "1 head", "2 KV heads": the size of a head set in the unit its table counts."""
+    unit = "KV head" if (_column(rows, "granularity", "") == "kv").any() else "head"
+    return f"{count} {unit}" + ("" if count == 1 else "s")
+
+
+def _named(rows: pd.DataFrame, count: int) -> str:
+    names = _column(rows, "heads", "").iloc[0]
+    return f" ({names})" if isinstance(names, str) and names and count <= MAX_NAMED else ""
+
+
+def _rank(run: Path, manifest: dict) -> Markup:
     heads = pd.read_csv(run / "heads.csv").sort_values("rank")
-    best = Markup("; ").join(
-        Markup("L{}H{} (mass {:.3f}, lift {:.2f})").format(int(r.layer), int(r["head"]), r.mass, r.lift)
+    best = ", ".join(
+        f"L{int(r.layer)}H{int(r['head'])} {pct(r.mass)} (lift {number(r.lift, 1)}×)"
         for _, r in heads.head(TOP).iterrows()
     )
     stats = sparsity(heads)
-    return Markup("{}: top heads {}. {:.1%} of {} heads hold 50 % of the mass, {:.1%} hold 80 %.").format(
-        _link(run), best, stats["heads_for_50pct"], len(heads), stats["heads_for_80pct"]
+    return Markup(
+        "{}: on {}, the heads with the most attention on the target region (RAM) are {}; "
+        "{} of the {} heads hold half of all heads' RAM, {} hold 80 %."
+    ).format(
+        _link(run),
+        _data_name(manifest),
+        best,
+        pct(stats["heads_for_50pct"]),
+        len(heads),
+        pct(stats["heads_for_80pct"]),
     )
 
 
-def _stability(run: Path) -> Markup:
+def _stability(run: Path, manifest: dict) -> Markup:
     rows = pd.read_csv(run / "spearman.csv")
-    said = Markup("; ").join(
-        Markup("{}–{} {:.2f} [{:.2f}, {:.2f}]").format(r.a, r.b, r.spearman, r.low, r.high)
-        for _, r in rows.iterrows()
-    )
-    return Markup("{}: cross-task Spearman of head mass {}.").format(_link(run), said)
-
-
-def _ablate(run: Path) -> Markup:
-    table = pd.read_csv(run / "ablation.csv")
     said = []
-    for k, group in table[table["set"].isin(["top", "random"])].groupby("k", sort=True):
-        top = group[group["set"] == "top"]
-        rand = group[group["set"] == "random"]
-        if top.empty or rand.empty:  # a sweep without a random control at this k
+    for _, r in rows.iterrows():
+        text = Markup("{}–{} {} [{}, {}]").format(
+            r.a, r.b, number(r.spearman), number(r.get("low")), number(r.get("high"))
+        )
+        if missing(r.get("low")) or missing(r.get("high")) or r["low"] <= 0 <= r["high"]:
+            n = " / ".join(str(int(r[c])) for c in ("n_a", "n_b") if c in r and not missing(r[c]))
+            text += Markup(" (not decided at n = {} samples)").format(n or MISSING)
+        said.append(text)
+    return Markup(
+        "{}: head rankings across tasks, Spearman of per-head mean RAM [95 % interval]: {}."
+    ).format(_link(run), Markup("; ").join(said))
+
+
+def _sentence(parts: list[str]) -> str:
+    return "; ".join(parts) + "."
+
+
+def _ablate(run: Path, manifest: dict) -> Markup:
+    table = pd.read_csv(run / "ablation.csv")
+    summary = _read(run / "ablation_summary.csv")
+    none = table[table["set"] == "none"]
+    base = _estimate(none) if len(none) else None
+    op = str(_column(table, "op", "zero").iloc[0]) if len(table) else "zero"
+    verb = VERBS.get(op, f"Ablating ({op})")
+    data = _data_name(manifest)
+    said = []
+    for k, rows in table[table["set"] != "none"].groupby("k", sort=False):
+        top_rows = rows[rows["set"] == "top"]
+        if top_rows.empty:  # a sweep without the top set at this k: nothing to set against the controls
             continue
+        sets = {
+            kind: _summarised(_estimate(part), summary, kind, k)
+            for kind, part in rows.groupby("set", sort=False)
+        }
+        top = sets["top"]
+        count = int(_column(top_rows, "k_heads", 0).iloc[0])
+        head = f"{verb} the top {_unit(top_rows, count)}{_named(top_rows, count)}"
+        if base is None:
+            move = f"gives an accuracy on {data} of {top.text()}"
+        else:
+            way = decided(top, base)
+            word = {-1: "drops", 1: "raises", 0: "moves"}[way]
+            move = f"{word} accuracy on {data} from {base.text()} to {top.text()}"
+            if not way:
+                move += f" (not decided at n = {_samples(top, base)})"
+        said.append((count, _sentence([f"{head} {move}", *_controls(sets, top, _unit(top_rows, count))])))
+    said.sort(key=lambda pair: pair[0])
+    return _items(run, [text for _, text in said], "no top head set in ablation.csv")
+
+
+def _hybrid(run: Path, manifest: dict) -> Markup:
+    table = pd.read_csv(run / "hybrid.csv")
+    dense_rows = table[table["set"] == "dense"]
+    dense = _estimate(dense_rows) if len(dense_rows) else None
+    data = _data_name(manifest)
+    said = []
+    for _, rows in table[table["set"] != "dense"].groupby("keep", sort=False):
+        top_rows = rows[rows["set"] == "top"]
+        if top_rows.empty:  # no top set at this share: nothing to set against the controls
+            continue
+        sets = {kind: _estimate(part) for kind, part in rows.groupby("set", sort=False)}
+        top = sets["top"]
+        count = int(_column(top_rows, "full_heads", 0).iloc[0])
+        fraction = _column(top_rows, "fraction").iloc[0]
+        head = f"Keeping the top {_unit(top_rows, count)} ({pct(fraction)} of all) full"
+        speed = _column(top_rows, "ideal_speedup").iloc[0]
+        speed = "" if missing(speed) else f", ideal speed-up {float(speed):.2f}×"
+        if dense is None:
+            move = f"gives an accuracy on {data} of {top.text()}{speed}"
+        else:
+            way = decided(top, dense)
+            if way:
+                move = f"{'lowers' if way < 0 else 'raises'} accuracy on {data} from {dense.text()} (dense) "
+                move += f"to {top.text()}{speed}"
+            else:
+                move = f"keeps accuracy on {data} at {top.text()} against {dense.text()} dense"
+                move += f" (not decided at n = {_samples(top, dense)}){speed}"
         said.append(
-            Markup("k = {}: top {} vs random {:.3f} [{:.3f}, {:.3f}] over {} seed(s)").format(
-                k,
-                _ci(top.iloc[0]),
-                rand["accuracy"].mean(),
-                rand["ci_low"].min(),
-                rand["ci_high"].max(),
-                len(rand),
+            (
+                float(fraction) if not missing(fraction) else 0.0,
+                _sentence([f"{head} {move}", *_controls(sets, top, _unit(top_rows, count))]),
             )
         )
-    none = table[table["set"] == "none"]
-    base = Markup("unablated {}; ").format(_ci(none.iloc[0])) if len(none) else ""
-    return Markup("{}: accuracy {}{}.").format(
-        _link(run), base, Markup("; ").join(said) or "no top/random pair"
+    said.sort(key=lambda pair: pair[0])
+    return _items(run, [text for _, text in said], "no top head set in hybrid.csv")
+
+
+def _items(run: Path, sentences: list[str], empty: str) -> Markup:
+    """Return a run's finding: its link, then one sentence per size of the head sets."""
+    if len(sentences) == 1:
+        return Markup("{}: {}").format(_link(run), sentences[0])
+    body = Markup("").join(Markup("<li>{}</li>").format(s) for s in sentences)
+    return (
+        Markup("{}:<ul>{}</ul>").format(_link(run), body)
+        if sentences
+        else Markup("{}: {}.").format(_link(run), empty)
     )
 
 
-def _hybrid(run: Path) -> Markup:
-    table = pd.read_csv(run / "hybrid.csv")
-    top = table[table["set"].isin(["dense", "top"])].sort_values("fraction")
-    said = Markup("; ").join(
-        Markup("{:.0%} full heads: {} (ideal speed-up {:.2f}×)").format(r.fraction, _ci(r), r.ideal_speedup)
-        for _, r in top.iterrows()
-    )
-    return Markup("{}: hybrid attention keeps {}.").format(_link(run), said)
-
-
-def _flow(run: Path) -> Markup:
+def _flow(run: Path, manifest: dict) -> Markup:
     table = pd.read_csv(run / "table1.csv")
     said = Markup("; ").join(
-        Markup("{}: RID {:.3f}, MixIG {:.3f}").format(r.row, r.rid, r.mixig) for _, r in table.iterrows()
+        Markup("{}: RID {}, MixIG {}").format(r.row, number(r.rid, 3), number(r.mixig, 3))
+        for _, r in table.iterrows()
     )
     return Markup("{}: Table-1 analogue {}.").format(_link(run), said)
 
 
-def _sap(run: Path) -> Markup:
+def _sap(run: Path, manifest: dict) -> Markup:
     table = pd.read_csv(run / "accuracy.csv")
-    said = Markup("; ").join(Markup("{} {}").format(r.condition, _ci(r)) for _, r in table.iterrows())
-    return Markup("{}: accuracy {}.").format(_link(run), said)
+    conditions = {str(r.condition): _estimate(table.loc[[i]]) for i, r in table.iterrows()}
+    vanilla = conditions.get("vanilla")
+    said = []
+    for name, e in conditions.items():
+        against = "" if vanilla is None or name == "vanilla" else f" ({versus(e, vanilla, name='')})"
+        said.append(f"{name} {e.text()}{against}")
+    return Markup("{}: accuracy under SAP on {}: {}.").format(
+        _link(run), _data_name(manifest), "; ".join(said)
+    )
 
 
 FINDINGS = {
@@ -112,6 +340,12 @@ FINDINGS = {
     "flow": ("table1.csv", _flow),
     "sap": ("accuracy.csv", _sap),
 }
+
+LEGEND = (
+    "Accuracies and shares in percent, 95 % intervals in brackets, — where a value is missing. A difference "
+    "is claimed only where the 95 % interval of the difference excludes zero; otherwise the finding says "
+    "“not decided at n = N” (N samples per condition)."
+)
 
 
 def summary_section(runs: list[Path], manifests: list[dict]) -> Markup:
@@ -128,9 +362,9 @@ def summary_section(runs: list[Path], manifests: list[dict]) -> Markup:
     for run, manifest in zip(runs, manifests):
         table, finding = FINDINGS.get(manifest.get("command"), (None, None))
         if finding is not None and (run / table).is_file():  # an unfinished run has no table yet
-            items.append(Markup("<li>{}</li>").format(finding(run)))
-    head = Markup("<p>Model: {}. Samples per run: {}.</p>").format(
-        ", ".join(models) or "not recorded", Markup(", ").join(counts) or "not recorded"
+            items.append(Markup("<li>{}</li>").format(finding(run, manifest)))
+    head = Markup("<p>Model: {}. Samples per run: {}.</p><p class='legend'>{}</p>").format(
+        ", ".join(models) or "not recorded", Markup(", ").join(counts) or "not recorded", LEGEND
     )
     return Markup("<section id='findings'><h2>Findings</h2>{}<ul>{}</ul></section>").format(
         head, Markup("").join(items)

@@ -32,16 +32,59 @@ def spearman_figure(pairs: pd.DataFrame, labels: list[str], path: str | Path) ->
     return save_figure(fig, path)
 
 
-def depth_figure(depth: pd.DataFrame, path: str | Path) -> Path:
-    """Write the share of CoRe heads per layer against depth fraction l / L, one line per run."""
-    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+MARKERS = ("o", "s", "^", "D", "v", "P")
+LINES = ("-", "--", "-.", ":")
+
+
+def coinciding(depth: pd.DataFrame) -> list[list[str]]:
+    """Return the groups of runs (two or more) whose depth profiles are identical, each in plotting order.
+
+    Examples:
+        >>> d = pd.DataFrame({"run": ["a", "a", "b", "b", "c", "c"], "depth": [0.5, 1] * 3,
+        ...                   "core_share": [0, 1, 0, 1, 1, 0]})
+        >>> coinciding(d)
+        [['a', 'b']]
+    """
+    groups: dict[tuple, list[str]] = {}
     for label, part in depth.groupby("run", sort=False):
-        ax.plot(part["depth"], part["core_share"], marker="o", label=str(label))
+        key = tuple(zip(part["depth"].round(9), part["core_share"].round(9)))
+        groups.setdefault(key, []).append(str(label))
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def depth_plot(depth: pd.DataFrame) -> plt.Figure:
+    """Return the depth-profile figure of `depth_figure` (not saved: tests read its artists).
+
+    Each run has its own marker and line style and is shifted sideways by a hair, so that runs with the same
+    profile stay visible; a note under the legend names the runs whose lines coincide.
+    """
+    fig, ax = plt.subplots(figsize=(6.0, 3.8), layout="constrained")
+    labels = [str(label) for label in depth["run"].drop_duplicates()]
+    step = 0.008 * (1 if len(labels) < 2 else min(1.0, 4 / len(labels)))
+    for i, (label, part) in enumerate(depth.groupby("run", sort=False)):
+        shift = (i - (len(labels) - 1) / 2) * step
+        ax.plot(
+            part["depth"] + shift,
+            part["core_share"],
+            marker=MARKERS[i % len(MARKERS)],
+            ls=LINES[i % len(LINES)],
+            markerfacecolor="none" if i % 2 else None,
+            label=str(label),
+        )
+    same = coinciding(depth)
+    note = "; ".join(" = ".join(g) for g in same)
     ax.set_xlabel("depth fraction l / L")
     ax.set_ylabel("share of CoRe heads in layer")
-    ax.set_xlim(0, 1.02)
+    ax.set_xlim(0, 1.04)
     ax.set_ylim(bottom=0)
     ax.set_title("Depth profile of the CoRe heads")
-    ax.legend(fontsize=8)
+    legend = ax.legend(fontsize=8, title=f"coincide: {note}\n(drawn side by side)" if note else None)
+    if note:
+        legend.get_title().set_fontsize(8)
     ax.grid(alpha=0.3)
-    return save_figure(fig, path)
+    return fig
+
+
+def depth_figure(depth: pd.DataFrame, path: str | Path) -> Path:
+    """Write the share of CoRe heads per layer against depth fraction l / L, one line per run."""
+    return save_figure(depth_plot(depth), path)
