@@ -152,7 +152,13 @@ def test_the_readme_is_a_front_door_to_every_docs_page():
     text = README_MD.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 300
     have = anchors(text)
-    for section in ("quick-start", "install", "a-tour-on-the-bundled-model", "python-in-ten-lines", "documentation"):
+    for section in (
+        "quick-start",
+        "install",
+        "a-tour-on-the-bundled-model",
+        "python-in-ten-lines",
+        "documentation",
+    ):
         assert section in have, f"README.md lacks the section #{section}"
     linked = {t.partition("#")[0] for t in links(text)}
     missing = [p.name for p in DOC_PAGES if f"docs/{p.name}" not in linked]
