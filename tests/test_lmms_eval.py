@@ -1,4 +1,4 @@
-"""lmms-eval with the corelens model: the command of docs/integrations.md on a local task, offline, on the organism checkpoint.
+"""lmms-eval with the corelens model: docs/integrations.md's command on a local task, offline, on the organism.
 
 Unmodified, the model answers as corelens' own harness; under a policy it answers as `corelens ablate`,
 `corelens hybrid` and `corelens sap` do under the same policy.
