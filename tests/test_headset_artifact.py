@@ -7,12 +7,12 @@ import shutil
 
 import pandas as pd
 import pytest
-from transformers import AutoConfig
 
 import corelens
 from corelens.cli import main
 from corelens.errors import CorelensError
-from corelens.heads import HeadSet, config_hash
+from corelens.heads import HeadSet
+from corelens.heads.artifact import checkpoint_identity
 from corelens.organism.tasks import WORDS, generate
 
 COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
@@ -45,11 +45,12 @@ def test_export_writes_a_publishable_folder_that_loads_back(ranked):
         table = pd.read_csv(run / "heads.csv")
         pd.testing.assert_frame_equal(hs.heads[table.columns], table, check_dtype=False)
         assert hs.keep == 3 and hs.top() == list(zip(table["layer"][:3], table["head"][:3]))
-    config = AutoConfig.from_pretrained(ranked["model"])
+    ident = checkpoint_identity(ranked["model"])
     assert hs.model == {
         "id": None, "revision": None, "commit": None, "model_type": "qwen2_5_vl",
-        "config_hash": config_hash(config), "layers": 2, "heads": 4, "kv_heads": 2,
+        "config_hash": ident["digest"], "layers": 2, "heads": 4, "kv_heads": 2, "identity": ident,
     }  # fmt: skip
+    assert str(ranked["model"]) not in json.dumps(hs.model)  # the identity holds no path
     prov = hs.provenance
     assert prov["data"] == ranked["data"].name and prov["data_sha256"] == manifest["settings"]["data_sha256"]
     assert (
@@ -129,13 +130,14 @@ def test_another_config_fails_naming_both(ranked, tmp_path, capsys):
         "qwen2_5_vl", tmp_path / "other", words=WORDS, layers=2, heads=4, kv_heads=4
     )
     m = corelens.load(other, device="cpu")
-    theirs = config_hash(m.model.config)
+    theirs = m.config_hash()
     with pytest.raises(CorelensError) as err:
         hs.check(m)
     text = str(err.value)
     assert (
         hs.model["config_hash"] in text and theirs in text and "2 KV heads" in text and "4 KV heads" in text
     )
+    assert "kv_heads 2 -> 4" in text and "config field text_config.num_key_value_heads: 2 -> 4" in text
     args = ["hybrid", "--model", str(other), "--data", str(ranked["data"]), "--heads", str(ranked["out"]),
             "--out", str(tmp_path / "h"), "--keep", "2", "--sets", "top"]  # fmt: skip
     assert main(args) == 2
