@@ -296,16 +296,12 @@ class HeadSet:
             raise CorelensError(
                 f"{where}: not a corelens head set (format {data.get('format')!r}, expected {FORMAT!r})"
             )
-        for name, kind in (("model", dict), ("heads", list)):
-            if not isinstance(data.get(name), kind):
-                got = "missing" if name not in data else f"a {type(data[name]).__name__}"
-                raise CorelensError(f"{where}: field {name!r} must be a JSON {kind.__name__}, got {got}")
-        if not all(isinstance(r, dict) for r in data["heads"]):
-            bad = next(i for i, r in enumerate(data["heads"]) if not isinstance(r, dict))
-            raise CorelensError(f"{where}: heads[{bad}] must be an object with layer, head and rank")
+        from corelens.attention.schema import validate
+        from corelens.heads.schema import HeadSetFile
+
+        # Every field's type and presence (docs/schemas/headset.schema.json), one line naming the field.
+        validate(HeadSetFile, data, where)
         provenance = data.get("provenance") or {}
-        if not isinstance(provenance, dict):
-            raise CorelensError(f"{where}: field 'provenance' must be a JSON object")
         try:
             return cls(data["model"], pd.DataFrame(data["heads"]), data.get("keep"), provenance)
         except CorelensError as err:
@@ -432,10 +428,14 @@ def resolve_heads(spec: str | Path) -> Path:
     path = Path(spec).expanduser()
     if path.is_file() or path.suffix in (".csv", ".json"):
         # A file (read_heads names a missing one); an exported headset.json reads as its folder's heads.csv.
-        return path.parent / TABLE if path.name == FILE else path
-    if path.is_dir() and not (path / FILE).is_file() and (path / TABLE).is_file():
-        return path / TABLE  # a rank run directory
-    return artifact_folder(path if path.is_dir() else str(spec)) / TABLE
+        table = path.parent / TABLE if path.name == FILE else path
+    elif path.is_dir() and not (path / FILE).is_file() and (path / TABLE).is_file():
+        table = path / TABLE  # a rank run directory
+    else:
+        table = artifact_folder(path if path.is_dir() else str(spec)) / TABLE
+    if (table.parent / FILE).is_file():
+        HeadSet.load(table.parent)  # a malformed headset.json is refused here, before any model loads
+    return table
 
 
 def check_heads(table_path: str | Path, m: Any) -> None:
