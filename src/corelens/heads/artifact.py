@@ -123,9 +123,19 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def model_info(ident: dict[str, Any], revision: str | None = None) -> dict[str, Any]:
-    """Return what a head set records about its model from its identity (`Loaded.identity()`): hub id,
-    revision and commit, model type, identity digest, head counts and the identity itself."""
+def model_info(of: Any, source: dict | None = None, *, revision: str | None = None) -> dict[str, Any]:
+    """Return what a head set records about its model: hub id, revision and commit, model type, identity
+    digest, head counts and the identity itself.
+
+    `of` is an identity (`Loaded.identity()`), a `Loaded` model, or a transformers config with the hub
+    `source` (id, commit) of its checkpoint: a config alone is identified by its content only (no weights).
+    """
+    if hasattr(of, "identity"):
+        ident = of.identity()
+    elif isinstance(of, dict) and "digest" in of:
+        ident = of
+    else:
+        ident = identity.record(of, {}, source, kind="config")
     return {
         "id": ident.get("id"),
         "revision": revision,
@@ -362,7 +372,7 @@ class HeadSet:
             "corelens_version": manifest.get("versions", {}).get("corelens"),
             "manifest": manifest,
         }
-        info = model_info(ident, _revision(manifest.get("argv") or []))
+        info = model_info(ident, revision=_revision(manifest.get("argv") or []))
         try:
             table = read_table(table_path)
             # A KV-granular run (`rank --granularity kv`) lists one row per KV head.

@@ -53,7 +53,8 @@ class Identity(BaseModel):
     digest: str = Field(description="sha256 (16 hex) of the config's content and the weights' metadata")
     id: Name = None
     commit: Name = None
-    kind: Literal["folder", "object"] | None = None
+    kind: Literal["folder", "object", "config"] | None = None
+    config_digest: Name = None
     family: Name = None
     layers: Annotated[int, Field(strict=True, ge=1)] | None = None
     heads: Annotated[int, Field(strict=True, ge=1)] | None = None

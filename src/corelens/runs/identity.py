@@ -7,7 +7,9 @@ The identity never holds a path. It is a digest of
   was loaded (`_name_or_path`, `transformers_version`, every `_`-prefixed field) and without its dtype fields
   (the stored dtypes are in the weights' metadata; a bf16 load of fp32 files is the same model);
 - the weights' metadata: every tensor's name, dtype and shape read from the safetensors headers (nothing is
-  loaded), or, for weight files without such a header (`.bin`, `.pt`, ...), each file's size and sha256.
+  loaded), or, for weight files without such a header (`.bin`, `.pt`, ...), each file's size and sha256; a
+  model in memory with no folder (kind "object") is described by its state dict; an identity made from a config
+  alone (kind "config", no weights known) is compared on the config's digest only.
 
 A hub checkpoint also records its repository id and commit: two loads of one `ORG/NAME` at one commit are the
 same model whatever cache holds it, and a local copy of it is the same model when its digest agrees.
@@ -130,6 +132,7 @@ def record(
     heads = getattr(text, "num_attention_heads", None)
     return {
         "digest": _digest({"config": clean, "weights": weights}),
+        "config_digest": _digest(clean),
         "id": source.get("id"),
         "commit": source.get("commit"),
         "kind": kind,
@@ -143,9 +146,12 @@ def record(
 
 
 def same(a: dict, b: dict) -> bool:
-    """Return True when two identities are one model: the same digest, or one hub repository at one commit."""
+    """Return True when two identities are one model: the same digest, or one hub repository at one commit;
+    an identity made from a config alone (kind "config": no weights known) agrees on the config's digest."""
     if a.get("digest") == b.get("digest"):
         return True
+    if "config" in (a.get("kind"), b.get("kind")) and a.get("config_digest") is not None:
+        return a.get("config_digest") == b.get("config_digest")
     return bool(a.get("id") and a.get("commit")) and (a.get("id"), a.get("commit")) == (b.get("id"), b.get("commit"))
 
 
@@ -183,7 +189,7 @@ def differences(a: dict, b: dict) -> list[str]:
         out += _changes("tensor", a["tensors"], b["tensors"])
     elif "files" in a and "files" in b:
         out += _changes("weight file", a["files"], b["files"])
-    elif a.get("kind") != b.get("kind") or set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
+    elif set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
         out.append(f"weights recorded as {a.get('kind')} {_weights_kind(a)} -> {b.get('kind')} {_weights_kind(b)}")
     return out or [f"model digest {a.get('digest')} -> {b.get('digest')}"]
 
