@@ -154,3 +154,37 @@ def test_export_errors_are_one_line(ranked, tmp_path, capsys):
         main(["export", str(ranked["run"]), "--out", str(tmp_path / "x"), "--to", "vllm", "--keep", "2"]) == 2
     )
     assert "unknown format" in capsys.readouterr().err
+
+
+def _sparsemm_load_head_score(model_type: str) -> dict:
+    """SparseMM's loader, as written in gdace829/SparseMM at commit 89221e60d9f97b2ebc1521935e86ae5e447a9da1,
+    `sparsemm/sparsemm_utils.py` `load_head_score`: a fixed file relative to the folder it runs in."""
+    if "llava" in model_type:
+        if "mistral" not in model_type:
+            head_score_path = "./visual_head/head_score/llava-v1.6.json"
+        else:
+            head_score_path = "./visual_head/head_score/llava-mistral-v1.6.json"
+    elif "qwen" in model_type:
+        head_score_path = "./visual_head/head_score/qwen.json"
+    else:
+        raise NotImplementedError
+    with open(head_score_path) as f:
+        return json.load(f)
+
+
+def test_sparsemm_loader_reads_the_export(ranked, monkeypatch):
+    """`export --to sparsemm` writes visual_head/head_score/qwen.json; SparseMM's loader and its per-KV-head
+    capacity scores (`SparseMM.__init__`, same file: mean per entry, normalised, summed per KV group) read it."""
+    import numpy as np
+
+    hs = HeadSet.load(ranked["out"])
+    monkeypatch.chdir(ranked["out"])  # SparseMM runs from its checkout, where visual_head/ is copied
+    head_score = _sparsemm_load_head_score(hs.model["model_type"])
+    head_score_list = np.array([np.mean(v) for v in head_score.values()])
+    head_score_list = head_score_list / head_score_list.sum()
+    layers, heads, kv = hs.model["layers"], hs.model["heads"], hs.model["kv_heads"]
+    score = head_score_list.reshape(layers, kv, heads // kv).sum(-1)
+    mass = hs.heads.set_index(["layer", "head"])["mass"]
+    expected = np.array([[mass[(lyr, h)] for h in range(heads)] for lyr in range(layers)])
+    np.testing.assert_allclose(score, expected.reshape(layers, kv, -1).sum(-1) / expected.sum(), rtol=1e-6)
+    assert json.loads((ranked["out"] / "sparsemm_head_score.json").read_text()) == head_score

@@ -5,7 +5,6 @@ config field or tensor shape is another model, and the refusal names it."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
@@ -15,7 +14,7 @@ import corelens
 from corelens.cli import main
 from corelens.errors import CorelensError
 from corelens.heads import HeadSet
-from corelens.heads.artifact import checkpoint_identity, config_hash
+from corelens.heads.artifact import config_hash
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
 from corelens.runs import identity
@@ -129,7 +128,17 @@ def test_a_changed_config_field_is_refused_naming_it(setting, tmp_path, capsys):
     # The resume check names it as well, in one line.
     out = tmp_path / "run"
     shutil.copytree(setting["run"], out)
-    args = ["rank", "--model", str(folder), "--data", str(setting["data"]), "--out", str(out), "--query", "answer"]
+    args = [
+        "rank",
+        "--model",
+        str(folder),
+        "--data",
+        str(setting["data"]),
+        "--out",
+        str(out),
+        "--query",
+        "answer",
+    ]
     assert main(args) == 2
     err_lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("corelens:")]
     assert len(err_lines) == 1 and "other settings (model_config_hash)" in err_lines[0]
@@ -145,7 +154,7 @@ def test_a_changed_tensor_shape_is_refused_naming_it(setting, tmp_path):
     with pytest.raises(CorelensError) as err:
         HeadSet.load(setting["headset"]).check(folder)
     text = str(err.value)
-    assert f"tensor {TENSOR}: \"F32[128, 384]\" -> \"F32[128, 383]\"" in text and "config field" not in text
+    assert f'tensor {TENSOR}: "F32[128, 384]" -> "F32[128, 383]"' in text and "config field" not in text
 
 
 def test_weights_without_headers_are_identified_by_size_and_hash(tmp_path):

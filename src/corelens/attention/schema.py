@@ -33,7 +33,9 @@ class HybridPolicyFile(BaseModel):
     model_config = ConfigDict(extra="allow", title="corelens hybrid policy")
     format: Literal["corelens.hybrid-policy/1"] = Field(description="the format, " + HYBRID_FORMAT)
     full: list[Pair] = Field(description="the full-attention (layer, head) pairs")
-    sink: Annotated[int, Field(strict=True, ge=0)] = Field(description="first prompt tokens a streaming head keeps")
+    sink: Annotated[int, Field(strict=True, ge=0)] = Field(
+        description="first prompt tokens a streaming head keeps"
+    )
     window: Annotated[int, Field(strict=True, ge=1)] = Field(description="last tokens a streaming head keeps")
     source: dict[str, Any] = Field(default_factory=dict, description="where the full heads came from")
 

@@ -278,13 +278,14 @@ class HeadSet:
                 f"this head set belongs to {describe(ours)}, not to the model loaded from {where}: "
                 f"{describe(theirs)}; what differs: {what}"
             )
-        if recorded is None and ours.get("config_hash") and hasattr(m, "model"):
-            if ours["config_hash"] != config_hash(m.model.config):
-                warn(
-                    f"this head set was written by an earlier corelens (config hash {ours['config_hash']}, "
-                    "which held the model's path): checked on its layers and heads only; export it again "
-                    "to record the model's path-free identity"
-                )
+        legacy = recorded is None and ours.get("config_hash") and hasattr(m, "model")
+        if legacy and ours["config_hash"] != config_hash(m.model.config):
+            # Its hash held the path: a set made elsewhere cannot be told apart, so the shape decides.
+            warn(
+                f"this head set was written by an earlier corelens (config hash {ours['config_hash']}, "
+                "which held the model's path): checked on its layers and heads only; export it again "
+                "to record the model's path-free identity"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON document of `headset.json`."""

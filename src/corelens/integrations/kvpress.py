@@ -44,7 +44,6 @@ from corelens.heads import HeadSet
 from corelens.heads.formats import kv_values
 from corelens.metrics.headsets import k_count
 
-
 # DuoAttentionPress arguments CorePress sets itself: given by the user, they would be silently overwritten.
 OVERWRITTEN = {
     "head_compression_ratio": "CorePress sets it from the head set (the share of KV heads outside the top "

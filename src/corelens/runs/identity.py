@@ -152,7 +152,10 @@ def same(a: dict, b: dict) -> bool:
         return True
     if "config" in (a.get("kind"), b.get("kind")) and a.get("config_digest") is not None:
         return a.get("config_digest") == b.get("config_digest")
-    return bool(a.get("id") and a.get("commit")) and (a.get("id"), a.get("commit")) == (b.get("id"), b.get("commit"))
+    return bool(a.get("id") and a.get("commit")) and (a.get("id"), a.get("commit")) == (
+        b.get("id"),
+        b.get("commit"),
+    )
 
 
 def describe(ident: dict) -> str:
@@ -190,7 +193,9 @@ def differences(a: dict, b: dict) -> list[str]:
     elif "files" in a and "files" in b:
         out += _changes("weight file", a["files"], b["files"])
     elif set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
-        out.append(f"weights recorded as {a.get('kind')} {_weights_kind(a)} -> {b.get('kind')} {_weights_kind(b)}")
+        out.append(
+            f"weights recorded as {a.get('kind')} {_weights_kind(a)} -> {b.get('kind')} {_weights_kind(b)}"
+        )
     return out or [f"model digest {a.get('digest')} -> {b.get('digest')}"]
 
 
