@@ -373,3 +373,99 @@ def test_help_and_argument_errors_do_not_import_torch():
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr
+
+
+# Malformed artifacts (issue 31): a headset.json given to --heads, and a policy file, are checked against their
+# schemas (docs/schemas/); each fault is one line naming the file and the field, before any model loads.
+
+_ROWS = [{"layer": lyr, "head": hd, "rank": 1 + 2 * lyr + hd} for lyr in range(2) for hd in range(2)]
+_SET = {"format": "corelens.headset/1", "model": {"layers": 2, "heads": 2, "kv_heads": 2}, "keep": 1,
+        "heads": _ROWS, "provenance": {}}  # fmt: skip
+
+
+def _with(path: str, value):
+    """Return the good head set with the field at dotted `path` set to `value` (a `...` value deletes it)."""
+    import copy
+
+    doc = copy.deepcopy(_SET)
+    *parents, last = path.split(".")
+    target = doc
+    for part in parents:
+        target = target[int(part)] if isinstance(target, list) else target[part]
+    if value is ...:
+        del target[last]
+    elif isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("model", ..., "field 'model': missing"),
+        ("heads", ..., "field 'heads': missing"),
+        ("format", "corelens.headset/9", "format 'corelens.headset/9'"),
+        ("model.layers", "2", "field 'model.layers': model.layers must be a positive integer"),
+        ("model.heads", True, "field 'model.heads'"),
+        ("model.id", 5, "field 'model.id'"),
+        ("model.identity", {"config": {}}, "field 'model.identity.digest': missing"),
+        ("model.identity", {"digest": "ab", "tensors": {"w": 3}}, "field 'model.identity.tensors.w'"),
+        ("keep", "1", "field 'keep'"),
+        ("provenance", [], "field 'provenance'"),
+        ("heads", {"layer": 0}, "field 'heads'"),
+        ("heads.2", [1, 0, 3], "field 'heads[2]'"),
+        ("heads.1.head", 9, "heads[1]: head 9 is outside 0..1"),
+        ("heads.0.layer", -1, "heads[0]: layer -1 is outside 0..1"),
+        ("heads.3.layer", "one", "heads[3]: layer 'one' is not an integer"),
+        ("heads.3.rank", ..., "missing"),
+    ],
+)
+def test_malformed_headset_is_one_line_naming_file_and_field(path, value, field, valid, tmp_path, capsys):
+    import json
+
+    folder = tmp_path / "set"
+    folder.mkdir()
+    (folder / "headset.json").write_text(json.dumps(_with(path, value)))
+    argv = ["ablate", *required(leaf(("ablate",)), "--heads", valid), "--model", MISSING]
+    message = one_error(capsys, [*argv, "--heads", str(folder / "headset.json")])
+    assert message.startswith(f"{folder / 'headset.json'}: ") and field in message, message
+
+
+_HYBRID = {"format": "corelens.hybrid-policy/1", "full": [[0, 1]], "sink": 4, "window": 8, "source": {}}
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({**_HYBRID, "full": [[0, "1"]]}, "field 'full[0][1]'"),
+        ({**_HYBRID, "full": [[0, -1]]}, "field 'full[0][1]': Input should be greater than or equal to 0"),
+        ({**_HYBRID, "sink": 1.5}, "field 'sink'"),
+        ({k: v for k, v in _HYBRID.items() if k != "window"}, "field 'window': missing"),
+        ({"heads": [[0]], "op": "zero"}, "field 'heads[0][1]': missing"),
+        ({"heads": [[0, 1]], "op": "nope"}, "field 'op'"),
+        ({"heads": [[0, 1]], "op": "zero", "seed": "7"}, "field 'seed'"),
+        ({"heads": [[0, 1]], "op": "zero", "extra": 1}, "field 'extra'"),
+        ({"prior": "noise", "layers": 3}, "field 'layers'"),
+        ({"format": "corelens.hybrid-policy/2"}, "not a hybrid policy"),
+    ],
+)
+def test_malformed_policy_is_one_line_naming_file_and_field(doc, field, tmp_path):
+    import json
+
+    from corelens.errors import CorelensError
+    from corelens.integrations.lmms_eval.policy import read_policy
+
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CorelensError) as err:
+        read_policy(path)
+    message = str(err.value)
+    assert str(path) in message and field in message and "\n" not in message, message
+    if doc.get("format", "").startswith("corelens.hybrid"):  # the Python API reads a policy file the same way
+        from corelens.attention.hybrid import HybridPolicy
+
+        with pytest.raises(CorelensError, match="field|not a hybrid policy") as err:
+            HybridPolicy.load(path)
+        assert str(path) in str(err.value)

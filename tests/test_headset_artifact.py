@@ -7,12 +7,12 @@ import shutil
 
 import pandas as pd
 import pytest
-from transformers import AutoConfig
 
 import corelens
 from corelens.cli import main
 from corelens.errors import CorelensError
-from corelens.heads import HeadSet, config_hash
+from corelens.heads import HeadSet
+from corelens.heads.artifact import checkpoint_identity
 from corelens.organism.tasks import WORDS, generate
 
 COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
@@ -45,11 +45,12 @@ def test_export_writes_a_publishable_folder_that_loads_back(ranked):
         table = pd.read_csv(run / "heads.csv")
         pd.testing.assert_frame_equal(hs.heads[table.columns], table, check_dtype=False)
         assert hs.keep == 3 and hs.top() == list(zip(table["layer"][:3], table["head"][:3]))
-    config = AutoConfig.from_pretrained(ranked["model"])
+    ident = checkpoint_identity(ranked["model"])
     assert hs.model == {
         "id": None, "revision": None, "commit": None, "model_type": "qwen2_5_vl",
-        "config_hash": config_hash(config), "layers": 2, "heads": 4, "kv_heads": 2,
+        "config_hash": ident["digest"], "layers": 2, "heads": 4, "kv_heads": 2, "identity": ident,
     }  # fmt: skip
+    assert str(ranked["model"]) not in json.dumps(hs.model)  # the identity holds no path
     prov = hs.provenance
     assert prov["data"] == ranked["data"].name and prov["data_sha256"] == manifest["settings"]["data_sha256"]
     assert (
@@ -129,13 +130,14 @@ def test_another_config_fails_naming_both(ranked, tmp_path, capsys):
         "qwen2_5_vl", tmp_path / "other", words=WORDS, layers=2, heads=4, kv_heads=4
     )
     m = corelens.load(other, device="cpu")
-    theirs = config_hash(m.model.config)
+    theirs = m.config_hash()
     with pytest.raises(CorelensError) as err:
         hs.check(m)
     text = str(err.value)
     assert (
         hs.model["config_hash"] in text and theirs in text and "2 KV heads" in text and "4 KV heads" in text
     )
+    assert "kv_heads 2 -> 4" in text and "config field text_config.num_key_value_heads: 2 -> 4" in text
     args = ["hybrid", "--model", str(other), "--data", str(ranked["data"]), "--heads", str(ranked["out"]),
             "--out", str(tmp_path / "h"), "--keep", "2", "--sets", "top"]  # fmt: skip
     assert main(args) == 2
@@ -152,3 +154,37 @@ def test_export_errors_are_one_line(ranked, tmp_path, capsys):
         main(["export", str(ranked["run"]), "--out", str(tmp_path / "x"), "--to", "vllm", "--keep", "2"]) == 2
     )
     assert "unknown format" in capsys.readouterr().err
+
+
+def _sparsemm_load_head_score(model_type: str) -> dict:
+    """SparseMM's loader, as written in gdace829/SparseMM at commit 89221e60d9f97b2ebc1521935e86ae5e447a9da1,
+    `sparsemm/sparsemm_utils.py` `load_head_score`: a fixed file relative to the folder it runs in."""
+    if "llava" in model_type:
+        if "mistral" not in model_type:
+            head_score_path = "./visual_head/head_score/llava-v1.6.json"
+        else:
+            head_score_path = "./visual_head/head_score/llava-mistral-v1.6.json"
+    elif "qwen" in model_type:
+        head_score_path = "./visual_head/head_score/qwen.json"
+    else:
+        raise NotImplementedError
+    with open(head_score_path) as f:
+        return json.load(f)
+
+
+def test_sparsemm_loader_reads_the_export(ranked, monkeypatch):
+    """`export --to sparsemm` writes visual_head/head_score/qwen.json; SparseMM's loader and its per-KV-head
+    capacity scores (`SparseMM.__init__`, same file: mean per entry, normalised, summed per KV group) read it."""
+    import numpy as np
+
+    hs = HeadSet.load(ranked["out"])
+    monkeypatch.chdir(ranked["out"])  # SparseMM runs from its checkout, where visual_head/ is copied
+    head_score = _sparsemm_load_head_score(hs.model["model_type"])
+    head_score_list = np.array([np.mean(v) for v in head_score.values()])
+    head_score_list = head_score_list / head_score_list.sum()
+    layers, heads, kv = hs.model["layers"], hs.model["heads"], hs.model["kv_heads"]
+    score = head_score_list.reshape(layers, kv, heads // kv).sum(-1)
+    mass = hs.heads.set_index(["layer", "head"])["mass"]
+    expected = np.array([[mass[(lyr, h)] for h in range(heads)] for lyr in range(layers)])
+    np.testing.assert_allclose(score, expected.reshape(layers, kv, -1).sum(-1) / expected.sum(), rtol=1e-6)
+    assert json.loads((ranked["out"] / "sparsemm_head_score.json").read_text()) == head_score

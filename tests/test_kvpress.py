@@ -92,3 +92,18 @@ def test_a_press_for_another_shape_is_refused(setup, tmp_path):
     )
     with pytest.raises(CorelensError, match="3 x 4 heads"), CorePress(heads=setup["folder"])(other.model):
         pass
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"head_compression_ratio": 0.3}, "head_compression_ratio=0.3"),
+        ({"on_the_fly_scoring": True}, "on_the_fly_scoring=True"),
+    ],
+)
+def test_arguments_the_press_would_overwrite_are_refused(setup, given, named):
+    """DuoAttentionPress arguments CorePress sets from the head set (or that would ignore it): one clear line."""
+    with pytest.raises(CorelensError) as err:
+        CorePress(heads=setup["folder"], **given)
+    assert str(err.value).startswith(f"CorePress: {named} is not taken") and "\n" not in str(err.value)
+    CorePress(heads=setup["folder"], head_compression_ratio=0.0)  # the default is no overwrite

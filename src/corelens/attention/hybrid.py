@@ -155,11 +155,18 @@ class HybridPolicy:
 
     @classmethod
     def load(cls, path: str | Path) -> HybridPolicy:
-        """Read a policy written by `save`."""
+        """Read a policy written by `save`; a malformed one is one line naming the file and the field."""
+        from corelens.attention.schema import HybridPolicyFile, validate
+
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, KeyError) as err:
-            raise CorelensError(f"{path}: cannot read a hybrid policy ({err})") from err
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError, RecursionError) as err:
+            raise CorelensError(f"{path}: cannot read a hybrid policy ({err})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise CorelensError(f"{path}: not a hybrid policy (format {got!r}, expected {FORMAT!r})")
+        validate(HybridPolicyFile, data, str(path))
+        return cls.from_dict(data)
 
 
 def as_policy(

@@ -13,7 +13,7 @@ def run(args: argparse.Namespace) -> None:
     """Write the head-set artifact of a rank run, plus the foreign formats asked for."""
     from corelens.errors import CorelensError
     from corelens.heads import HeadSet
-    from corelens.heads.formats import write_duo, write_sparsemm
+    from corelens.heads.formats import SPARSEMM_SCORES, write_duo, write_sparsemm, write_sparsemm_loader
     from corelens.metrics.headsets import k_count
 
     targets = [t.strip() for t in (args.to or "").split(",") if t.strip()]
@@ -36,6 +36,14 @@ def run(args: argparse.Namespace) -> None:
     if "sparsemm" in targets:
         paths = write_sparsemm(hs, out)
         wrote += [p.name for p in paths]
+        loader = write_sparsemm_loader(hs, out)
+        if loader is None:
+            print(f"SparseMM's loader has no head-score file for model type {hs.model.get('model_type')!r}: "
+                  f"give it {SPARSEMM_SCORES} by hand")  # fmt: skip
+        else:
+            wrote.append(loader.relative_to(out).as_posix())
+            print(f"SparseMM reads {loader.relative_to(out)} from the folder it runs in: "
+                  f"cp -r {out}/visual_head SPARSEMM_CHECKOUT/")  # fmt: skip
     unit = "KV heads" if hs.granularity == "kv" else "heads"
     kept = f"top {hs.keep} of {len(hs.heads)} {unit}" if hs.keep else f"all {len(hs.heads)} {unit} ranked"
     print(f"head set of {hs.model.get('id') or hs.model['model_type']}: {kept}")

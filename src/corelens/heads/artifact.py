@@ -4,8 +4,9 @@
 as a dataset as it is, and `HeadSet.load(path_or_hub_id)` reads it back (a hub id from the hub cache first, as
 `--model` does; `HF_HUB_OFFLINE=1` never downloads). The format (`FORMAT`, documented in docs/headsets.md):
 
-- `model`: id, revision, commit, model type, `config_hash` (sha256 of the checkpoint config without its dtype
-  fields, so a bf16 and an fp32 load agree), layers, query heads and KV heads per layer;
+- `model`: id, revision, commit, model type, `config_hash` (the digest of the model's identity: its config's
+  content and its weights' metadata, never its path; `corelens.runs.identity`), layers, query heads and KV
+  heads per layer, and `identity` (the digest with the summary a refusal names differences from);
 - `heads`: every (layer, head) with its rank and scores (mass, share, lift, n and any other heads.csv column);
 - `keep`: the size of the published set (the top `keep` heads), or null when the whole ranking is the product;
 - `provenance`: data file name and sha256, query rows, box rule, padding, samples, corelens version and the
@@ -28,8 +29,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, warn
 from corelens.metrics import kvheads
+from corelens.runs import identity
 
 FORMAT = "corelens.headset/1"
 FILE = "headset.json"
@@ -108,7 +110,8 @@ def check_table(
 
 
 def config_hash(config: Any) -> str:
-    """Return a short sha256 of a transformers config without its dtype fields (a bf16 load = an fp32 load)."""
+    """Return the hash head sets recorded before `identity` (sha256 of the config without its dtype fields,
+    `_name_or_path` included): kept to recognise an old head set on the folder it was made from."""
 
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
@@ -120,32 +123,45 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def model_info(config: Any, source: dict | None = None) -> dict[str, Any]:
-    """Return what a head set records about its model: identity, config hash and head counts."""
-    text = config.get_text_config()
-    heads = int(text.num_attention_heads)
-    source = source or {}
+def model_info(of: Any, source: dict | None = None, *, revision: str | None = None) -> dict[str, Any]:
+    """Return what a head set records about its model: hub id, revision and commit, model type, identity
+    digest, head counts and the identity itself.
+
+    `of` is an identity (`Loaded.identity()`), a `Loaded` model, or a transformers config with the hub
+    `source` (id, commit) of its checkpoint: a config alone is identified by its content only (no weights).
+    """
+    if hasattr(of, "identity"):
+        ident = of.identity()
+    elif isinstance(of, dict) and "digest" in of:
+        ident = of
+    else:
+        ident = identity.record(of, {}, source, kind="config")
     return {
-        "id": source.get("id"),
-        "revision": source.get("revision"),
-        "commit": source.get("commit"),
-        "model_type": config.model_type,
-        "config_hash": config_hash(config),
-        "layers": int(text.num_hidden_layers),
-        "heads": heads,
-        "kv_heads": int(getattr(text, "num_key_value_heads", None) or heads),
+        "id": ident.get("id"),
+        "revision": revision,
+        "commit": ident.get("commit"),
+        "model_type": ident.get("family"),
+        "config_hash": ident["digest"],
+        "layers": count(ident.get("layers"), "model.layers"),
+        "heads": count(ident.get("heads"), "model.heads"),
+        "kv_heads": count(ident.get("kv_heads"), "model.kv_heads"),
+        "identity": ident,
     }
 
 
 def describe(model: dict[str, Any]) -> str:
-    """Return a one-line description of a model record, e.g. "org/x (qwen2_5_vl, 4 x 8 heads, 2 KV, config ab12)"."""
-    name = model.get("id") or "a local checkpoint"
-    if model.get("commit"):
-        name += f"@{model['commit'][:12]}"
-    return (
-        f"{name} ({model.get('model_type')}, {model.get('layers')} layers x {model.get('heads')} heads, "
-        f"{model.get('kv_heads')} KV heads, config {model.get('config_hash')})"
-    )
+    """Return a one-line description of a model record, e.g. "org/x (qwen2_5_vl, 4 x 8 heads, 2 KV, model ab12)"."""
+    return identity.describe({**model, "family": model.get("model_type"), "digest": model.get("config_hash")})
+
+
+def checkpoint_identity(spec: str | Path) -> dict[str, Any]:
+    """Return the identity of a checkpoint folder or hub id without loading its weights (headers only)."""
+    from corelens.models.hub import resolve
+    from corelens.models.loaded import read_config
+
+    found = resolve(spec)
+    weights = identity.weights_of_folder(found.path)
+    return identity.record(read_config(found.path), weights, found.to_dict())
 
 
 @dataclass
@@ -240,15 +256,35 @@ class HeadSet:
         return list(zip(best["layer"].astype(int), best["head"].astype(int)))
 
     def check(self, m: Any) -> None:
-        """Raise unless `m` (a `Loaded` model) has the config this head set was found on; the message names both."""
-        ours = self.model
-        theirs = model_info(m.model.config, getattr(m, "source", {}))
-        # An imported set (DuoAttention, SparseMM) may not know every field: compare those it records.
-        fields = ("layers", "heads", "kv_heads", "config_hash")
-        if any(ours.get(f) is not None and ours.get(f) != theirs.get(f) for f in fields):
+        """Raise unless `m` (a `Loaded` model, or a checkpoint folder or hub id, read without its weights) is the
+        model this head set was found on, wherever its files are; the message names both and what differs.
+
+        Compared: the identity (`corelens.runs.identity.same`) when the set records one; an imported set
+        (DuoAttention, SparseMM) on the shape it records; a set written before identities on its shape, its
+        old config hash checked only where it can be (same folder), else accepted with a note.
+        """
+        where = m.path if hasattr(m, "identity") else m
+        ident = m.identity() if hasattr(m, "identity") else checkpoint_identity(m)
+        ours, theirs = self.model, model_info(ident)
+        mismatch = [f for f in ("layers", "heads", "kv_heads") if ours.get(f) not in (None, theirs[f])]
+        recorded = ours.get("identity")
+        if isinstance(recorded, dict) and not identity.same(recorded, ident):
             raise CorelensError(
-                f"this head set belongs to {describe(ours)}, not to the model loaded from {m.path}: "
-                f"{describe(theirs)}"
+                f"this head set belongs to {identity.explain(recorded, ident)} (the model loaded from {where})"
+            )
+        if mismatch:
+            what = "; ".join(f"{f} {ours[f]} -> {theirs[f]}" for f in mismatch)
+            raise CorelensError(
+                f"this head set belongs to {describe(ours)}, not to the model loaded from {where}: "
+                f"{describe(theirs)}; what differs: {what}"
+            )
+        legacy = recorded is None and ours.get("config_hash") and hasattr(m, "model")
+        if legacy and ours["config_hash"] != config_hash(m.model.config):
+            # Its hash held the path: a set made elsewhere cannot be told apart, so the shape decides.
+            warn(
+                f"this head set was written by an earlier corelens (config hash {ours['config_hash']}, "
+                "which held the model's path): checked on its layers and heads only; export it again "
+                "to record the model's path-free identity"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -271,16 +307,12 @@ class HeadSet:
             raise CorelensError(
                 f"{where}: not a corelens head set (format {data.get('format')!r}, expected {FORMAT!r})"
             )
-        for name, kind in (("model", dict), ("heads", list)):
-            if not isinstance(data.get(name), kind):
-                got = "missing" if name not in data else f"a {type(data[name]).__name__}"
-                raise CorelensError(f"{where}: field {name!r} must be a JSON {kind.__name__}, got {got}")
-        if not all(isinstance(r, dict) for r in data["heads"]):
-            bad = next(i for i, r in enumerate(data["heads"]) if not isinstance(r, dict))
-            raise CorelensError(f"{where}: heads[{bad}] must be an object with layer, head and rank")
+        from corelens.attention.schema import validate
+        from corelens.heads.schema import HeadSetFile
+
+        # Every field's type and presence (docs/schemas/headset.schema.json), one line naming the field.
+        validate(HeadSetFile, data, where)
         provenance = data.get("provenance") or {}
-        if not isinstance(provenance, dict):
-            raise CorelensError(f"{where}: field 'provenance' must be a JSON object")
         try:
             return cls(data["model"], pd.DataFrame(data["heads"]), data.get("keep"), provenance)
         except CorelensError as err:
@@ -326,9 +358,10 @@ class HeadSet:
         if manifest.get("command") != "rank":
             raise CorelensError(f"{run}: a {manifest.get('command')!r} run, not a rank run")
         settings = manifest.get("settings", {})
-        config = _config(model or settings.get("model"), settings)
-        source = {"id": settings.get("model_id"), "commit": settings.get("model_commit")}
-        source["revision"] = _revision(manifest.get("argv") or [])
+        ident = settings.get("model_identity")
+        if model is not None or not isinstance(ident, dict):
+            # A run of an earlier corelens records no identity: computed from its checkpoint's files.
+            ident = _identity(model or settings.get("model"), settings)
         data = settings.get("data") or ""
         provenance = {
             "data": Path(data).name,
@@ -340,7 +373,7 @@ class HeadSet:
             "corelens_version": manifest.get("versions", {}).get("corelens"),
             "manifest": manifest,
         }
-        info = model_info(config, source)
+        info = model_info(ident, revision=_revision(manifest.get("argv") or []))
         try:
             table = read_table(table_path)
             # A KV-granular run (`rank --granularity kv`) lists one row per KV head.
@@ -364,11 +397,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
         raise CorelensError(f"{path}: not a heads.csv table ({str(err).strip().splitlines()[0]})") from None
 
 
-def _config(model: str | Path | None, settings: dict) -> Any:
-    """Return the checkpoint config of a run: its folder, else its hub id from the cache."""
-    from corelens.models.hub import resolve
-    from corelens.models.loaded import read_config
-
+def _identity(model: str | Path | None, settings: dict) -> dict[str, Any]:
+    """Return the identity of a run's checkpoint: its folder, else its hub id from the cache."""
     tries = [model] if model else []
     if settings.get("model_id"):
         tries.append(
@@ -378,7 +408,7 @@ def _config(model: str | Path | None, settings: dict) -> Any:
         )
     for spec in tries:
         try:
-            return read_config(resolve(spec).path)
+            return checkpoint_identity(spec)
         except CorelensError:
             continue
     raise CorelensError(
@@ -409,10 +439,14 @@ def resolve_heads(spec: str | Path) -> Path:
     path = Path(spec).expanduser()
     if path.is_file() or path.suffix in (".csv", ".json"):
         # A file (read_heads names a missing one); an exported headset.json reads as its folder's heads.csv.
-        return path.parent / TABLE if path.name == FILE else path
-    if path.is_dir() and not (path / FILE).is_file() and (path / TABLE).is_file():
-        return path / TABLE  # a rank run directory
-    return artifact_folder(path if path.is_dir() else str(spec)) / TABLE
+        table = path.parent / TABLE if path.name == FILE else path
+    elif path.is_dir() and not (path / FILE).is_file() and (path / TABLE).is_file():
+        table = path / TABLE  # a rank run directory
+    else:
+        table = artifact_folder(path if path.is_dir() else str(spec)) / TABLE
+    if (table.parent / FILE).is_file():
+        HeadSet.load(table.parent)  # a malformed headset.json is refused here, before any model loads
+    return table
 
 
 def check_heads(table_path: str | Path, m: Any) -> None:

@@ -49,6 +49,9 @@ DUO_TSV = "full_attention_heads.tsv"
 DUO_CONFIG = "config.json"
 SPARSEMM_SET = "sparsemm_heads.json"
 SPARSEMM_SCORES = "sparsemm_head_score.json"
+SPARSEMM_DIR = (
+    "visual_head/head_score"  # where SparseMM's load_head_score opens its file (sparsemm_loader_file)
+)
 THRESHOLD = 0.5  # DuoAttention's default
 # The most heads (layers x heads) a file may claim when the caller gives no model shape: far more than any model
 # has (126 layers x 128 heads = 16,128), small enough that the table made from the claim stays in memory.
@@ -176,6 +179,25 @@ def read_duo(folder: str | Path, *, heads: int | None = None, threshold: float =
     return HeadSet(model, table, int((table["duo_value"] >= threshold).sum()), provenance)
 
 
+def sparsemm_loader_file(hs: HeadSet) -> str | None:
+    """Return the file SparseMM's `load_head_score(model_type)` opens for this head set's model, or None.
+
+    SparseMM (gdace829/SparseMM at 89221e60d9f97b2ebc1521935e86ae5e447a9da1, `sparsemm/sparsemm_utils.py`)
+    opens `./visual_head/head_score/` + `llava-v1.6.json` ("llava" in the model type), `llava-mistral-v1.6.json`
+    ("llava" and "mistral") or `qwen.json` ("qwen"), relative to the folder it runs in. The model type is
+    matched with the text model's type too (a LLaVA-NeXT on Mistral is `llava_next` over `mistral`).
+    """
+    config = (hs.model.get("identity") or {}).get("config") or {}
+    kind = f"{hs.model.get('model_type') or ''} {config.get('text_config.model_type') or ''}".lower()
+    if "llava" in kind:
+        return (
+            f"{SPARSEMM_DIR}/llava-mistral-v1.6.json"
+            if "mistral" in kind
+            else f"{SPARSEMM_DIR}/llava-v1.6.json"
+        )
+    return f"{SPARSEMM_DIR}/qwen.json" if "qwen" in kind else None
+
+
 def write_sparsemm(hs: HeadSet, out: str | Path, keep: int | None = None) -> tuple[Path, Path]:
     """Write `sparsemm_heads.json` ({layer: [heads]} of the top `keep`) and `sparsemm_head_score.json`."""
     out = Path(out)
@@ -184,6 +206,12 @@ def write_sparsemm(hs: HeadSet, out: str | Path, keep: int | None = None) -> tup
     for layer, head in hs.query_top(keep):  # a KV set: all query heads of its KV heads
         chosen[str(layer)].append(head)
     (out / SPARSEMM_SET).write_text(json.dumps(chosen, indent=1) + "\n")
+    (out / SPARSEMM_SCORES).write_text(json.dumps(sparsemm_scores(hs)) + "\n")
+    return out / SPARSEMM_SET, out / SPARSEMM_SCORES
+
+
+def sparsemm_scores(hs: HeadSet) -> dict[str, list[float]]:
+    """Return SparseMM's `{"L-H": [score]}` of every query head, layer-major (RAM mass, else minus the rank)."""
     by_head = hs.heads.sort_values(["layer", "head"])
     value = "mass" if "mass" in by_head.columns else "rank"
     scores = by_head[value].to_numpy(float) if value == "mass" else -by_head[value].to_numpy(float)
@@ -193,9 +221,22 @@ def write_sparsemm(hs: HeadSet, out: str | Path, keep: int | None = None) -> tup
         group = hs.group
         layers, heads = np.repeat(layers, group), (heads[:, None] * group + np.arange(group)).ravel()
         scores = np.repeat(scores / group, group)
-    per_head = {f"{lyr}-{hd}": [float(s)] for lyr, hd, s in zip(layers, heads, scores)}
-    (out / SPARSEMM_SCORES).write_text(json.dumps(per_head) + "\n")
-    return out / SPARSEMM_SET, out / SPARSEMM_SCORES
+    return {f"{lyr}-{hd}": [float(s)] for lyr, hd, s in zip(layers, heads, scores)}
+
+
+def write_sparsemm_loader(hs: HeadSet, out: str | Path) -> Path | None:
+    """Write the head scores (as `sparsemm_head_score.json`) under `out` where SparseMM's loader opens them
+    (`sparsemm_loader_file`); return the file, or None for a model type SparseMM has no file for.
+
+    Copy `out/visual_head/` into a SparseMM checkout: its scripts run from the checkout's root.
+    """
+    loader = sparsemm_loader_file(hs)
+    if loader is None:
+        return None
+    target = Path(out) / loader
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(sparsemm_scores(hs)) + "\n")
+    return target
 
 
 def _scores(path: Path, data: dict, layers: int | None, heads: int | None) -> HeadSet:

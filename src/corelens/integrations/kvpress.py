@@ -29,7 +29,7 @@ after that import gets kvpress's wrapper around the corelens attention function 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,13 @@ from corelens.errors import CorelensError
 from corelens.heads import HeadSet
 from corelens.heads.formats import kv_values
 from corelens.metrics.headsets import k_count
+
+# DuoAttentionPress arguments CorePress sets itself: given by the user, they would be silently overwritten.
+OVERWRITTEN = {
+    "head_compression_ratio": "CorePress sets it from the head set (the share of KV heads outside the top "
+    "`keep`); choose the heads with keep= (a count or a share such as '10%')",
+    "on_the_fly_scoring": "it makes DuoAttentionPress score heads itself and ignore the head set",
+}
 
 
 @dataclass
@@ -61,11 +68,20 @@ class CorePress(DuoAttentionPress):
         # DuoAttentionPress's own fields come first: a head set given by position lands in one of them.
         if not isinstance(self.head_compression_ratio, (int, float)) or self.heads is None:
             raise CorelensError("CorePress needs heads=: a HeadSet, an exported folder or a hub id")
+        for name, value in self._overwritten():
+            raise CorelensError(
+                f"CorePress: {name}={value!r} is not taken: {OVERWRITTEN[name]}; leave it out"
+            )
         if self.sink < 0 or self.window < 1:
             raise CorelensError(f"need sink >= 0 and window >= 1, got sink={self.sink}, window={self.window}")
         self.headset = self.heads if isinstance(self.heads, HeadSet) else HeadSet.load(self.heads)
         if self.keep is not None:
             self.keep = k_count(self.keep, len(self.headset.heads))
+
+    def _overwritten(self) -> list[tuple[str, Any]]:
+        """Return the DuoAttentionPress arguments given a value that CorePress would overwrite or ignore."""
+        defaults = {f.name: f.default for f in fields(DuoAttentionPress) if f.init}
+        return [(name, getattr(self, name)) for name in OVERWRITTEN if getattr(self, name) != defaults[name]]
 
     def load_attention_pattern(self, model: Any) -> tuple[int, int, Any]:
         """Return (S, W, values per layer and KV head) from the head set (DuoAttentionPress downloads these)."""

@@ -13,7 +13,6 @@ Device, precision and placement follow what the user asks and what the machine h
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ from corelens.attention.modules import decoder_attention_modules
 from corelens.errors import CorelensError, UnsupportedModelError
 from corelens.models.families import FAMILIES, Family, family_of
 from corelens.models.hub import resolve
+from corelens.runs import identity
 
 DTYPES = {
     "float32": torch.float32,
@@ -152,10 +152,27 @@ class Loaded:
         """Return (layer index, attention module) pairs, for hook activation."""
         return list(enumerate(self.attention_layers))
 
+    def identity(self) -> dict:
+        """Return the model's identity, never its path (`corelens.runs.identity`): its hub id and commit, a
+        digest of its config and of its weights' metadata, and the summary a refusal names differences from.
+
+        The weights' metadata come from the checkpoint folder's files (safetensors headers); a model given as
+        an object with no folder beside it is described by its state dict. Computed once per `Loaded`.
+        """
+        cached = self.__dict__.get("_identity")
+        if cached is None:
+            folder = Path(self.path) if self.path is not None else None
+            if folder is not None and (folder / "config.json").is_file():
+                weights, kind = identity.weights_of_folder(folder), "folder"
+            else:
+                weights, kind = identity.weights_of_state(self.model.state_dict()), "object"
+            cached = identity.record(self.model.config, weights, self.source, kind)
+            self.__dict__["_identity"] = cached
+        return cached
+
     def config_hash(self) -> str:
-        """Return a short sha256 of the model config (recorded in run manifests)."""
-        text = json.dumps(self.model.config.to_dict(), sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """Return the digest of the model's identity (config content and weights' metadata; no path)."""
+        return self.identity()["digest"]
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:

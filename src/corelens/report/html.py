@@ -30,7 +30,7 @@ from markupsafe import Markup
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
-from corelens.report.summary import MISSING, anchor, shared_settings, summary_section
+from corelens.report.summary import MISSING, anchor, shared_settings, shown_setting, summary_section
 
 MAX_ROWS = 12
 STYLE = """
@@ -119,7 +119,7 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
     meta = {
         "command": manifest.get("command"),
         "command line": " ".join(manifest.get("argv") or []),
-        **{f"setting: {k}": v for k, v in settings.items()},
+        **{f"setting: {k}": shown_setting(k, v) for k, v in settings.items()},
         **{f"version: {k}": v for k, v in versions.items()},
         "started": manifest.get("started"),
         "finished": manifest.get("finished"),

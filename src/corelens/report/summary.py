@@ -377,10 +377,20 @@ def shared_settings(manifests: list[dict]) -> dict:
     return {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat[1:])} if flat else {}
 
 
+def shown_setting(key: str, value: object) -> object:
+    """Return a manifest setting as the report shows it: the model's identity (config fields and tensors,
+    corelens.runs.identity) as its one-line description, everything else as it is."""
+    if key == "model_identity" and isinstance(value, dict):
+        from corelens.runs.identity import describe
+
+        return describe(value)
+    return value
+
+
 def _flat(manifest: dict) -> dict:
     settings = {
         f"setting: {k}": json.dumps(v) if isinstance(v, (list, dict)) else v
-        for k, v in manifest.get("settings", {}).items()
+        for k, v in ((k, shown_setting(k, v)) for k, v in manifest.get("settings", {}).items())
     }
     versions = {f"version: {k}": v for k, v in manifest.get("versions", {}).items()}
     return {**settings, **versions}

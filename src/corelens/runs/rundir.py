@@ -23,7 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from corelens.errors import CorelensError, InputError
+from corelens.errors import CorelensError, InputError, warn
+from corelens.runs import identity
 from corelens.runs.dist import Dist
 from corelens.runs.files import append, check_inside, read_bytes, refuse_link, write_text, writer
 from corelens.runs.lock import Lock
@@ -71,14 +72,19 @@ def machine() -> dict[str, object]:
 def model_data_settings(m, data: str | Path) -> dict:
     """Return the settings every run records about its model and sample file (path, hub commit, dtype, hash).
 
-    The dtype is a setting (a bf16 run does not resume an fp32 one); the device is not, since a run may resume
-    on other hardware or with another number of ranks.
+    The model is compared on resume by its identity (`model_config_hash`, the digest of
+    `corelens.runs.identity`), never by where its files are: `model`, `model_id`, `model_commit` and the
+    identity's summary `model_identity` record where it was found (LOCATION). The dtype is a setting (a bf16
+    run does not resume an fp32 one); the device is not, since a run may resume on other hardware or with
+    another number of ranks.
     """
+    ident = m.identity()
     return {
         "model": str(m.path.resolve()),
         "model_id": m.source.get("id"),
         "model_commit": m.source.get("commit"),
-        "model_config_hash": m.config_hash(),
+        "model_config_hash": ident["digest"],
+        "model_identity": ident,
         "dtype": str(m.dtype).removeprefix("torch."),
         "data": str(Path(data).resolve()),
         "data_sha256": file_hash(data),
@@ -100,6 +106,27 @@ def read_manifest(path: Path) -> dict:
         raise CorelensError(f"{path}: is not a corelens manifest (truncated or damaged); restore it, or delete "
                             "the run folder (or use another --out) to start afresh")  # fmt: skip
     return manifest
+
+
+# Settings that say where the model's files were found, not what the model is: not compared on resume (the
+# identity digest `model_config_hash` is), and updated to the latest location when a run resumes.
+LOCATION = frozenset({"model", "model_id", "model_commit", "model_identity"})
+
+
+def _legacy_same(before: dict, now: dict) -> bool:
+    """Return True for a manifest of an earlier corelens (a path-dependent `model_config_hash`, no
+    `model_identity`) whose model folder is the one loaded now: its hash cannot be compared path-free."""
+    return "model_identity" not in before and before.get("model") == now.get("model")
+
+
+def _model_change(before: dict, now: dict) -> str:
+    """Return ": the run's model is A, not B; what differs: ..." (or why an old manifest cannot say)."""
+    if "model_identity" not in before:
+        return (
+            f": the run was started by an earlier corelens on the model folder {before.get('model')} and "
+            "recorded it by a path-dependent config hash; resume it with that --model folder"
+        )
+    return f": the run's model is {identity.explain(before['model_identity'], now['model_identity'])}"
 
 
 class Run:
@@ -138,6 +165,8 @@ class Run:
                 old = read_manifest(manifest_path)
                 self._check(old)
                 self.manifest = old
+                # The model may have moved: record where it is now (and an old manifest's identity, upgraded).
+                self.manifest["settings"] = self.settings
                 self.manifest["resumed"] = self.manifest.get("resumed", 0) + 1
             else:
                 self.manifest = {
@@ -169,14 +198,21 @@ class Run:
             self._check(self.manifest)
 
     def _check(self, old: dict) -> None:
-        if old.get("command") != self.command or old.get("settings") != self.settings:
-            changed = sorted(
-                k
-                for k in set(old.get("settings", {})) | set(self.settings)
-                if old.get("settings", {}).get(k) != self.settings.get(k)
-            )
+        """Refuse a run directory holding another command or other settings; where the model's files are
+        (LOCATION) is no setting. A refusal over the model names both identities and what differs."""
+        before = old.get("settings") if isinstance(old.get("settings"), dict) else {}
+        keys = (set(before) | set(self.settings)) - LOCATION
+        changed = sorted(k for k in keys if before.get(k) != self.settings.get(k))
+        if changed == ["model_config_hash"] and _legacy_same(before, self.settings):
+            # Started by a corelens whose hash held the path: the same folder is the same model.
+            if self.dist.main:
+                warn(f"{self.path}: this run recorded its model by an earlier, path-dependent config hash; "
+                     "resumed on the same model folder, and now recorded by the path-free identity")  # fmt: skip
+            changed = []
+        if old.get("command") != self.command or changed:
             raise CorelensError(
-                f"{self.path} holds a {old.get('command')!r} run with other settings ({', '.join(changed)}); "
+                f"{self.path} holds a {old.get('command')!r} run with other settings ({', '.join(changed)})"
+                f"{_model_change(before, self.settings) if 'model_config_hash' in changed else ''}; "
                 "use another --out or delete it"
             )
 

@@ -15,6 +15,7 @@ from typing import Any
 from corelens.attention.hybrid import FORMAT as HYBRID_FORMAT
 from corelens.attention.hybrid import HybridPolicy
 from corelens.attention.interventions import OPS, Ablation, ablate
+from corelens.attention.schema import AblationFile, HybridPolicyFile, SapFile, validate
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError
 from corelens.experiments.evaluate import answer
@@ -102,16 +103,16 @@ def read_policy(path: str | Path, means: str | None = None) -> Policy:
         raise CorelensError(f"policy={path}: cannot read a policy ({err})") from None
     if not isinstance(data, dict):
         raise CorelensError(f"policy={path}: expected a JSON object")
+    where = f"policy={path}"
     if data.get("format") == HYBRID_FORMAT:
+        validate(HybridPolicyFile, data, where)
         return Policy("hybrid", HybridPolicy.from_dict(data))
     if "heads" in data and "op" in data:
-        return Policy("ablate", Ablation.from_dict(data), means)
+        return Policy("ablate", Ablation.from_dict(validate(AblationFile, data, where).model_dump()), means)
     if "prior" in data and "layers" in data:
         from corelens.experiments.sap import Condition
 
-        return Policy(
-            "sap", Condition(**{k: str(v) for k, v in data.items() if k in Condition.__dataclass_fields__})
-        )
+        return Policy("sap", Condition(**validate(SapFile, data, where).model_dump()))
     raise CorelensError(
         f"policy={path}: not a hybrid policy ({HYBRID_FORMAT}), an ablation (heads + op) or a SAP prior (prior + layers)"
     )

@@ -1,0 +1,95 @@
+"""The policy files corelens reads, as pydantic models: a hybrid policy, an ablation and a SAP prior.
+
+`validate(Model, data, where)` checks a JSON document against a model and turns the first violation into one
+line naming the file and the field (`policy.json: field 'full[2][0]': Input should be ...`). The JSON Schemas
+published in docs/schemas/ are generated from these models (`python -m corelens.heads.schema docs/schemas`).
+
+Examples:
+    >>> validate(AblationFile, {"heads": [[0, 1]], "op": "zero"}, "p.json").op
+    'zero'
+    >>> validate(AblationFile, {"heads": [[0, -1]], "op": "zero"}, "p.json")
+    Traceback (most recent call last):
+    corelens.errors.CorelensError: p.json: field 'heads[0][1]': Input should be greater than or equal to 0 (got -1)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from corelens.attention.hybrid import FORMAT as HYBRID_FORMAT
+from corelens.attention.interventions import KEY_SETS, OPS
+from corelens.errors import CorelensError
+
+Index = Annotated[int, Field(strict=True, ge=0)]  # a layer or head index: an integer >= 0, not 1.0 or true
+Pair = tuple[Index, Index]
+M = TypeVar("M", bound=BaseModel)
+
+
+class HybridPolicyFile(BaseModel):
+    """`HybridPolicy.save` / an entry of `corelens hybrid`'s policies.json: full heads, streaming heads' S and W."""
+
+    model_config = ConfigDict(extra="allow", title="corelens hybrid policy")
+    format: Literal["corelens.hybrid-policy/1"] = Field(description="the format, " + HYBRID_FORMAT)
+    full: list[Pair] = Field(description="the full-attention (layer, head) pairs")
+    sink: Annotated[int, Field(strict=True, ge=0)] = Field(
+        description="first prompt tokens a streaming head keeps"
+    )
+    window: Annotated[int, Field(strict=True, ge=1)] = Field(description="last tokens a streaming head keeps")
+    source: dict[str, Any] = Field(default_factory=dict, description="where the full heads came from")
+
+
+class AblationFile(BaseModel):
+    """`Ablation.to_json`: the heads to ablate and how."""
+
+    model_config = ConfigDict(extra="forbid", title="corelens ablation")
+    heads: list[Pair] = Field(description="the ablated (layer, head) pairs")
+    op: Literal[OPS] = Field(description="the ablation operator")  # type: ignore[valid-type]
+    keys: Literal[KEY_SETS] = Field("visual", description="knockout: the key set")  # type: ignore[valid-type]
+    label: str = ""
+    seed: Annotated[int, Field(strict=True)] | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class SapFile(BaseModel):
+    """A SAP condition: the prior, on which layers and heads, under which convention."""
+
+    model_config = ConfigDict(extra="forbid", title="corelens SAP prior")
+    prior: str = Field(description="the prior (corelens sap --prior)")
+    layers: str = Field(description="the layers, e.g. 1-3")
+    heads: str = "all"
+    convention: str = "mass"
+
+
+POLICY_FILES = (HybridPolicyFile, AblationFile, SapFile)
+
+
+def _where(loc: tuple) -> str:
+    """Return a pydantic error location as a field path: ("heads", 2, "layer") -> "heads[2].layer"."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
+def one_line(err: ValidationError, where: str) -> CorelensError:
+    """Return the first violation of `err` as one line naming the file `where` and the field."""
+    first = err.errors(include_url=False)[0]
+    field = _where(first["loc"])
+    if first["type"] == "missing":
+        return CorelensError(f"{where}: field {field!r}: missing")
+    message = first["msg"].removeprefix("Value error, ")
+    if "got " in message:  # corelens' own checks quote the value already
+        return CorelensError(f"{where}: field {field!r}: {message}")
+    got = repr(first.get("input"))
+    got = got if len(got) <= 40 else got[:37] + "..."
+    return CorelensError(f"{where}: field {field!r}: {message} (got {got})")
+
+
+def validate(model: type[M], data: Any, where: str) -> M:
+    """Return `data` validated as `model`; the first violation is one line naming `where` and the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise one_line(err, where) from None
