@@ -164,6 +164,21 @@ def _hybrid_arguments(parser) -> None:
         default="query",
         help="draw the full heads as query heads or as whole KV heads (--keep: a share of KV heads)",
     )
+    parser.add_argument(
+        "--prefill-granularity",
+        type=_granularities,
+        default=None,
+        metavar="G[,G]",
+        help="time the prefill at each granularity: query, kv or query,kv (default: that of --granularity)",
+    )
+
+
+def _granularities(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    wrong = [name for name in names if name not in ("query", "kv")]
+    if not names or wrong or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"expected query, kv or query,kv, got {text!r}")
+    return names
 
 
 def _fractions(text: str) -> list[float]:
@@ -199,6 +214,7 @@ def _run_hybrid(args) -> int:
         seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
         prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
         adaptive=args.adaptive, kernel=args.kernel, granularity=args.granularity,
+        prefill_granularities=args.prefill_granularity,
     )  # fmt: skip
     return _report(result, summary(result), args.json)
 
