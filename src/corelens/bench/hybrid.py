@@ -864,17 +864,18 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{pre['selection_scores_fraction']:.2%}",
             ]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + _granularity_table(results))
+    return "\n".join(lines)
 
 
-def _granularity_table(results: list[dict[str, Any]]) -> list[str]:
-    """Return the table of the prefill at each granularity: asked and effective shares, KV-cache bytes kept,
-    the speed-up against the FLOP prediction, and the in-model attention against the kernel table's time."""
+def prefill_table(results: list[dict[str, Any]]) -> str:
+    """Return the markdown table of the prefill at each granularity (empty for results without one): asked and
+    effective shares, KV-cache bytes kept, the speed-up against the FLOP prediction, and the in-model
+    attention against the kernel table's time for the same heads."""
     rows = [(r, g, keep, pre) for r in results for g, by_keep in r.get("prefill_by_granularity", {}).items()
             for keep, pre in by_keep.items()]  # fmt: skip
     if not rows:
-        return []
-    lines = ["", "| N | granularity | F asked | query heads full | KV heads full | KV-cache bytes kept "
+        return ""
+    lines = ["| N | granularity | F asked | query heads full | KV heads full | KV-cache bytes kept "
              "| prefill sdpa s | prefill hybrid s | prefill speed-up | FLOP-predicted | measured / predicted "
              "| in-model / kernel attention (max over layers) | sdpa in-model / kernel |", "|" + " ---: |" * 13]  # fmt: skip
     for r, g, keep, pre in sorted(rows, key=lambda x: (x[0]["tokens"], x[1], float(x[2]))):
@@ -887,7 +888,7 @@ def _granularity_table(results: list[dict[str, Any]]) -> list[str]:
             f"{max(sdpa.values()):.2f}×" if sdpa else "—",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return "\n".join(lines)
 
 
 def fractions(text: str) -> list[float]:

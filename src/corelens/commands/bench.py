@@ -190,7 +190,7 @@ def _fractions(text: str) -> list[float]:
 def _run_hybrid(args) -> int:
     """Run the benchmark with parsed options (or, with --table, print the table of saved results)."""
     from corelens.attention.kernels import KERNELS
-    from corelens.bench.hybrid import run_hybrid_benchmark, summary, table
+    from corelens.bench.hybrid import prefill_table, run_hybrid_benchmark, summary, table
 
     if args.table:
         results = []
@@ -205,6 +205,9 @@ def _run_hybrid(args) -> int:
             ):
                 raise InputError("not a result of `corelens bench hybrid --json`", file=path)
         print(table(results))
+        by_granularity = prefill_table(results)  # results written before it lack the per-granularity rows
+        if by_granularity:
+            print("\n" + by_granularity)
         return 0
     if args.kernel not in KERNELS:  # before any work
         raise OptionError(f"--kernel: unknown hybrid kernel {args.kernel!r}; expected one of {KERNELS}")
