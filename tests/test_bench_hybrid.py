@@ -139,7 +139,9 @@ def test_prefill_at_both_granularities_states_asked_and_effective_shares(result:
     text = bench.summary(result)
     assert "prefill kv F=0.5: query heads full 0.500, KV heads full 0.500" in text
     lines = bench.prefill_table([result]).splitlines()
-    assert lines[0].startswith("| N | granularity | F asked | query heads full | KV heads full | KV-cache bytes")
+    assert lines[0].startswith(
+        "| N | granularity | F asked | query heads full | KV heads full | KV-cache bytes"
+    )
     assert [line.split(" | ")[1:6] for line in lines[2:]] == [
         ["kv", "50%", "0.500", "0.500", f"{kv['cache_kept_fraction']:.3f}"],
         ["query", "50%", "0.500", f"{query['kv_full_fraction']:.3f}", f"{query['cache_kept_fraction']:.3f}"],
@@ -154,13 +156,17 @@ def test_attention_inside_the_model_is_held_against_the_kernel_time_per_layer(re
         assert set(row["attention_in_model_s"]) == set(row["attention_kernel_s"]) == {"0", "1"}
         for layer, ratio in row["in_model_over_kernel"].items():
             assert row["attention_in_model_s"][layer] > 0
-            assert ratio == pytest.approx(row["attention_in_model_s"][layer] / row["attention_kernel_s"][layer])
+            assert ratio == pytest.approx(
+                row["attention_in_model_s"][layer] / row["attention_kernel_s"][layer]
+            )
         assert row["in_model_over_kernel_max"] == max(row["in_model_over_kernel"].values())
     sdpa = result["sdpa_in_model_over_kernel"]
     assert set(sdpa) == {"0", "1"}
     assert sdpa["0"] == pytest.approx(result["sdpa_attention_in_model_s"]["0"] / result["sdpa_kernel_s"])
     assert result["compiles_timed"] == 0 and result["prefill_compiles_timed"] == 0  # nothing compiles on CPU
-    assert "torch.compile frames compiled during the timed repeats: kernels 0, prefill 0" in bench.summary(result)
+    assert "torch.compile frames compiled during the timed repeats: kernels 0, prefill 0" in bench.summary(
+        result
+    )
     assert "| attention in model / kernel: L0 " in bench.summary(result)
 
 

@@ -562,7 +562,9 @@ def prefill_times(
     for forward, name in runs.values():
         forward(warm, name)
     # The benchmark's kernel time of every layer's head set (and of stock sdpa), at the timed length.
-    sets = {tuple(bool(x) for x in row.tolist()) for p in policies.values() for row in p.full_mask(layers, heads)}
+    sets = {
+        tuple(bool(x) for x in row.tolist()) for p in policies.values() for row in p.full_mask(layers, heads)
+    }
     sdpa_kernel_s, set_kernel_s = layer_kernel_seconds(
         tokens, sorted(sets), heads=heads, kv_heads=kv_heads, head_dim=hidden // heads,
         pattern=Pattern(sink, window), repeats=repeats, seed=seed, device=device, dtype=dtype, kernel=kernel,
@@ -784,10 +786,11 @@ def summary(result: dict[str, Any]) -> str:
         f"hybrid bench N={result['tokens']} S={result['sink']} W={result['window']} kernel={result.get('kernel', 'auto')}:"
         f" sdpa {result['sdpa_s']:.3f}s ({result.get('sdpa_backend', '?')}); plan build {result.get('plan_build_s', {})}"
     ]
+    nan = float("nan")  # results written before KV-head counts
     for keep, row in result["per_keep"].items():
         line = (
-            f"  F={keep} (f={row['full_fraction']:.3f}): hybrid {row['hybrid_s']:.3f}s speed-up {row['speedup']:.2f}x"
-            f" / ideal {row['ideal_speedup']:.2f}x = {row['of_ideal']:.0%}"
+            f"  F={keep} (f={row['full_fraction']:.3f}, KV heads full {row.get('kv_full_fraction', nan):.3f}):"
+            f" hybrid {row['hybrid_s']:.3f}s speed-up {row['speedup']:.2f}x / ideal {row['ideal_speedup']:.2f}x = {row['of_ideal']:.0%}"
         )
         if "flex_s" in row:
             line += f" | flex {row['flex_s']:.3f}s, hybrid {row['hybrid_over_flex']:.2f}x faster"
@@ -822,7 +825,9 @@ def _prefill_lines(result: dict[str, Any]) -> list[str]:
                 f" | attention in model / kernel: {_ratios(pre['in_model_over_kernel'])}"
             )
     if "sdpa_in_model_over_kernel" in result:
-        lines.append(f"  stock sdpa attention in model / kernel: {_ratios(result['sdpa_in_model_over_kernel'])}")
+        lines.append(
+            f"  stock sdpa attention in model / kernel: {_ratios(result['sdpa_in_model_over_kernel'])}"
+        )
     counts = [f"{what} {result[key]}" for what, key in (("kernels", "compiles_timed"),
               ("prefill", "prefill_compiles_timed")) if key in result]  # fmt: skip
     if counts:
