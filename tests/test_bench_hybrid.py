@@ -194,9 +194,12 @@ def test_attention_timer_times_each_layer_and_unwraps_after_the_block(monkeypatc
     assert timer.collect() == {}  # outside the block nothing is timed
 
 
-def test_compile_frames_are_counted_and_the_timed_difference_reported(monkeypatch) -> None:
+def test_prefill_counts_compiles_of_its_timed_repeats_and_holds_each_layer_to_its_own_heads(
+    monkeypatch,
+) -> None:
     """`compiles()` grows with each frame torch.compile compiles (not with a cached call); the prefill reports
-    the difference across its timed repeats."""
+    the difference across its timed repeats, and each layer's in-model time is held against the kernel time of
+    that layer's own head set."""
     fn = torch.compile(lambda x: x * 2 + 1, backend="eager")
     before = bench.compiles()
     fn(torch.ones(3))
@@ -208,9 +211,23 @@ def test_compile_frames_are_counted_and_the_timed_difference_reported(monkeypatc
     assert bench.compiles() > compiled  # a new rank: compiled again
     readings = iter([5, 7])
     monkeypatch.setattr(bench, "compiles", lambda: next(readings))
-    got = bench.prefill_times(80, [0.5], layers=1, hidden=32, heads=4, kv_heads=2, intermediate=48, sink=4,
-                              window=16, repeats=1, seed=0)  # fmt: skip
+    # Each head set's kernel time, as a number that names the set: the rows must hold each layer's own.
+    sets = []
+
+    def kernel_seconds(tokens, flags, **kw):
+        sets.extend(flags)
+        return 1.0, {f: 100.0 + sum(2**i for i, full in enumerate(f) if full) for f in flags}
+
+    monkeypatch.setattr(bench, "layer_kernel_seconds", kernel_seconds)
+    got = bench.prefill_times(80, [0.5], layers=3, hidden=32, heads=4, kv_heads=2, intermediate=48, sink=4,
+                              window=16, repeats=1, seed=0, granularities=["query", "kv"])  # fmt: skip
     assert got["prefill_compiles_timed"] == 2 and got["prefill_warm_tokens"] == 80  # CPU: min(N, 256)
+    assert got["sdpa_kernel_s"] == 1.0
+    for g, group in (("query", 1), ("kv", 2)):
+        full = bench.choose_full(12, 0.5, 0, group)
+        want = {str(layer): 100.0 + sum(2 ** (i % 4) for i in full if i // 4 == layer) for layer in range(3)}
+        assert got["prefill_by_granularity"][g]["0.5"]["attention_kernel_s"] == want
+    assert len(sets) == len(set(sets)) >= 3  # each distinct head set timed once
 
 
 def test_prefill_granularity_option_reaches_the_benchmark(monkeypatch, capsys, result: dict) -> None:
