@@ -142,6 +142,7 @@ def test_prefill_at_both_granularities_states_asked_and_effective_shares(result:
     assert lines[0].startswith(
         "| N | granularity | F asked | query heads full | KV heads full | KV-cache bytes"
     )
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| 300", "| 300"]  # under 1k: N as it is
     assert [line.split(" | ")[1:6] for line in lines[2:]] == [
         ["kv", "50%", "0.500", "0.500", f"{kv['cache_kept_fraction']:.3f}"],
         ["query", "50%", "0.500", f"{query['kv_full_fraction']:.3f}", f"{query['cache_kept_fraction']:.3f}"],

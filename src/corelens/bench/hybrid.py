@@ -885,8 +885,9 @@ def prefill_table(results: list[dict[str, Any]]) -> str:
              "| in-model / kernel attention (max over layers) | sdpa in-model / kernel |", "|" + " ---: |" * 13]  # fmt: skip
     for r, g, keep, pre in sorted(rows, key=lambda x: (x[0]["tokens"], x[1], float(x[2]))):
         sdpa = r.get("sdpa_in_model_over_kernel", {})
+        n = f"{r['tokens'] // 1024}k" if r["tokens"] >= 1024 else str(r["tokens"])  # a dry run's N as it is
         cells = [
-            f"{r['tokens'] // 1024}k", g, f"{float(keep):.0%}", f"{pre['full_fraction']:.3f}",
+            n, g, f"{float(keep):.0%}", f"{pre['full_fraction']:.3f}",
             f"{pre['kv_full_fraction']:.3f}", f"{pre['cache_kept_fraction']:.3f}", f"{r['prefill_sdpa_s']:.3g}",
             f"{pre['prefill_hybrid_s']:.3g}", f"{pre['prefill_speedup']:.2f}×", f"{pre['prefill_flop_speedup']:.2f}×",
             f"{pre['prefill_vs_flops']:.0%}", f"{pre['in_model_over_kernel_max']:.2f}×",
