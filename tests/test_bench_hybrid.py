@@ -169,6 +169,9 @@ def test_attention_inside_the_model_is_held_against_the_kernel_time_per_layer(re
         result
     )
     assert "| attention in model / kernel: L0 " in bench.summary(result)
+    # The full heads of the hybrid kernel ran an sdpa operator, and the summary names it beside the baseline's.
+    assert "scaled_dot_product" in result["hybrid_sdpa_backend"]
+    assert f"full heads at F=0.5: {result['hybrid_sdpa_backend']}" in bench.summary(result)
 
 
 def test_attention_timer_times_each_layer_and_unwraps_after_the_block(monkeypatch) -> None:

@@ -356,6 +356,8 @@ def kernel_times(
     sdpa()
     for keep in keeps:
         hybrid(keep)
+    # The sdpa operator(s) the hybrid kernel's full heads ran, at the largest share: the baseline's own?
+    out["hybrid_sdpa_backend"] = sdpa_backend(lambda: hybrid(max(keeps)))
     flex_ok = with_flex
     compile_s: dict[str, float] = {}
     diffs: dict[str, float] = {}
@@ -784,7 +786,9 @@ def summary(result: dict[str, Any]) -> str:
     """Return a few lines with the ratios of a result."""
     lines = [
         f"hybrid bench N={result['tokens']} S={result['sink']} W={result['window']} kernel={result.get('kernel', 'auto')}:"
-        f" sdpa {result['sdpa_s']:.3f}s ({result.get('sdpa_backend', '?')}); plan build {result.get('plan_build_s', {})}"
+        f" sdpa {result['sdpa_s']:.3f}s ({result.get('sdpa_backend', '?')}); plan build {result.get('plan_build_s', {})}",
+        f"  sdpa operator(s) of the hybrid kernel's full heads at F={max(result['keeps'])}:"
+        f" {result.get('hybrid_sdpa_backend', '?')}",
     ]
     nan = float("nan")  # results written before KV-head counts
     for keep, row in result["per_keep"].items():
