@@ -20,7 +20,7 @@
 #   6. bench ram at 32k (4 layers) and 128k (2 layers): probe against stock forward, time and allocator peak;
 #   7. bench decode at 64k: tokens/s and KV-cache bytes, dense cache against F = 20 % KV-granular.
 # Steps 0-4 ("prefill") and 5-7 ("probe") each fit one 8-minute device call: the time limits of a part's
-# steps add up to 480 s. No argument runs both. Each step's printed lines go to the console and to gpu.txt,
+# steps add up to 480 s (prefill: 20 + 70 + 145 + 155 + 90 on one GPU; 120 + 130 and torchrun's 50 on more). No argument runs both. Each step's printed lines go to the console and to gpu.txt,
 # its warnings to stderr.txt (a step that fails or runs out of time prints its exit status and the last lines
 # of stderr.txt); JSON files and the tables land in $OUT, which the device tool brings back.
 # Dry run on a CPU (every command at tiny sizes, one repeat, time limits x4 for a shared machine):
@@ -64,7 +64,10 @@ print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.bac
 print('GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')
 "
 step 70 parity "$py" benchmarks/gpu_parity.py "${parity[@]}"
-limits=(120 130)  # 32k, 64k: kernel table (3 kernels x 4 F) and the prefill at 2 F x 2 granularities
+gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+# 32k, 64k: the kernel table (3 kernels x 4 F) and the prefill at 2 F x 2 granularities; with one GPU they
+# also get the 50 s of the torchrun step, which needs two.
+if [ "$gpus" -gt 1 ]; then limits=(120 130); else limits=(145 155); fi
 for i in 0 1; do
   n=${sizes[$i]}
   step "${limits[$i]}" "hybrid N=$n" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$n" "${width[@]}" \
@@ -74,7 +77,6 @@ done
 step 90 "hybrid N=$long" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$long" "${width[@]}" "${shape[@]}" \
   "${keeps[@]}" --kernel partitioned --no-prefill --repeats $rep --json "$out/hybrid-gpu-$long.json"
 "$py" -m corelens bench hybrid --table "$out"/hybrid-gpu-*.json 2>>"$out/stderr.txt" | tee "$out/hybrid-table.md"
-gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
 if [ "$gpus" -gt 1 ]; then
   data=$("$py" -c "from corelens.organism.tasks import generate; print(generate('image', '/tmp/gpu-data', 64, seed=1))")
   step 50 torchrun "$py" -m torch.distributed.run --standalone --nproc-per-node 2 -m corelens rank \
