@@ -13,6 +13,10 @@ default, `--device cuda --dtype bfloat16` for a GPU table, every time taken afte
   stock "sdpa" attention vs corelens' attention under `corelens.hybrid` with round(F L H) full heads
   (seeded random) over the whole model; ``prefill_flop_speedup`` is what the FLOP count predicts
   (projections, MLP and attention pairs; the pair counts of docs/methods.md#hybrid for the attention).
+  ``prefill_granularities`` times query- and/or KV-granular head sets (asked and effective shares, KV-cache
+  bytes kept); each layer's registered attention call is timed inside the forward and held against the
+  kernel time of the same heads (``in_model_over_kernel``), and the torch.compile frames compiled during the
+  timed repeats are counted (``compiles_timed``, ``prefill_compiles_timed``).
 - **adaptive** (``--adaptive``): the same prefill under `hybrid(m, full="adaptive", prior=<the fixed policy>)`,
   which keeps the fixed policy's count of full heads in each layer and chooses which per prompt from the
   last 16 rows' attention mass on the visual tokens (docs/methods.md#adaptive-hybrid). The prompt then holds
