@@ -38,6 +38,15 @@ def test_decode_benchmark_counts_the_trimmed_cache(result):
     assert result["dense_tokens_per_s"] > 0 and result["hybrid_tokens_per_s"] > 0
 
 
+def test_decode_benchmark_states_the_asked_and_effective_shares(result):
+    """F = 25 % of the KV heads asked: 1 of 4 KV heads full, its 2 query heads of 8 full (both 0.25)."""
+    from corelens.bench.decode import summary
+
+    assert result["keep"] == 0.25 and result["granularity"] == "kv"
+    assert result["full_fraction"] == 2 / 8 and result["kv_full_fraction"] == 1 / 4
+    assert "F=25% (kv; query heads full 0.250, KV heads full 0.250)" in summary(result)
+
+
 def test_decode_command_writes_json(tmp_path, capsys):
     path = tmp_path / "decode.json"
     args = ["bench", "decode", "--tokens", "40", "--steps", "2", "--repeats", "1", "--keep", "50%",

@@ -154,6 +154,9 @@ def run_decode_benchmark(
         out[f"{side}_decode_s"] = statistics.median(times[side])
         out[f"{side}_tokens_per_s"] = steps / out[f"{side}_decode_s"]
         out[f"{side}_times_s"] = times[side]
+    # The asked share (`keep`, of `granularity` units) against the effective ones.
+    out["full_fraction"] = len(pairs) / (layers * heads)
+    out["kv_full_fraction"] = 1 - out["trimmed_kv_heads"] / (layers * kv_heads)
     out["decode_speedup"] = out["dense_decode_s"] / out["hybrid_decode_s"]
     out["dense_kv_bytes"] = dense_bytes
     out["hybrid_kv_bytes"] = report["hybrid_bytes"]
@@ -172,7 +175,8 @@ def summary(result: dict[str, Any]) -> str:
     """Return a one-line summary of a decode benchmark result."""
     return (
         f"decode bench N={result['tokens']} +{result['steps']} L={result['layers']} "
-        f"F={result['keep']:.0%} ({result['granularity']}): dense {result['dense_tokens_per_s']:.1f} tok/s "
+        f"F={result['keep']:.0%} ({result['granularity']}; query heads full {result['full_fraction']:.3f}, KV heads "
+        f"full {result['kv_full_fraction']:.3f}): dense {result['dense_tokens_per_s']:.1f} tok/s "
         f"{result['dense_kv_bytes'] / 2**20:.1f} MiB | hybrid {result['hybrid_tokens_per_s']:.1f} tok/s "
         f"{result['hybrid_kv_bytes'] / 2**20:.1f} MiB | speed-up {result['decode_speedup']:.2f}x, "
         f"KV bytes {result['kv_bytes_ratio']:.3f}x"

@@ -13,6 +13,10 @@ default, `--device cuda --dtype bfloat16` for a GPU table, every time taken afte
   stock "sdpa" attention vs corelens' attention under `corelens.hybrid` with round(F L H) full heads
   (seeded random) over the whole model; ``prefill_flop_speedup`` is what the FLOP count predicts
   (projections, MLP and attention pairs; the pair counts of docs/methods.md#hybrid for the attention).
+  ``prefill_granularities`` times query- and/or KV-granular head sets (asked and effective shares, KV-cache
+  bytes kept); each layer's registered attention call is timed inside the forward and held against the
+  kernel time of the same heads (``in_model_over_kernel``), and the torch.compile frames compiled during the
+  timed repeats are counted (``compiles_timed``, ``prefill_compiles_timed``).
 - **adaptive** (``--adaptive``): the same prefill under `hybrid(m, full="adaptive", prior=<the fixed policy>)`,
   which keeps the fixed policy's count of full heads in each layer and chooses which per prompt from the
   last 16 rows' attention mass on the visual tokens (docs/methods.md#adaptive-hybrid). The prompt then holds
@@ -186,6 +190,78 @@ def _timed(fn, device: torch.device = CPU) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
+def compiles() -> int:
+    """Return how many frames torch.compile (dynamo) has compiled in this process so far: a new shape, head
+    count or guard failure adds one, so a difference of 0 across timed repeats means nothing (re)compiled."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])
+
+
+class AttentionTimer:
+    """Times every call of registered attention functions inside a model's forward, per decoder layer.
+
+    `timing(names)` replaces transformers' registered functions `names` (the "corelens" one and stock
+    "sdpa") by timed wrappers for the duration of a block, and puts the originals back after it; outside the
+    block nothing is wrapped, so the hot path has no timing cost. On CUDA each call is bracketed by two CUDA
+    events (recorded on the stream, no host synchronisation); `collect()` synchronises once and returns the
+    seconds per layer. On other devices each call is timed with `perf_counter`, the device synchronised
+    before and after it (a no-op on the CPU).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._calls: list[tuple[int, Any, Any]] = []
+
+    @contextlib.contextmanager
+    def timing(self, names: tuple[str, ...] = ("corelens", "sdpa")):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as functions
+
+        saved = {name: functions._local_mapping.get(name) for name in names}
+        for name in names:
+            functions[name] = self._wrap(functions[name])
+        try:
+            yield self
+        finally:
+            for name, fn in saved.items():
+                if fn is None:  # no local override before: the global registration shows through again
+                    del functions[name]
+                else:
+                    functions[name] = fn
+
+    def _wrap(self, fn):
+        cuda = self.device.type == "cuda"
+
+        def timed(module, *args, **kwargs):
+            layer = getattr(module, "layer_idx", -1)
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn(module, *args, **kwargs)
+                end.record()
+                self._calls.append((layer, start, end))
+                return out
+            _sync(self.device)
+            begin = time.perf_counter()
+            out = fn(module, *args, **kwargs)
+            _sync(self.device)
+            self._calls.append((layer, begin, time.perf_counter()))
+            return out
+
+        return timed
+
+    def collect(self) -> dict[int, float]:
+        """Return the seconds of the calls timed since the last collect, summed per layer; forget them."""
+        if self.device.type == "cuda" and self._calls:
+            self._calls[-1][2].synchronize()
+        per_layer: dict[int, float] = {}
+        for layer, start, end in self._calls:
+            seconds = start.elapsed_time(end) / 1000 if self.device.type == "cuda" else end - start
+            per_layer[layer] = per_layer.get(layer, 0.0) + seconds
+        self._calls.clear()
+        return per_layer
+
+
 def sdpa_backend(fn) -> str:
     """Return the sdpa operator(s) `fn()` dispatches to (cuDNN, flash, efficient or math), from the profiler."""
     from torch.profiler import profile
@@ -284,6 +360,8 @@ def kernel_times(
     sdpa()
     for keep in keeps:
         hybrid(keep)
+    # The sdpa operator(s) the hybrid kernel's full heads ran, at the largest share: the baseline's own?
+    out["hybrid_sdpa_backend"] = sdpa_backend(lambda: hybrid(max(keeps)))
     flex_ok = with_flex
     compile_s: dict[str, float] = {}
     diffs: dict[str, float] = {}
@@ -304,12 +382,14 @@ def kernel_times(
         times[f"hybrid:{keep}"] = []
         if flex_ok:
             times[f"flex:{keep}"] = []
+    before = compiles()  # a compile inside the timed repeats would be timed: counted, and printed
     for _ in range(repeats):
         times["sdpa"].append(_timed(sdpa, device)[0])
         for keep in keeps:
             times[f"hybrid:{keep}"].append(_timed(lambda keep=keep: hybrid(keep), device)[0])
             if flex_ok:
                 times[f"flex:{keep}"].append(_timed(lambda keep=keep: flexed(keep), device)[0])
+    out["compiles_timed"] = compiles() - before
     out["sdpa_s"] = statistics.median(times["sdpa"])
     out["times_s"] = times
     out["flex_compile_s"] = compile_s
@@ -347,6 +427,57 @@ def prefill_flops(tokens: int, *, layers: int, hidden: int, heads: int, kv_heads
     return layers * (proj + mlp) + attention
 
 
+def layer_kernel_seconds(
+    tokens: int,
+    sets: list[tuple[bool, ...]],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    pattern: Pattern,
+    repeats: int,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    kernel: str,
+) -> tuple[float, dict[tuple[bool, ...], float]]:
+    """Return the benchmark's attention time of stock sdpa and of each head set in `sets` (one layer's full
+    flags), as the kernel table measures it: random q, k, v in the model's layout at the timed length, one
+    warm-up call, the median of `repeats` timed calls. The in-model times are held against these.
+
+    A head set runs what the model's hook runs for it: stock sdpa when every head is full, else
+    `kernels.prefill` with the default crossover.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(seed + 7)
+    q, k, v = (model_layout(1, h, tokens, head_dim, g, device, dtype) for h in (heads, kv_heads, kv_heads))
+    scale = head_dim**-0.5
+    stub = _stub(heads // kv_heads)
+
+    def sdpa():
+        return sdpa_attention_forward(stub, q, k, v, None, scaling=scale)[0]
+
+    def run(flags):
+        if all(flags):  # the hook runs the stock call for an all-full layer
+            return sdpa()
+        return prefill(kernel, q, k, v, None, torch.tensor(flags), pattern, scale)[0]
+
+    calls = {"sdpa": sdpa, **{flags: (lambda flags=flags: run(flags)) for flags in sets}}
+    times: dict[Any, list[float]] = {name: [] for name in calls}
+    for fn in calls.values():
+        fn()  # warm-up at the timed length (compiles what the timed calls run)
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            times[name].append(_timed(fn, device)[0])
+    return statistics.median(times.pop("sdpa")), {flags: statistics.median(t) for flags, t in times.items()}
+
+
+def _per_layer_median(runs: list[dict[int, float]]) -> dict[int, float]:
+    """Return each layer's median over repeats of its attention seconds."""
+    return {layer: statistics.median(run[layer] for run in runs) for layer in sorted(runs[0])}
+
+
 def prefill_times(
     tokens: int,
     keeps: list[float],
@@ -365,24 +496,44 @@ def prefill_times(
     adaptive: bool = False,
     kernel: str = "auto",
     granularity: str = "query",
+    granularities: list[str] | None = None,
+    warm_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Time the whole-decoder prefill: stock sdpa against corelens hybrid attention, same weights and input."""
+    """Time the whole-decoder prefill: stock sdpa against corelens hybrid attention, same weights and input.
+
+    Every granularity of `granularities` (default: `granularity` alone) draws its own full heads at each kept
+    share; the rows of `granularity` (or of the first) are `prefill_per_keep`, all rows
+    `prefill_by_granularity[g][keep]`. The warm-up runs `warm_tokens` (default: the timed length on CUDA, so
+    that every compiled kernel exists before the timed repeats; 256 on the CPU, where nothing compiles and a
+    long warm-up would double the run). During the timed repeats the registered attention call of every
+    layer is timed (`AttentionTimer`) and held against the same head set's kernel time from
+    `layer_kernel_seconds`; `prefill_compiles_timed` counts the torch.compile frames compiled meanwhile.
+    """
     from corelens.attention.hybrid import HybridPolicy, hybrid
 
+    granularities = list(granularities or [granularity])
+    main = granularity if granularity in granularities else granularities[0]
     model = build_decoder(
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, intermediate=intermediate, seed=seed
     )
     model = model.to(device, dtype)
+    if warm_tokens is None:
+        warm_tokens = tokens if device.type == "cuda" else min(tokens, 256)
     ids = random_ids(tokens, seed=seed).to(device)
-    warm = random_ids(min(tokens, 256), seed=seed).to(device)
+    warm = random_ids(warm_tokens, seed=seed).to(device)
     if adaptive:
         # The adaptive signal reads the visual positions from the ids: give every variant the same image block.
         model.config.image_token_id = model.config.vocab_size - 1
         ids, warm = (with_visual_block(x, model.config.image_token_id) for x in (ids, warm))
+
+    def label(g: str, keep: float) -> str:  # the main granularity keeps the plain names of earlier results
+        return str(keep) if g == main else f"{g}:{keep}"
+
     policies = {}
-    for keep in keeps:
-        chosen = choose_full(layers * heads, keep, seed, _group(granularity, heads, kv_heads))
-        policies[keep] = HybridPolicy(tuple(divmod(i, heads) for i in chosen), sink, window)
+    for g in granularities:
+        for keep in keeps:
+            chosen = choose_full(layers * heads, keep, seed, _group(g, heads, kv_heads))
+            policies[label(g, keep)] = HybridPolicy(tuple(divmod(i, heads) for i in chosen), sink, window)
 
     def stock(x):
         model.set_attn_implementation("sdpa")
@@ -392,17 +543,17 @@ def prefill_times(
         if adaptive:  # each timed prefill builds its block mask, as a prompt of a new length would
             policy_block_mask.cache_clear()
 
-    def hybrid_forward(x, keep):
+    def hybrid_forward(x, name):
         fresh()
         model.set_attn_implementation("corelens")
-        with hybrid(model, policies[keep], kernel=kernel) as h:
+        with hybrid(model, policies[name], kernel=kernel) as h:
             y = model(input_ids=x, use_cache=False).last_hidden_state
         return y, dict(h.stats)
 
-    def adaptive_forward(x, keep):
+    def adaptive_forward(x, name):
         fresh()
         model.set_attn_implementation("corelens")
-        policy = policies[keep]
+        policy = policies[name]
         budget = policy.fraction(layers, heads)
         with hybrid(
             model, full="adaptive", budget=budget, prior=policy, sink=sink, window=window, kernel=kernel
@@ -410,21 +561,35 @@ def prefill_times(
             y = model(input_ids=x, use_cache=False).last_hidden_state
         return y, dict(h.stats)
 
-    variants = {"hybrid": hybrid_forward, **({"adaptive": adaptive_forward} if adaptive else {})}
+    runs = {f"hybrid:{name}": (hybrid_forward, name) for name in policies}
+    if adaptive:
+        runs.update({f"adaptive:{keep}": (adaptive_forward, str(keep)) for keep in keeps})
     stock(warm)
-    for keep in keeps:
-        for forward in variants.values():
-            forward(warm, keep)
-    times: dict[str, list[float]] = {"sdpa": [], **{f"{v}:{keep}": [] for keep in keeps for v in variants}}
+    for forward, name in runs.values():
+        forward(warm, name)
+    # The benchmark's kernel time of every layer's head set (and of stock sdpa), at the timed length.
+    sets = {
+        tuple(bool(x) for x in row.tolist()) for p in policies.values() for row in p.full_mask(layers, heads)
+    }
+    sdpa_kernel_s, set_kernel_s = layer_kernel_seconds(
+        tokens, sorted(sets), heads=heads, kv_heads=kv_heads, head_dim=hidden // heads,
+        pattern=Pattern(sink, window), repeats=repeats, seed=seed, device=device, dtype=dtype, kernel=kernel,
+    )  # fmt: skip
+    times: dict[str, list[float]] = {"sdpa": [], **{name: [] for name in runs}}
+    attention: dict[str, list[dict[int, float]]] = {name: [] for name in times}
     stats = {}
-    for _ in range(repeats):
-        seconds, _ = _timed(lambda: stock(ids), device)
-        times["sdpa"].append(seconds)
-        for keep in keeps:
-            for name, forward in variants.items():
-                run = lambda forward=forward, keep=keep: forward(ids, keep)  # noqa: E731
-                seconds, (_, stats[f"{name}:{keep}"]) = _timed(run, device)
-                times[f"{name}:{keep}"].append(seconds)
+    timer = AttentionTimer(device)
+    before = compiles()
+    with timer.timing():
+        for _ in range(repeats):
+            seconds, _ = _timed(lambda: stock(ids), device)
+            times["sdpa"].append(seconds)
+            attention["sdpa"].append(timer.collect())
+            for name, (forward, policy) in runs.items():
+                run = lambda forward=forward, policy=policy: forward(ids, policy)  # noqa: E731
+                seconds, (_, stats[name]) = _timed(run, device)
+                times[name].append(seconds)
+                attention[name].append(timer.collect())
     dims = {
         "layers": layers,
         "hidden": hidden,
@@ -434,41 +599,66 @@ def prefill_times(
     }
     head_dim = hidden // heads
     dense = prefill_flops(tokens, **dims, full_heads=None, sink=sink, window=window)
-    out: dict[str, Any] = {"prefill_sdpa_s": statistics.median(times["sdpa"]), "prefill_times_s": times}
-    out["prefill_per_keep"] = {}
-    for keep in keeps:
-        n_full = len(policies[keep].full)
-        hybrid_flops = prefill_flops(tokens, **dims, full_heads=n_full, sink=sink, window=window)
-        row = {
-            "full_heads": n_full,
-            "full_fraction": n_full / (layers * heads),
-            "prefill_hybrid_s": statistics.median(times[f"hybrid:{keep}"]),
-            "prefill_flop_speedup": dense / hybrid_flops,
-            "kernels_ran": stats[f"hybrid:{keep}"],
-        }
-        # KV-cache bytes after this prefill: streaming KV heads keep S + W slots (plus an int64 slot table).
-        stream_kv = int(policies[keep].streaming_kv(layers, heads, kv_heads).sum())
-        per_position = 2 * head_dim * torch.finfo(dtype).bits // 8  # K and V
-        dense_bytes = layers * kv_heads * tokens * per_position
-        kept = min(tokens, sink + window)
-        saved = stream_kv * ((tokens - kept) * per_position - kept * 8) if tokens > sink + window else 0
-        row.update(streaming_kv_heads=stream_kv, cache_dense_bytes=dense_bytes, cache_saved_bytes=saved)
-        row.update(
-            kv_full_fraction=1 - stream_kv / (layers * kv_heads), cache_kept_fraction=1 - saved / dense_bytes
-        )
-        row["prefill_speedup"] = paired(times["sdpa"], times[f"hybrid:{keep}"])
-        row["prefill_vs_flops"] = row["prefill_speedup"] / row["prefill_flop_speedup"]
-        if adaptive:
-            chosen = stats[f"adaptive:{keep}"].get("signal", 0)  # layers that measured a signal
+    sdpa_in_model = _per_layer_median(attention["sdpa"])
+    out: dict[str, Any] = {
+        "prefill_sdpa_s": statistics.median(times["sdpa"]),
+        "prefill_times_s": times,
+        "prefill_granularities": granularities,
+        "prefill_warm_tokens": warm_tokens,
+        "prefill_compiles_timed": compiles() - before,
+        "sdpa_kernel_s": sdpa_kernel_s,
+        "sdpa_attention_in_model_s": {str(i): s for i, s in sdpa_in_model.items()},
+        "sdpa_in_model_over_kernel": {str(i): s / sdpa_kernel_s for i, s in sdpa_in_model.items()},
+        "prefill_by_granularity": {g: {} for g in granularities},
+    }
+    for g in granularities:
+        for keep in keeps:
+            name = label(g, keep)
+            policy = policies[name]
+            n_full = len(policy.full)
+            hybrid_flops = prefill_flops(tokens, **dims, full_heads=n_full, sink=sink, window=window)
+            row = {
+                "granularity": g,
+                "asked_share": keep,
+                "full_heads": n_full,
+                "full_fraction": n_full / (layers * heads),
+                "prefill_hybrid_s": statistics.median(times[f"hybrid:{name}"]),
+                "prefill_flop_speedup": dense / hybrid_flops,
+                "kernels_ran": stats[f"hybrid:{name}"],
+            }
+            # KV-cache bytes after this prefill: streaming KV heads keep S + W slots (plus an int64 slot table).
+            stream_kv = int(policy.streaming_kv(layers, heads, kv_heads).sum())
+            per_position = 2 * head_dim * torch.finfo(dtype).bits // 8  # K and V
+            dense_bytes = layers * kv_heads * tokens * per_position
+            kept = min(tokens, sink + window)
+            saved = stream_kv * ((tokens - kept) * per_position - kept * 8) if tokens > sink + window else 0
+            row.update(streaming_kv_heads=stream_kv, cache_dense_bytes=dense_bytes, cache_saved_bytes=saved)
             row.update(
-                prefill_adaptive_s=statistics.median(times[f"adaptive:{keep}"]),
-                adaptive_speedup=paired(times["sdpa"], times[f"adaptive:{keep}"]),
-                adaptive_over_fixed=paired(times[f"adaptive:{keep}"], times[f"hybrid:{keep}"]),
-                adaptive_signal_layers=chosen,
-                adaptive_kernels_ran=stats[f"adaptive:{keep}"],
-                selection_scores_fraction=chosen * 16 * tokens / (layers * tokens * (tokens + 1) / 2),
+                kv_full_fraction=1 - stream_kv / (layers * kv_heads),
+                cache_kept_fraction=1 - saved / dense_bytes,
             )
-        out["prefill_per_keep"][str(keep)] = row
+            row["prefill_speedup"] = paired(times["sdpa"], times[f"hybrid:{name}"])
+            row["prefill_vs_flops"] = row["prefill_speedup"] / row["prefill_flop_speedup"]
+            # The registered attention call in the model against the kernel table's time for the same heads.
+            in_model = _per_layer_median(attention[f"hybrid:{name}"])
+            flags = [tuple(bool(x) for x in r.tolist()) for r in policy.full_mask(layers, heads)]
+            bench = {i: set_kernel_s[flags[i]] for i in in_model}
+            row["attention_in_model_s"] = {str(i): s for i, s in in_model.items()}
+            row["attention_kernel_s"] = {str(i): s for i, s in bench.items()}
+            ratios = {str(i): s / bench[i] for i, s in in_model.items()}
+            row.update(in_model_over_kernel=ratios, in_model_over_kernel_max=max(ratios.values()))
+            if adaptive and g == main:
+                chosen = stats[f"adaptive:{keep}"].get("signal", 0)  # layers that measured a signal
+                row.update(
+                    prefill_adaptive_s=statistics.median(times[f"adaptive:{keep}"]),
+                    adaptive_speedup=paired(times["sdpa"], times[f"adaptive:{keep}"]),
+                    adaptive_over_fixed=paired(times[f"adaptive:{keep}"], times[f"hybrid:{name}"]),
+                    adaptive_signal_layers=chosen,
+                    adaptive_kernels_ran=stats[f"adaptive:{keep}"],
+                    selection_scores_fraction=chosen * 16 * tokens / (layers * tokens * (tokens + 1) / 2),
+                )
+            out["prefill_by_granularity"][g][str(keep)] = row
+    out["prefill_per_keep"] = out["prefill_by_granularity"][main]
     return out
 
 
@@ -494,13 +684,15 @@ def run_hybrid_benchmark(
     adaptive: bool = False,
     kernel: str = "auto",
     granularity: str = "query",
+    prefill_granularities: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run the kernel and prefill measurements; return the results (see the module docstring).
 
     `granularity` "kv" draws the full heads as whole KV heads (`keep` is then a share of KV heads); every
     row states the query heads full (`full_fraction`) and the KV heads full (`kv_full_fraction`).
 
-    `prefill_keeps` limits the (slow) whole-decoder prefill to some of the kept fractions (default: all).
+    `prefill_keeps` limits the (slow) whole-decoder prefill to some of the kept fractions (default: all);
+    `prefill_granularities` times the prefill at each of them ("query", "kv"; default: `granularity`).
     """
     prefill_keeps = list(prefill_keeps or keeps)
     import transformers
@@ -571,6 +763,7 @@ def run_hybrid_benchmark(
                     adaptive=adaptive,
                     kernel=kernel,
                     granularity=granularity,
+                    granularities=prefill_granularities,
                 )  # fmt: skip
             )
     # Top-level keys for the first kept fraction (the issue's single-F form).
@@ -597,12 +790,15 @@ def summary(result: dict[str, Any]) -> str:
     """Return a few lines with the ratios of a result."""
     lines = [
         f"hybrid bench N={result['tokens']} S={result['sink']} W={result['window']} kernel={result.get('kernel', 'auto')}:"
-        f" sdpa {result['sdpa_s']:.3f}s ({result.get('sdpa_backend', '?')}); plan build {result.get('plan_build_s', {})}"
+        f" sdpa {result['sdpa_s']:.3f}s ({result.get('sdpa_backend', '?')}); plan build {result.get('plan_build_s', {})}",
+        f"  sdpa operator(s) of the hybrid kernel's full heads at F={max(result['keeps'])}:"
+        f" {result.get('hybrid_sdpa_backend', '?')}",
     ]
+    nan = float("nan")  # results written before KV-head counts
     for keep, row in result["per_keep"].items():
         line = (
-            f"  F={keep} (f={row['full_fraction']:.3f}): hybrid {row['hybrid_s']:.3f}s speed-up {row['speedup']:.2f}x"
-            f" / ideal {row['ideal_speedup']:.2f}x = {row['of_ideal']:.0%}"
+            f"  F={keep} (f={row['full_fraction']:.3f}, KV heads full {row.get('kv_full_fraction', nan):.3f}):"
+            f" hybrid {row['hybrid_s']:.3f}s speed-up {row['speedup']:.2f}x / ideal {row['ideal_speedup']:.2f}x = {row['of_ideal']:.0%}"
         )
         if "flex_s" in row:
             line += f" | flex {row['flex_s']:.3f}s, hybrid {row['hybrid_over_flex']:.2f}x faster"
@@ -617,7 +813,34 @@ def summary(result: dict[str, Any]) -> str:
         lines.append(line)
     if result.get("flex_error"):
         lines.append(f"  flex: {result['flex_error']}")
+    lines += _prefill_lines(result)
     return "\n".join(lines)
+
+
+def _ratios(per_layer: dict[str, float]) -> str:
+    return " ".join(f"L{layer} {ratio:.2f}x" for layer, ratio in per_layer.items())
+
+
+def _prefill_lines(result: dict[str, Any]) -> list[str]:
+    """Return the summary lines of the prefill at each granularity, in-model attention and compile counts."""
+    lines = []
+    for g, rows in result.get("prefill_by_granularity", {}).items():
+        for keep, pre in rows.items():
+            lines.append(
+                f"  prefill {g} F={keep}: query heads full {pre['full_fraction']:.3f}, KV heads full"
+                f" {pre['kv_full_fraction']:.3f}, KV cache kept {pre['cache_kept_fraction']:.3f} | prefill"
+                f" {pre['prefill_speedup']:.2f}x vs FLOPs {pre['prefill_flop_speedup']:.2f}x ({pre['prefill_vs_flops']:.0%})"
+                f" | attention in model / kernel: {_ratios(pre['in_model_over_kernel'])}"
+            )
+    if "sdpa_in_model_over_kernel" in result:
+        lines.append(
+            f"  stock sdpa attention in model / kernel: {_ratios(result['sdpa_in_model_over_kernel'])}"
+        )
+    counts = [f"{what} {result[key]}" for what, key in (("kernels", "compiles_timed"),
+              ("prefill", "prefill_compiles_timed")) if key in result]  # fmt: skip
+    if counts:
+        lines.append(f"  torch.compile frames compiled during the timed repeats: {', '.join(counts)}")
+    return lines
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -654,6 +877,31 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{pre['selection_scores_fraction']:.2%}",
             ]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def prefill_table(results: list[dict[str, Any]]) -> str:
+    """Return the markdown table of the prefill at each granularity (empty for results without one): asked and
+    effective shares, KV-cache bytes kept, the speed-up against the FLOP prediction, and the in-model
+    attention against the kernel table's time for the same heads."""
+    rows = [(r, g, keep, pre) for r in results for g, by_keep in r.get("prefill_by_granularity", {}).items()
+            for keep, pre in by_keep.items()]  # fmt: skip
+    if not rows:
+        return ""
+    lines = ["| N | granularity | F asked | query heads full | KV heads full | KV-cache bytes kept "
+             "| prefill sdpa s | prefill hybrid s | prefill speed-up | FLOP-predicted | measured / predicted "
+             "| in-model / kernel attention (max over layers) | sdpa in-model / kernel |", "|" + " ---: |" * 13]  # fmt: skip
+    for r, g, keep, pre in sorted(rows, key=lambda x: (x[0]["tokens"], x[1], float(x[2]))):
+        sdpa = r.get("sdpa_in_model_over_kernel", {})
+        n = f"{r['tokens'] // 1024}k" if r["tokens"] >= 1024 else str(r["tokens"])  # a dry run's N as it is
+        cells = [
+            n, g, f"{float(keep):.0%}", f"{pre['full_fraction']:.3f}",
+            f"{pre['kv_full_fraction']:.3f}", f"{pre['cache_kept_fraction']:.3f}", f"{r['prefill_sdpa_s']:.3g}",
+            f"{pre['prefill_hybrid_s']:.3g}", f"{pre['prefill_speedup']:.2f}×", f"{pre['prefill_flop_speedup']:.2f}×",
+            f"{pre['prefill_vs_flops']:.0%}", f"{pre['in_model_over_kernel_max']:.2f}×",
+            f"{max(sdpa.values()):.2f}×" if sdpa else "—",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

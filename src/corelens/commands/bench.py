@@ -164,6 +164,21 @@ def _hybrid_arguments(parser) -> None:
         default="query",
         help="draw the full heads as query heads or as whole KV heads (--keep: a share of KV heads)",
     )
+    parser.add_argument(
+        "--prefill-granularity",
+        type=_granularities,
+        default=None,
+        metavar="G[,G]",
+        help="time the prefill at each granularity: query, kv or query,kv (default: that of --granularity)",
+    )
+
+
+def _granularities(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    wrong = [name for name in names if name not in ("query", "kv")]
+    if not names or wrong or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"expected query, kv or query,kv, got {text!r}")
+    return names
 
 
 def _fractions(text: str) -> list[float]:
@@ -175,7 +190,7 @@ def _fractions(text: str) -> list[float]:
 def _run_hybrid(args) -> int:
     """Run the benchmark with parsed options (or, with --table, print the table of saved results)."""
     from corelens.attention.kernels import KERNELS
-    from corelens.bench.hybrid import run_hybrid_benchmark, summary, table
+    from corelens.bench.hybrid import prefill_table, run_hybrid_benchmark, summary, table
 
     if args.table:
         results = []
@@ -190,6 +205,9 @@ def _run_hybrid(args) -> int:
             ):
                 raise InputError("not a result of `corelens bench hybrid --json`", file=path)
         print(table(results))
+        by_granularity = prefill_table(results)  # results written before it lack the per-granularity rows
+        if by_granularity:
+            print("\n" + by_granularity)
         return 0
     if args.kernel not in KERNELS:  # before any work
         raise OptionError(f"--kernel: unknown hybrid kernel {args.kernel!r}; expected one of {KERNELS}")
@@ -199,6 +217,7 @@ def _run_hybrid(args) -> int:
         seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
         prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
         adaptive=args.adaptive, kernel=args.kernel, granularity=args.granularity,
+        prefill_granularities=args.prefill_granularity,
     )  # fmt: skip
     return _report(result, summary(result), args.json)
 
