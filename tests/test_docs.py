@@ -130,7 +130,12 @@ def test_links_finds_targets_outside_code_fences():
     assert links(text) == ["docs/x.md#y", "figures/p.png", "#here"]
 
 
-@pytest.mark.parametrize("document", [README_MD, *DOC_PAGES], ids=lambda d: str(d.relative_to(ROOT)))
+BENCHMARK_NOTES = sorted((ROOT / "benchmarks").rglob("README.md"))
+
+
+@pytest.mark.parametrize(
+    "document", [README_MD, *DOC_PAGES, *BENCHMARK_NOTES], ids=lambda d: str(d.relative_to(ROOT))
+)
 def test_every_link_of_the_documentation_resolves(document):
     """A relative link names a file of the repository, and a link to a heading names one that exists."""
     broken = []
