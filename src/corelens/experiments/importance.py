@@ -312,7 +312,11 @@ def sentence(summary: dict) -> str:
 def measure_path(
     model: str | Path, data: str | Path, heads: str | Path, out: str | Path, *, load_options: dict | None = None, **kwargs
 ) -> dict:
-    """Load `model` (with `load()`'s `load_options`) and measure importance into run directory `out`."""
+    """Load `model` (with `load()`'s `load_options`) and measure importance into run directory `out`.
+
+    The heads' own ranking data is refused before the model loads (`measure` checks again and warns).
+    """
+    _same_data(data, heads, kwargs.get("allow_same_data", False), warn=lambda message: None)
     result = measure(load(model, **(load_options or {})), data, heads, out=out, **kwargs)
     if current().main:
         print(sentence(result["summary"]), file=sys.stderr)
