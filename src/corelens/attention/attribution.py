@@ -39,7 +39,9 @@ class HeadGate(AttentionHook):
     kind = "output"
     name = "head gate"
 
-    def __init__(self, m: Loaded, op: str = "zero", blocked: Sequence[int] | np.ndarray | None = None) -> None:
+    def __init__(
+        self, m: Loaded, op: str = "zero", blocked: Sequence[int] | np.ndarray | None = None
+    ) -> None:
         if op not in GATED_OPS:
             raise OptionError(f"attribution supports the operators {GATED_OPS}, not {op!r}")
         if op == "knockout" and blocked is None:

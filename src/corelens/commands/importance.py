@@ -64,9 +64,13 @@ def register(sub) -> None:
         required=True,
         help="samples with answers, NOT those the heads were ranked on (refused when it is the rank run's file)",
     )
-    p.add_argument("--heads", type=existing_path, required=True, help="heads.csv of a rank run (its RAM and rank)")
+    p.add_argument(
+        "--heads", type=existing_path, required=True, help="heads.csv of a rank run (its RAM and rank)"
+    )
     p.add_argument("--out", type=output_path, required=True, help="run directory (resumed if it exists)")
-    p.add_argument("--op", choices=OPS, default="zero", help="single-head operator: docs/methods.md#interventions")
+    p.add_argument(
+        "--op", choices=OPS, default="zero", help="single-head operator: docs/methods.md#interventions"
+    )
     p.add_argument("--keys", choices=KEYS, default="visual", help="knockout key set")
     p.add_argument(
         "--method",
@@ -79,7 +83,9 @@ def register(sub) -> None:
     p.add_argument("--limit", "--n", type=int, default=None, help="use the first N good samples")
     p.add_argument("--skip-bad", action="store_true", help="log and skip bad samples instead of stopping")
     p.add_argument(
-        "--allow-same-data", action="store_true", help="measure on the rank run's own data anyway (with a warning)"
+        "--allow-same-data",
+        action="store_true",
+        help="measure on the rank run's own data anyway (with a warning)",
     )
     p.add_argument("--draws", type=positive, default=1000, help="posterior draws behind the intervals")
     p.add_argument("--seed", type=int, default=0, help="seed of the interval draws")

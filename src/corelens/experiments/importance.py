@@ -103,14 +103,18 @@ def _check_samples(samples: list[Sample], data: str | Path, op: str, keys: str) 
             f"{len(missing)} sample(s) have no answer to score against", file=str(data), sample=missing[0]
         )
     if op == "knockout" and keys == "omega" and not any(s.targets for s in samples):
-        raise InputError("no sample has target boxes: --keys omega knocks out the keys under them", file=str(data))
+        raise InputError(
+            "no sample has target boxes: --keys omega knocks out the keys under them", file=str(data)
+        )
 
 
 def _same_data(data: str | Path, heads: str | Path, allow: bool, warn: Callable[[str], None]) -> str | None:
     """Refuse (or with `allow` warn) when `data` is the file the heads were ranked on; say so when unknown."""
     identified = rank_manifest(heads)
     if not identified:
-        message = f"no rank manifest.json next to {heads}: cannot check that the heads were ranked on other data"
+        message = (
+            f"no rank manifest.json next to {heads}: cannot check that the heads were ranked on other data"
+        )
         warn(message)
         return message
     same = same_file_warning(data, identified)
@@ -124,7 +128,9 @@ def _same_data(data: str | Path, heads: str | Path, allow: bool, warn: Callable[
 def _records(logged: list[dict], heads: list[tuple[int, int]]) -> pd.DataFrame:
     """Return the per-(sample, head) table: exact effects where measured, attribution estimates where made."""
     bases = {r["sample"]: r for r in logged if r["status"] == "ok" and r["kind"] == BASE}
-    exact = {(r["sample"], r["layer"], r["head"]): r for r in logged if r["status"] == "ok" and r["kind"] == "head"}
+    exact = {
+        (r["sample"], r["layer"], r["head"]): r for r in logged if r["status"] == "ok" and r["kind"] == "head"
+    }
     rows = []
     for sample, b in bases.items():
         estimate = np.asarray(b["attribution"]) if b.get("attribution") is not None else None
@@ -274,7 +280,10 @@ def measure(
     effects = logp if logp is not None else estimate
     summary = agreement(result, effects, _ram_matrix(heads), draws=draws, seed=seed)
     summary.update(
-        samples=int(records["sample"].nunique()), op=op, method=method, effect="exact" if exact else "attribution"
+        samples=int(records["sample"].nunique()),
+        op=op,
+        method=method,
+        effect="exact" if exact else "attribution",
     )
     if exact and gradient:
         summary["attribution_vs_exact"] = estimator_agreement(logp, estimate)
@@ -297,7 +306,9 @@ def measure(
 
 def sentence(summary: dict) -> str:
     """Return the one-line result: the Spearman of RAM and causal importance and the most disagreeing heads."""
-    said = ", ".join(f"{d['head']} (RAM rank {d['ram_rank']}, causal {d['causal_rank']})" for d in summary["disagree"][:3])
+    said = ", ".join(
+        f"{d['head']} (RAM rank {d['ram_rank']}, causal {d['causal_rank']})" for d in summary["disagree"][:3]
+    )
     text = (
         f"RAM and causal importance ({summary['op']}, {summary['effect']} log-p drop, {summary['samples']} samples) "
         f"agree with Spearman {summary['spearman']:.2f} [{summary['low']:.2f}, {summary['high']:.2f}]; "
@@ -310,7 +321,13 @@ def sentence(summary: dict) -> str:
 
 
 def measure_path(
-    model: str | Path, data: str | Path, heads: str | Path, out: str | Path, *, load_options: dict | None = None, **kwargs
+    model: str | Path,
+    data: str | Path,
+    heads: str | Path,
+    out: str | Path,
+    *,
+    load_options: dict | None = None,
+    **kwargs,
 ) -> dict:
     """Load `model` (with `load()`'s `load_options`) and measure importance into run directory `out`.
 

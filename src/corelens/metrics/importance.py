@@ -72,7 +72,11 @@ def importance_table(
     table["ram_rank"] = grid["rank"].astype(int)
     nan = np.full(len(grid), np.nan)
     effect_draws = None
-    for name, matrix, offset in (("drop_logp", logp, 0), ("drop_acc", acc, 1), ("attribution", attribution, 2)):
+    for name, matrix, offset in (
+        ("drop_logp", logp, 0),
+        ("drop_acc", acc, 1),
+        ("attribution", attribution, 2),
+    ):
         mean, low, high, drawn = _mean_interval(matrix, draws, seed + offset)
         table[name] = nan if mean is None else mean
         table[f"{name}_low"] = nan if low is None else low
@@ -114,10 +118,21 @@ def agreement(
         ["gap", "causal_rank"], ascending=[False, True], kind="stable"
     )
     disagree = [
-        {"head": f"L{int(r.layer)}H{int(r['head'])}", "ram_rank": int(r.ram_rank), "causal_rank": int(r.causal_rank)}
+        {
+            "head": f"L{int(r.layer)}H{int(r['head'])}",
+            "ram_rank": int(r.ram_rank),
+            "causal_rank": int(r.causal_rank),
+        }
         for _, r in order.head(DISAGREE).iterrows()
     ]
-    return {"spearman": rho, "low": low, "high": high, "interval": how, "heads": len(table), "disagree": disagree}
+    return {
+        "spearman": rho,
+        "low": low,
+        "high": high,
+        "interval": how,
+        "heads": len(table),
+        "disagree": disagree,
+    }
 
 
 def estimator_agreement(exact: np.ndarray, attribution: np.ndarray) -> dict:

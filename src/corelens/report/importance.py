@@ -15,7 +15,9 @@ LABELLED = 4  # heads labelled from each end: top RAM, top causal, and the most 
 def labelled_heads(table: pd.DataFrame, disagree: list[dict]) -> list[int]:
     """Return the rows to label: the top `LABELLED` by RAM, by causal effect, and the most disagreeing heads."""
     names = {f"L{int(r.layer)}H{int(r['head'])}": i for i, r in table.iterrows()}
-    rows = list(table.nsmallest(LABELLED, "ram_rank").index) + list(table.nsmallest(LABELLED, "causal_rank").index)
+    rows = list(table.nsmallest(LABELLED, "ram_rank").index) + list(
+        table.nsmallest(LABELLED, "causal_rank").index
+    )
     rows += [names[d["head"]] for d in disagree[:LABELLED] if d["head"] in names]
     return list(dict.fromkeys(rows))
 

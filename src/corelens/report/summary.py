@@ -344,7 +344,9 @@ def _importance(run: Path, manifest: dict) -> Markup:
     if missing(low) or missing(high) or float(low) <= 0 <= float(high):
         text += Markup(" (not decided at n = {} samples)").format(info.get("samples", MISSING))
     said = Markup(", ").join(
-        Markup("{} (RAM rank {}, causal rank {})").format(d.get("head"), d.get("ram_rank"), d.get("causal_rank"))
+        Markup("{} (RAM rank {}, causal rank {})").format(
+            d.get("head"), d.get("ram_rank"), d.get("causal_rank")
+        )
         for d in info.get("disagree", [])[:3]
     )
     text += Markup("; most disagreeing heads: {}").format(said or MISSING)
