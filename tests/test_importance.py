@@ -234,17 +234,6 @@ def test_cli_end_to_end_then_resume_and_report(tiny_dir, tmp_path):
     assert "ram_vs_causal.png" in page
 
 
-def test_the_rank_runs_own_data_is_refused_before_the_model_loads(tmp_path, capsys):
-    from corelens.cli import main
-
-    data = generate("image", tmp_path / "data", 1, seed=3)
-    heads = _rank_run(tmp_path, data)
-    code = main(["importance", "--model", "/nonexistent/model", "--data", str(data), "--heads", heads,
-                 "--out", str(tmp_path / "out")])  # fmt: skip
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "--allow-same-data" in err[0] and str(data) in err[0]
-
-
 def test_ram_vs_causal_labels_are_inside_the_image(monkeypatch):
     from test_report_figures import clipped, drawn_texts
 
