@@ -11,7 +11,7 @@ At s = 0 the model is unchanged; s_h = 1 is the single-head intervention on head
 exactly, downstream through the changed residual stream); the gradient of a scalar f (the answer's log p)
 with respect to s_h at s = 0 is sum over positions of grad_{o_h} f . (a_h - o_h), the first-order estimate
 of f(s_h = 1) - f(s = 0): for zeroing -(grad . head output). One forward and one backward give it for every
-head at once.
+head at once. Gates per copy of a batch (`batch`) give, say, every single-head intervention in one forward.
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ class HeadGate(AttentionHook):
     name = "head gate"
 
     def __init__(
-        self, m: Loaded, op: str = "zero", blocked: Sequence[int] | np.ndarray | None = None
+        self,
+        m: Loaded,
+        op: str = "zero",
+        blocked: Sequence[int] | np.ndarray | None = None,
+        batch: int | None = None,
     ) -> None:
         if op not in GATED_OPS:
             raise OptionError(f"attribution supports the operators {GATED_OPS}, not {op!r}")
@@ -48,7 +52,9 @@ class HeadGate(AttentionHook):
             raise OptionError("knockout attribution needs the blocked key positions")
         self.op = op
         self.blocked = None if blocked is None else torch.as_tensor(np.asarray(blocked, dtype=np.int64))
-        self.gates = torch.zeros(m.num_layers, m.num_heads, dtype=torch.float32)
+        # (layers, heads) shared by a batch; `batch` gives each copy its own gates (batch, layers, heads).
+        shape = (m.num_layers, m.num_heads) if batch is None else (batch, m.num_layers, m.num_heads)
+        self.gates = torch.zeros(shape, dtype=torch.float32)
         self._modules = m.layer_modules()
 
     @contextmanager
@@ -78,8 +84,9 @@ class HeadGate(AttentionHook):
     def post(self, call: AttentionCall, output: torch.Tensor) -> torch.Tensor:
         """Return o + s (a - o) per head; the identity (the same tensor) where the layer's gates are all 0 and
         need no gradient."""
-        gates = self.gates[call.layer]
+        gates = self.gates[..., call.layer, :]  # (heads,) or, per copy of a batch, (batch, heads)
         if not gates.requires_grad and not bool(gates.any()):
             return output  # nothing to move and nothing to differentiate
-        s = gates.to(output.device, output.dtype)[None, None, :, None]
+        s = gates.to(output.device, output.dtype)
+        s = s[None, None, :, None] if s.dim() == 1 else s[:, None, :, None]
         return output + s * (self._target(call, output) - output)

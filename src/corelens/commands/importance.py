@@ -17,7 +17,7 @@ from corelens.commands.common import (
 
 OPS = ("zero", "knockout")  # the single-head operators attribution patching supports too
 KEYS = ("visual", "omega")
-METHODS = ("exact", "attribution", "both")
+ESTIMATORS = ("exact", "attribution", "both")
 SCORERS = ("auto", "exact", "choice", "yesno")  # corelens.experiments.evaluate.SCORERS, without torch
 
 
@@ -74,7 +74,7 @@ def register(sub) -> None:
     p.add_argument("--keys", choices=KEYS, default="visual", help="knockout key set")
     p.add_argument(
         "--method",
-        choices=METHODS,
+        choices=ESTIMATORS,
         default="both",
         help="exact single-head interventions, attribution patching (one forward + backward per sample), or both",
     )

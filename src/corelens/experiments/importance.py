@@ -43,7 +43,7 @@ from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.runs import Run, current, file_hash, model_data_settings, write_json
 from corelens.runs.driver import Loop, drive
 
-METHODS = ("exact", "attribution", "both")
+ESTIMATORS = ("exact", "attribution", "both")
 BASE = "base"
 RECORD_COLUMNS = [
     "sample", "task", "layer", "head", "logp_base", "logp", "drop_logp", "correct_base", "correct",
@@ -193,8 +193,8 @@ def measure(
     """
     if op not in GATED_OPS:
         raise OptionError(f"--op must be one of {GATED_OPS} (single-head effects), got {op!r}")
-    if method not in METHODS:
-        raise OptionError(f"--method must be one of {METHODS}, got {method!r}")
+    if method not in ESTIMATORS:
+        raise OptionError(f"--method must be one of {ESTIMATORS}, got {method!r}")
     table = read_heads(heads, m, "query")
     grid = sorted((int(r.layer), int(r["head"])) for _, r in table.iterrows())
     if len(grid) != m.num_layers * m.num_heads:
