@@ -163,7 +163,7 @@ def test_attribution_tracks_the_exact_effects_on_the_organism(organism, samples)
     pairs = stats.spearmanr(exact.ravel(), estimate.ravel()).statistic
     heads = stats.spearmanr(exact.mean(0), estimate.mean(0)).statistic
     print("attribution vs exact: Spearman pairs", pairs, "heads", heads)
-    assert pairs >= 0.7 and heads >= 0.45, (pairs, heads)  # measured PAIRS / HEADS
+    assert pairs >= 0.7 and heads >= 0.45, (pairs, heads)  # measured 0.80 / 0.64
 
 
 def test_importance_table_ranks_and_disagreement():

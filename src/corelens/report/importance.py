@@ -37,13 +37,16 @@ def ram_vs_causal(table: pd.DataFrame, path: str | Path, summary: dict, *, title
     ax.axhline(0.0, color="black", lw=0.6, ls=":")
     mid_x = (np.nanmin(x) + np.nanmax(x)) / 2 if len(x) else 0.0
     mid_y = (np.nanmin(y) + np.nanmax(y)) / 2 if len(y) else 0.0
-    for i in labelled_heads(table, summary.get("disagree", [])):
+    shown = sorted(labelled_heads(table, summary.get("disagree", [])), key=lambda i: table.loc[i, "ram"])
+    for k, i in enumerate(shown):
         r = table.loc[i]
         right, up = r["ram"] > mid_x, r["effect"] > mid_y
+        lift = 6 + 11 * (k % 3)  # neighbours along x take three heights, so that close labels do not overlap
         ax.annotate(
             f"L{int(r.layer)}H{int(r['head'])}", (r["ram"], r["effect"]), textcoords="offset points",
-            xytext=(-6 if right else 6, -8 if up else 6), ha="right" if right else "left",
+            xytext=(-6 if right else 6, -lift if up else lift), ha="right" if right else "left",
             va="top" if up else "bottom", fontsize=9, annotation_clip=True,
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey"},
         )  # fmt: skip
     ax.set_xlabel("RAM (mean attention mass on the target, ranking data)")
     ax.set_ylabel(f"drop in answer log p ({summary.get('effect', 'exact')}, {summary.get('op', 'zero')})")
