@@ -288,7 +288,7 @@ def measure(
     if exact and gradient:
         summary["attribution_vs_exact"] = estimator_agreement(logp, estimate)
     few = few_samples(summary["samples"], "importance table", "intervals")
-    if few:
+    if few and (run is None or run.dist.main):  # once, not by every rank
         warn(few)
     if run and not run.dist.main:
         run.finish()

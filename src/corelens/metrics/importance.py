@@ -58,9 +58,9 @@ def importance_table(
         >>> t = importance_table(heads, drop, np.zeros((2, 3)), draws=200)
         >>> t[["layer", "head", "ram_rank", "effect", "causal_rank", "rank_diff"]]
            layer  head  ram_rank  effect  causal_rank  rank_diff
-        0      0     0         1     0.2            3         -2
-        1      0     1         3     2.1            1          2
-        2      1     0         2     0.45           2          0
+        0      0     0         1    0.20            3         -2
+        1      0     1         3    2.10            1          2
+        2      1     0         2    0.45            2          0
     """
     grid = heads.sort_values(["layer", "head"]).reset_index(drop=True)
     effect_matrix = logp if logp is not None else attribution
