@@ -243,6 +243,7 @@ def untargeted(valid, tmp_path_factory) -> Path:
         ("rank", [], "--omega causal"),
         ("ablate", ["--op", "knockout", "--keys", "omega"], "--keys visual"),
         ("sap", [], "--prior vis_attn,complexity,noise"),
+        ("importance", ["--op", "knockout", "--keys", "omega"], "--keys visual"),
     ],
 )
 def test_data_without_targets_stops_before_the_model_loads(command, extra, hint, valid, untargeted, capsys):
@@ -258,7 +259,7 @@ def test_causal_omega_needs_no_targets(valid, untargeted, capsys):
     assert MISSING in one_error(capsys, [*argv, "--omega", "causal"])
 
 
-@pytest.mark.parametrize("command", ["rank", "ablate", "hybrid", "sap", "flow"])
+@pytest.mark.parametrize("command", ["rank", "ablate", "hybrid", "sap", "flow", "importance"])
 def test_empty_sample_file_is_one_error_naming_it(command, valid, tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
@@ -267,6 +268,38 @@ def test_empty_sample_file_is_one_error_naming_it(command, valid, tmp_path, caps
     argv[argv.index("--out") + 1] = str(out)
     assert one_error(capsys, argv) == f"{empty}: no samples: the file holds no records (or --limit is 0)"
     assert not out.exists()  # no table of NaN accuracies (ablate used to write one and exit 0)
+
+
+def _ranked_on(folder: Path, data: str, heads: int = 32) -> str:
+    """A rank run's heads.csv of the organism's first `heads` heads, its manifest naming the data it ranked."""
+    import json
+
+    folder.mkdir()
+    rows = [f"{i // 8},{i % 8},{1 - i / 32},{i + 1}" for i in range(heads)]
+    (folder / "heads.csv").write_text("layer,head,mass,rank\n" + "\n".join(rows) + "\n")
+    (folder / "manifest.json").write_text(json.dumps({"command": "rank", "settings": {"data": data}}))
+    return str(folder / "heads.csv")
+
+
+def test_importance_refuses_the_data_the_heads_were_ranked_on(valid, tmp_path, capsys):
+    """Before the model loads (--model is missing): measuring on the ranking's own samples is circular."""
+    data = valid["--data"][0]
+    argv = ["importance", "--model", MISSING, "--data", data, "--heads", _ranked_on(tmp_path / "r", data),
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    message = one_error(capsys, argv)
+    assert message.startswith(f"--data: the heads were identified on the same data ({data})")
+    assert message.endswith("(--allow-same-data measures on it anyway)") and not (tmp_path / "out").exists()
+
+
+def test_importance_needs_every_head_ranked(valid, tmp_path, capsys):
+    heads = _ranked_on(tmp_path / "r", "/elsewhere.jsonl", heads=30)
+    argv = ["importance", *required(leaf(("importance",)), "--heads", valid), "--heads", heads]
+    argv[argv.index("--out") + 1] = str(tmp_path / "out")
+    assert main(argv) == 2  # after the model loads (its progress bar may precede the one error line)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"corelens: error: {heads}: a head set of 30 heads does not cover 4 layers x 8 heads " + (
+        "(the model has 4 layers x 8 heads)"
+    )
 
 
 def test_every_sample_skipped_is_one_error_with_the_reasons(valid, tmp_path, capsys):

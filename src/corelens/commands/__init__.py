@@ -6,6 +6,7 @@ A command's parser sets `func`, called with the parsed arguments; it only parses
 COMMANDS = (
     "rank",
     "ablate",
+    "importance",
     "demo",
     "bench",
     "flow",

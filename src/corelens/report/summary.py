@@ -332,6 +332,32 @@ def _sap(run: Path, manifest: dict) -> Markup:
     )
 
 
+def _importance(run: Path, manifest: dict) -> Markup:
+    """RAM against causal importance (`corelens importance`): their Spearman, its interval, who disagrees."""
+    info = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+    rho, low, high = info.get("spearman"), info.get("low"), info.get("high")
+    text = Markup("{}: on {}, RAM and causal importance ({} of one head, {} drop of the answer's log p) agree with "
+                  "Spearman {} [{}, {}]").format(
+        _link(run), _data_name(manifest), info.get("op", MISSING), info.get("effect", MISSING), number(rho),
+        number(low), number(high),
+    )  # fmt: skip
+    if missing(low) or missing(high) or float(low) <= 0 <= float(high):
+        text += Markup(" (not decided at n = {} samples)").format(info.get("samples", MISSING))
+    said = Markup(", ").join(
+        Markup("{} (RAM rank {}, causal rank {})").format(
+            d.get("head"), d.get("ram_rank"), d.get("causal_rank")
+        )
+        for d in info.get("disagree", [])[:3]
+    )
+    text += Markup("; most disagreeing heads: {}").format(said or MISSING)
+    versus_exact = info.get("attribution_vs_exact")
+    if versus_exact:
+        text += Markup("; attribution patching against the exact effects: Spearman {} over heads").format(
+            number(versus_exact.get("spearman_heads"))
+        )
+    return text + Markup(".")
+
+
 FINDINGS = {
     "rank": ("heads.csv", _rank),
     "stability": ("spearman.csv", _stability),
@@ -339,6 +365,7 @@ FINDINGS = {
     "hybrid": ("hybrid.csv", _hybrid),
     "flow": ("table1.csv", _flow),
     "sap": ("accuracy.csv", _sap),
+    "importance": ("importance.csv", _importance),
 }
 
 LEGEND = (
