@@ -46,6 +46,9 @@ ABLATE = {"image": "3", "video": "5"}
 HYBRID = {"document": "8"}
 SETS = ("top", "bottom", "random")
 DRAWS = 2
+# Attention overlay figures (top and bottom heads on the first ranked sample): the image task's only, about
+# 3 s of CPU each; the explorer holds every task's maps.
+OVERLAYS = {"image": 1}
 EXPLORER = 8  # samples per task in the report's head explorer: one page (each stored sample costs a pass)
 # RAM query rows per task. Image and video: the answer tokens, since the organism retrieves the asked word
 # at the restated key, its first answer token ("red" in "red circle"); the question rows find weaker, less
@@ -140,7 +143,13 @@ def _run(m: Loaded, out: Path, n: int, eval_n: int, top: int) -> dict[str, Path]
         data = generate(task, out / "data" / task, n, seed=DEMO_SEED)
         run_dir = out / f"rank-{task}"
         ranking = rank(
-            m, data, query=DEMO_QUERY[task], out=run_dir, progress=True, overlays=1, explorer=EXPLORER
+            m,
+            data,
+            query=DEMO_QUERY[task],
+            out=run_dir,
+            progress=True,
+            overlays=OVERLAYS.get(task, 0),
+            explorer=EXPLORER,
         )
         best = ranking.heads.head(top)
         heads = ", ".join(
