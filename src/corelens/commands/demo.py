@@ -10,6 +10,9 @@ from corelens.commands.common import add_model_options, load_options
 
 def run(args: argparse.Namespace) -> None:
     """Run the demo."""
+    print(
+        "corelens demo: loading torch, transformers and the bundled model", flush=True
+    )  # seconds of imports
     from corelens.experiments.demo import run_demo
 
     run_demo(args.out, model=args.model, n=args.n, eval_n=args.eval_n, load_options=load_options(args))
