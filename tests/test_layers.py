@@ -31,7 +31,8 @@ LAYERS = (
     ("attention", "models", "report", "heads", "capture", "organism"),
     ("layout",),
     ("data", "metrics", "runs"),
-    ("errors",),
+    # choices: the values options choose from and their defaults; imports nothing, read by every parser.
+    ("errors", "choices"),
 )
 RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

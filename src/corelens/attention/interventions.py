@@ -34,15 +34,13 @@ import numpy as np
 import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
+from corelens.choices import KEY_SETS, OPS
 from corelens.errors import CorelensError, OptionError
 
 if TYPE_CHECKING:
     from corelens.data.sample import Sample
     from corelens.models.loaded import Loaded
     from corelens.models.prepare import Prepared
-
-OPS = ("zero", "mean", "uniform", "knockout")
-KEY_SETS = ("visual", "omega")
 
 # Bound on the (batch, heads, rows, keys) mask / score block the knockout reference materialises at once.
 _CHUNK_ELEMENTS = 1 << 24

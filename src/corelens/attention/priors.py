@@ -30,9 +30,8 @@ import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook
 from corelens.attention.probes import row_scores
+from corelens.choices import CONVENTIONS
 from corelens.errors import CorelensError, OptionError
-
-CONVENTIONS = ("mass", "logits", "mean_logits")
 
 
 def _ranges(text: str, limit: int, what: str) -> tuple[int, ...]:

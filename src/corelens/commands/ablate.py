@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corelens.attention.interventions import KEY_SETS, OPS
+from corelens.choices import KEY_SETS, OPS, OPTIONAL, SCORERS, SETS
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path
 from corelens.commands.common import (
     add_granularity,
     add_limit_options,
     add_model_options,
+    add_random_from,
     add_resample_options,
     add_run_options,
     limits_of,
@@ -18,14 +19,12 @@ from corelens.commands.common import (
     main_process,
     print_resampled,
 )
-from corelens.experiments.evaluate import SCORERS
-from corelens.heads import resolve_heads
-from corelens.metrics.headsets import OPTIONAL, SETS, add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
     """Run an ablation sweep into a run directory and print its summary."""
     from corelens.experiments.ablate import sweep_path
+    from corelens.heads import resolve_heads
 
     result = sweep_path(
         args.model,

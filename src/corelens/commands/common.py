@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from corelens.choices import RANDOM_FROM, STABLE_P
 from corelens.commands.argtypes import device, device_map, max_memory, positive
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -79,8 +80,6 @@ def main_process() -> bool:
 
 def add_resample_options(p: argparse.ArgumentParser, verb: str) -> None:
     """Add --stable-p and --rank-resamples (ranking uncertainty, docs/methods.md#ranking-uncertainty) to `p`."""
-    from corelens.metrics.headsets import STABLE_P
-
     p.add_argument("--stable-p", type=float, default=STABLE_P, help="P(top-k) threshold of the stable set")
     p.add_argument(
         "--rank-resamples",
@@ -168,3 +167,13 @@ def check_data(args: argparse.Namespace) -> None:
     needs = _targets_needed(args)
     if needs and not any(sample.targets for sample in samples):
         raise InputError(f"no sample has target boxes ('targets'): {needs}", file=args.data)
+
+
+def add_random_from(parser) -> None:
+    """Add `--random-from all|non-top` (the pool of the random control) to a command's parser."""
+    parser.add_argument(
+        "--random-from",
+        choices=RANDOM_FROM,
+        default="all",
+        help="pool of the random-k control: all heads (docs/methods.md#interventions) or the heads outside the top-k set",
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.choices import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
 from corelens.commands.argtypes import output_path, samples_path
 from corelens.commands.common import (
     add_limit_options,
@@ -14,7 +15,6 @@ from corelens.commands.common import (
     load_options,
     main_process,
 )
-from corelens.experiments.flow import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
 
 
 def run(args: argparse.Namespace) -> None:

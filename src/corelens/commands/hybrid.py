@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corelens.attention.kernels import DENSE_BELOW, KERNELS
+from corelens.choices import DENSE_BELOW, HYBRID_SET_KINDS, KERNELS, SCORERS
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path, token_size
 from corelens.commands.common import (
     add_granularity,
     add_limit_options,
     add_model_options,
+    add_random_from,
     add_resample_options,
     add_run_options,
     limits_of,
@@ -18,15 +19,12 @@ from corelens.commands.common import (
     main_process,
     print_resampled,
 )
-from corelens.experiments.evaluate import SCORERS
-from corelens.experiments.hybrid import SET_KINDS
-from corelens.heads import resolve_heads
-from corelens.metrics.headsets import add_random_from
 
 
 def run(args: argparse.Namespace) -> None:
     """Run the hybrid accuracy curve into a run directory and print its table."""
     from corelens.experiments.hybrid import curve_path
+    from corelens.heads import resolve_heads
 
     result = curve_path(
         args.model,
@@ -94,7 +92,7 @@ def register(sub) -> None:
     )
     h.add_argument(
         "--sets",
-        type=names_of(SET_KINDS, "head set"),
+        type=names_of(HYBRID_SET_KINDS, "head set"),
         default="top,random,bottom",
         help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p), "
         "adaptive (the top set's count per layer, the heads chosen per prompt)",

@@ -70,8 +70,7 @@ def run_card(args: argparse.Namespace) -> None:
 
 def register(sub) -> None:
     """Add the `organism` parser with its `train` and `eval` sub-commands."""
-    from corelens.organism.model import OrganismConfig
-    from corelens.organism.train import TrainConfig
+    from corelens.organism.config import OrganismConfig, TrainConfig
 
     o = sub.add_parser("organism", help="train or evaluate the bundled model organism")
     actions = o.add_subparsers(dest="action", required=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from corelens.choices import DEFAULT_RULE, GRANULARITIES, RULES
 from corelens.commands.argtypes import k_list, output_path, samples_path
 from corelens.commands.common import (
     add_limit_options,
@@ -14,7 +15,6 @@ from corelens.commands.common import (
     load_options,
     main_process,
 )
-from corelens.metrics.kvheads import DEFAULT_RULE, GRANULARITIES, RULES
 
 
 def run(args: argparse.Namespace) -> None:

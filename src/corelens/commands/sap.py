@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corelens.attention.priors import CONVENTIONS, parse_heads, parse_layers
+from corelens.choices import CONVENTIONS, PRIORS, SAP_CONTROLS
 from corelens.commands.argtypes import checked, names_of, output_path, samples_path
 from corelens.commands.common import (
     add_limit_options,
@@ -15,7 +15,6 @@ from corelens.commands.common import (
     load_options,
     main_process,
 )
-from corelens.experiments.sap import CONTROLS, PRIORS
 
 
 def _items(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
@@ -24,17 +23,20 @@ def _items(values: list[str] | None, default: tuple[str, ...]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
-def _syntax(parse):
+def _syntax(what: str):
     """Return an argparse `type` checking a layer or head set's syntax; its range waits for the model's sizes."""
 
     def check(text: str) -> str:
-        parse(text, 1 << 20)  # any size: only the syntax can be wrong before the model is loaded
+        # Imported here (it imports torch): only a given --layers / --heads is checked, never --help.
+        from corelens.attention import priors
+
+        getattr(priors, f"parse_{what}s")(text, 1 << 20)  # any size: only the syntax can be wrong yet
         return text
 
-    return checked(check, parse.__name__.removeprefix("parse_") + "_set")
+    return checked(check, f"{what}_set")
 
 
-layer_set, head_set = _syntax(parse_layers), _syntax(parse_heads)
+layer_set, head_set = _syntax("layer"), _syntax("head")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -81,8 +83,8 @@ def register(sub) -> None:
     s.add_argument(
         "--prior",
         action="append",
-        type=names_of(PRIORS + CONTROLS, "prior"),
-        help=f"comma list or repeated; of {', '.join(PRIORS + CONTROLS)} (default: the four priors)",
+        type=names_of(PRIORS + SAP_CONTROLS, "prior"),
+        help=f"comma list or repeated; of {', '.join(PRIORS + SAP_CONTROLS)} (default: the four priors)",
     )
     s.add_argument(
         "--layers",

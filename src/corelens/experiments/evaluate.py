@@ -25,12 +25,12 @@ import torch
 from scipy.stats import binomtest
 from tqdm import tqdm
 
+from corelens.choices import SCORERS
 from corelens.data.sample import Sample
 from corelens.errors import OptionError
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
 
-SCORERS = ("auto", "exact", "choice", "yesno")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _LETTERS = string.ascii_uppercase
 

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from corelens.capture import LayerStates, ResidualCapture
+from corelens.choices import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
 from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.metrics.mixing import MIXIG_OF, TME_ROWS, tme
@@ -33,11 +34,6 @@ from corelens.models.prepare import prepare, prompt_length
 from corelens.runs import Run, current, model_data_settings
 from corelens.runs.driver import Loop, drive
 
-BASELINES = ("none", "noise-delta", "noise-qkv")
-REFERENCES = ("module", "layer")
-POSITION_SETS = ("all", "visual", "text")
-DEFAULT_ALPHA = 16.0  # why 16: docs/methods.md, "Token mixing and ε_RoPE"
-ROPE_ON = ("delta", "residual")  # ε_RoPE on attention outputs Δ or residuals X + Δ: docs/methods.md#geometry
 METRIC_COLUMNS = (
     "rid",
     "dS",

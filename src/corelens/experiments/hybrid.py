@@ -29,6 +29,7 @@ import torch
 
 from corelens.attention.hybrid import DECODES, HybridPolicy, hybrid
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
+from corelens.choices import ADAPTIVE, HYBRID_SET_KINDS
 from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
@@ -44,8 +45,7 @@ from corelens.runs.driver import Loop, drive, prompt_lengths
 
 DENSE = "dense"
 SETS = ("top", "random", "bottom")
-ADAPTIVE = "adaptive"
-SET_KINDS = ("top", "bottom", "random", "layer-matched", "stable", ADAPTIVE)  # what `sets` may name
+SET_KINDS = HYBRID_SET_KINDS  # what `sets` may name
 COLUMNS = [
     "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
     "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction", "short_by",

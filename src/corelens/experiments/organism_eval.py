@@ -19,8 +19,8 @@ from corelens.data.sample import read_samples
 from corelens.errors import OptionError
 from corelens.experiments.evaluate import evaluate, interval
 from corelens.models.loaded import Loaded, load
+from corelens.organism.config import TRAIN_DATA_SEED
 from corelens.organism.tasks import TASKS, generate, render
-from corelens.organism.train import TRAIN_DATA_SEED
 
 DEFAULT_SEED = 1
 BASELINE_TRAIN = 600  # training samples per task that fit the text-only baselines

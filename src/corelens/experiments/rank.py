@@ -270,6 +270,8 @@ def rank(
 
         ranked = {r["id"] for r in records}
         chosen = [s for s in samples if s.id in ranked][:overlays]
+        if progress:  # a figure of heads x pictures: seconds without another line
+            print(f"drawing the attention overlays of {len(chosen)} sample(s)", flush=True)
         write_overlays(m, chosen, by_query, run.path / "figures", query=query)
     if explorer > 0:
         _explorer(m, samples, records, by_query, run, explorer, query)

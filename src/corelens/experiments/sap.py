@@ -35,6 +35,8 @@ from PIL import Image
 
 from corelens.attention import RamProbe, activate
 from corelens.attention.priors import CONVENTIONS, SapHook, parse_heads, parse_layers
+from corelens.choices import PRIORS
+from corelens.choices import SAP_CONTROLS as CONTROLS
 from corelens.data.sample import Limits, Sample, load_images, load_video, read_samples
 from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError
 from corelens.experiments.evaluate import answer, interval, score
@@ -45,9 +47,7 @@ from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.runs import Run, current, model_data_settings
 from corelens.runs.driver import Loop, drive
 
-PRIORS = ("vis_attn", "complexity", "noise", "key")
 TEMPERED = ("key", "complexity")  # priors that are a softmax of values in [0, 1]: the temperature applies
-CONTROLS = ("own",)
 _VIS_CHUNK = 1 << 24  # score elements materialised at once in the vision-attention prior
 
 

@@ -24,13 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from corelens.choices import OPTIONAL, RANDOM_FROM, SETS, STABLE_P
 from corelens.errors import CorelensError, OptionError
 
-SETS = ("top", "bottom", "random", "layer-matched")
 SEEDED = ("random", "layer-matched")
-RANDOM_FROM = ("all", "non-top")
-OPTIONAL = ("stable",)  # asked for by name only: its size varies with the ranking's uncertainty
-STABLE_P = 0.9
 
 Head = tuple[int, int]
 
@@ -228,13 +225,3 @@ def head_sets(
                 )
                 out.append(HeadSet(kind, str(k), count, seed, heads, len(top & set(heads))))
     return out
-
-
-def add_random_from(parser) -> None:
-    """Add `--random-from all|non-top` (the pool of the random control) to a command's parser."""
-    parser.add_argument(
-        "--random-from",
-        choices=RANDOM_FROM,
-        default="all",
-        help="pool of the random-k control: all heads (docs/methods.md#interventions) or the heads outside the top-k set",
-    )

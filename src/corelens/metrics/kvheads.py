@@ -20,11 +20,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from corelens.choices import DEFAULT_RULE, GRANULARITIES, RULES
 from corelens.errors import CorelensError, OptionError
 
-GRANULARITIES = ("query", "kv")
-RULES = ("sum", "mean", "max")
-DEFAULT_RULE = "sum"
 COLUMN = "granularity"  # "kv" in every row of a KV-head table
 MEMBERS = "query_heads"  # a KV head's query heads, space-separated ("4 5 6 7")
 

@@ -7,58 +7,17 @@ scratch fits on two CPU cores. Visual tokens are 28 x 28 pixels, as in every Qwe
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 from transformers import AutoModelForImageTextToText
 
-from corelens.errors import CorelensError, OptionError
 from corelens.models.tiny import tiny_config, tiny_processor
 from corelens.models.tiny_parts import build_tokenizer
+from corelens.organism.config import OrganismConfig
 from corelens.organism.tasks import WORDS
 
 FAMILY = "qwen2_5_vl"
 MIN_PIXELS = 4 * 28 * 28
 MAX_PIXELS = 224 * 224  # larger images are scaled down to at most 64 visual tokens
-
-
-@dataclass(frozen=True)
-class OrganismConfig:
-    """Sizes of the organism (text decoder and vision tower)."""
-
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 8
-    kv_heads: int = 2
-    head_dim: int = 16
-    intermediate: int = 384
-    vision_depth: int = 2
-    vision_hidden: int = 64
-    vision_heads: int = 4
-    vision_intermediate: int = 128
-    window_size: int = 112
-    init_std: float = 0.08  # std of the normal initialisation of every weight matrix
-
-    def __post_init__(self) -> None:
-        # Qwen2.5-VL's text attention derives its head size from hidden / heads; rope sections from head_dim.
-        if self.heads * self.head_dim != self.hidden or self.heads % self.kv_heads:
-            raise OptionError(
-                f"organism sizes: need heads x head_dim = hidden and kv_heads dividing heads, got heads "
-                f"{self.heads}, head_dim {self.head_dim}, hidden {self.hidden}, kv_heads {self.kv_heads}"
-            )
-
-    @classmethod
-    def sized(cls, *, layers: int, heads: int, hidden: int) -> OrganismConfig:
-        """Return the default organism resized: head_dim = hidden / heads, MLP = 3 x hidden."""
-        if hidden % heads:
-            raise CorelensError(f"--hidden {hidden} is not a multiple of --heads {heads}")
-        return cls(
-            layers=layers, heads=heads, hidden=hidden, head_dim=hidden // heads, intermediate=3 * hidden
-        )
-
-    def to_dict(self) -> dict:
-        """Return the sizes as a plain dict."""
-        return asdict(self)
 
 
 def build_processor(min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS):

@@ -14,7 +14,6 @@ import platform
 import sys
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,56 +22,10 @@ import torch
 from corelens.errors import OptionError
 from corelens.organism.aux import AuxHeads, batch_labels
 from corelens.organism.batch import IGNORE, encode
-from corelens.organism.model import FAMILY, OrganismConfig, build_model, build_processor, count_parameters
+from corelens.organism.config import TrainConfig
+from corelens.organism.model import FAMILY, build_model, build_processor, count_parameters
 from corelens.organism.tasks import TASKS, questions, render
 from corelens.runs import write_json
-
-TRAIN_DATA_SEED = 0  # training samples come from seed 0; evaluation and the demo use other seeds
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation settings of one training run."""
-
-    steps: int = 9000
-    batch: int = 16
-    turns: int = 8  # questions per rendered scene: its own + up to turns - 1 extra chat turns
-    aux_weight: float = 1.0  # weight of the vision tower's per-token auxiliary loss (organism/aux.py)
-    aux_until: float = 0.6  # share of the steps after which the auxiliary loss has faded linearly to 0
-    curriculum_until: float = 0.8  # share of the steps by which every task has reached full difficulty
-    curriculum_step: float = 0.1  # level gained when a task's running accuracy passes `curriculum_bar`
-    curriculum_bar: float = 0.8
-    curriculum_window: int = 40  # steps of a task whose running accuracy decides its next level
-    # Phases: task k + 1 joins the mix once task k reaches `join_level`, or at `join_by[k + 1]` of the steps
-    # at the latest (the first task trains alone until then); empty `join_by` = every task from step 0.
-    join_level: float = 0.6
-    join_by: tuple[float, ...] = (0.0, 0.3, 0.45)
-    # Before its answers join, a task's pictures still train the vision tower (auxiliary loss only), in
-    # steps weighted by this share of the task's weight, so that every task's visual features (motion
-    # above all) form from the start; 0 = a task is absent until it joins.
-    aux_only_weight: float = 0.5
-    lr: float = 3e-3
-    min_lr: float = 1e-4
-    warmup: int = 100
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 0
-    data_seed: int = TRAIN_DATA_SEED
-    tasks: tuple[str, ...] = TASKS
-    task_weights: tuple[float, ...] = (1.0, 1.5, 1.0)  # relative share of steps per task; empty = equal
-    threads: int = 2
-    log_every: int = 25
-    save_every: int = 500  # steps between checkpoints written to `out` (training.json says finished: false)
-    time_limit: float = 0.0  # seconds; stop early (after a log line) when exceeded, 0 = none
-    model: OrganismConfig = field(default_factory=OrganismConfig)
-
-    def to_dict(self) -> dict:
-        """Return the settings as a plain dict."""
-        out = asdict(self)
-        out["tasks"] = list(self.tasks)
-        out["task_weights"] = list(self.task_weights)
-        out["join_by"] = list(self.join_by)
-        return out
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:

@@ -229,6 +229,11 @@ def _sentence(parts: list[str]) -> str:
 
 
 def _ablate(run: Path, manifest: dict) -> Markup:
+    return _items(run, ablation_sentences(run, manifest), "no top head set in ablation.csv")
+
+
+def ablation_sentences(run: Path, manifest: dict) -> list[str]:
+    """Return an ablation run's findings, one sentence per size of the top set (plain text, smallest first)."""
     table = pd.read_csv(run / "ablation.csv")
     summary = _read(run / "ablation_summary.csv")
     none = table[table["set"] == "none"]
@@ -258,10 +263,15 @@ def _ablate(run: Path, manifest: dict) -> Markup:
                 move += f" (not decided at n = {_samples(top, base)})"
         said.append((count, _sentence([f"{head} {move}", *_controls(sets, top, _unit(top_rows, count))])))
     said.sort(key=lambda pair: pair[0])
-    return _items(run, [text for _, text in said], "no top head set in ablation.csv")
+    return [text for _, text in said]
 
 
 def _hybrid(run: Path, manifest: dict) -> Markup:
+    return _items(run, hybrid_sentences(run, manifest), "no top head set in hybrid.csv")
+
+
+def hybrid_sentences(run: Path, manifest: dict) -> list[str]:
+    """Return a hybrid run's findings, one sentence per kept share of the top set (plain text, smallest first)."""
     table = pd.read_csv(run / "hybrid.csv")
     dense_rows = table[table["set"] == "dense"]
     dense = _estimate(dense_rows) if len(dense_rows) else None
@@ -295,7 +305,7 @@ def _hybrid(run: Path, manifest: dict) -> Markup:
             )
         )
     said.sort(key=lambda pair: pair[0])
-    return _items(run, [text for _, text in said], "no top head set in hybrid.csv")
+    return [text for _, text in said]
 
 
 def _items(run: Path, sentences: list[str], empty: str) -> Markup:

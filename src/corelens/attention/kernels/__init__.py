@@ -6,7 +6,7 @@
 - ``partitioned``: the full heads through stock causal sdpa on their own heads, the streaming heads as a
   window pass and a sink pass merged by log-sum-exp (FlexAttention, one block mask shared by all heads; the
   CUDA design, exact on any device). Where a layer's head set would gain too little
-  (`partition.DENSE_BELOW`, the `dense_below` argument) it runs every head dense and reports ``dense``;
+  (`DENSE_BELOW`, in corelens.choices; the `dense_below` argument) it runs every head dense and reports ``dense``;
 - ``auto``: ``flex`` on CUDA, falling back to ``blocked`` (which runs on any device) if it fails; else ``blocked``.
 
 All take post-RoPE queries (batch, heads, n, dim) and un-repeated GQA keys/values (batch, kv_heads, n, dim) of a
@@ -32,11 +32,11 @@ from corelens.attention.kernels.masks import (
     row_starts,
     streaming_keep,
 )
-from corelens.attention.kernels.partition import DENSE_BELOW, partitioned, takes_dense
+from corelens.attention.kernels.partition import partitioned, takes_dense
 from corelens.attention.kernels.tiles import Plans, blocked
+from corelens.choices import DENSE_BELOW, KERNELS
 from corelens.errors import OptionError
 
-KERNELS = ("auto", "reference", "blocked", "flex", "partitioned")
 log = logging.getLogger(__name__)
 
 _IMPL = {"reference": reference, "blocked": blocked, "flex": flex, "partitioned": partitioned}

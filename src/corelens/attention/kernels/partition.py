@@ -40,11 +40,6 @@ from corelens.attention.kernels.masks import (
 )
 from corelens.attention.kernels.tiles import Padding, Plans, blocked
 
-# Crossover: below this ideal speed-up (docs/methods.md#hybrid) of a layer's head set at its prompt length the
-# dispatcher runs every head dense (stock sdpa): the hybrid path's merge and second pass would cost more than
-# they save (benchmarks/README.md#partitioned-crossover).
-DENSE_BELOW = 1.1
-
 
 @dataclass(frozen=True)
 class Call:
@@ -240,7 +235,7 @@ def partitioned(
 
 
 def takes_dense(n: int, full: torch.Tensor, pattern: Pattern, dense_below: float | None) -> bool:
-    """Return whether a layer's head set at prompt length n is better run dense (`DENSE_BELOW`)."""
+    """Return whether a layer's head set at prompt length n is better run dense (`corelens.choices.DENSE_BELOW`)."""
     if not dense_below or pattern.is_dense(n):
         return False
     return ideal_speedup(n, float(full.float().mean()), pattern.sink, pattern.window) < dense_below

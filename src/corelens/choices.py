@@ -1,0 +1,44 @@
+"""The values command-line options choose from, and their defaults, in a module that imports nothing.
+
+The modules that act on them import them from here (and keep their names: `corelens.attention.interventions.OPS`
+is this `OPS`), so that a command's parser lists its choices without importing torch, transformers, numpy
+or pandas: `corelens ablate --help` and an argument error answer in well under a second
+(benchmarks/cli_startup.py; tests/test_cli_startup.py checks that parsing imports neither torch nor transformers).
+"""
+
+from __future__ import annotations
+
+# attention.interventions: the ablation operators and the knockout key sets (docs/methods.md#interventions).
+OPS = ("zero", "mean", "uniform", "knockout")
+KEY_SETS = ("visual", "omega")
+# attention.priors: how SAP writes a prior into a row.
+CONVENTIONS = ("mass", "logits", "mean_logits")
+# attention.kernels: the hybrid prefill kernels, and the crossover: below this ideal speed-up
+# (docs/methods.md#hybrid) of a layer's head set at its prompt length the partitioned kernel's dispatcher runs
+# every head dense (stock sdpa): the hybrid path's merge and second pass would cost more than they save
+# (benchmarks/README.md#partitioned-crossover).
+KERNELS = ("auto", "reference", "blocked", "flex", "partitioned")
+DENSE_BELOW = 1.1
+# metrics.kvheads: the units a head table counts, and how a KV head's score gathers its query heads'.
+GRANULARITIES = ("query", "kv")
+RULES = ("sum", "mean", "max")
+DEFAULT_RULE = "sum"
+# metrics.headsets: the head sets of an ablation, the pool of the random control, the stable set's bar.
+SETS = ("top", "bottom", "random", "layer-matched")
+RANDOM_FROM = ("all", "non-top")
+OPTIONAL = ("stable",)  # asked for by name only: its size varies with the ranking's uncertainty
+STABLE_P = 0.9
+# experiments.evaluate: how an answer is scored.
+SCORERS = ("auto", "exact", "choice", "yesno")
+# experiments.hybrid: what a hybrid sweep's `sets` may name.
+ADAPTIVE = "adaptive"
+HYBRID_SET_KINDS = ("top", "bottom", "random", "layer-matched", "stable", ADAPTIVE)
+# experiments.sap: the priors and controls of a SAP sweep.
+PRIORS = ("vis_attn", "complexity", "noise", "key")
+SAP_CONTROLS = ("own",)
+# experiments.flow: baselines, reference input, positions, alpha and where epsilon_RoPE is taken.
+BASELINES = ("none", "noise-delta", "noise-qkv")
+REFERENCES = ("module", "layer")
+POSITION_SETS = ("all", "visual", "text")
+DEFAULT_ALPHA = 16.0  # why 16: docs/methods.md, "Token mixing and ε_RoPE"
+ROPE_ON = ("delta", "residual")  # ε_RoPE on attention outputs Δ or residuals X + Δ: docs/methods.md#geometry
