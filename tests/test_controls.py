@@ -231,3 +231,36 @@ def test_a_sweep_draws_other_sets_for_another_task_and_seed(fake_setup, fake_ans
     assert (summary["task"] == "video").all() and (
         summary.loc[summary["set"] == "random", "stopped"] == "fixed"
     ).all()
+
+
+def test_hybrid_auto_draws_keep_their_summary(fake_setup, tmp_path, monkeypatch, capsys):
+    """The hybrid curve draws in batches too: answered right unless a CRITICAL head streams (is not kept full)."""
+    import types
+
+    import corelens
+    import corelens.experiments.hybrid as experiment
+
+    def fake_prepare(m, sample):
+        return types.SimpleNamespace(seq_len=10, sample=sample)
+
+    def fake_generate(m, p, max_new_tokens, policy, *a, **kw):
+        lost = policy is not None and not all(h in policy.full for h in CRITICAL)
+        return ("wrong" if lost else p.sample.answer), 0.0
+
+    monkeypatch.setattr(experiment, "prepare", fake_prepare)
+    monkeypatch.setattr(experiment, "generate_answer", fake_generate)
+    model, heads, data = fake_setup
+    m = corelens.load(model, device="cpu")
+    # 4 of 8 heads kept: both critical heads with P = 6/28, so draw accuracies are 0 or 1 and differ
+    got = experiment.curve(
+        m, data["video"], heads, keeps=["4"], sets=("top", "random"), control_width=0.5, sink=2, window=4,
+        max_new_tokens=2, warn=lambda _: None, out=tmp_path / "h",
+    )  # fmt: skip
+    accuracies = got.table.loc[got.table["set"] == "random", "accuracy"].to_numpy()
+    row = pd.read_csv(tmp_path / "h" / "hybrid_summary.csv").set_index("set").loc["random"]
+    assert row["seeds"] == len(accuracies) >= 10 and row["task"] == "video"
+    assert row["draw_width"] == pytest.approx(_t_width(accuracies)) and row["stopped"] in ("width", "cap")
+    assert (row["stopped"] == "width") == (row["draw_width"] <= 0.5)
+    policies = json.loads((tmp_path / "h" / "policies.json").read_text())
+    assert sum(p["name"].startswith("random/") for p in policies) == len(accuracies)
+    assert f"video: random k=4: {len(accuracies)} draws" in capsys.readouterr().err

@@ -513,6 +513,8 @@ def sweep(
     found = draws.controls(result_table, "k", control_width, max_draws, auto)
     while any(c.stopped == "more" for c in found):
         batch = [hs for c in found for hs in drawn([c.k], [c.kind], draws.more(c, max_draws))]
+        if not batch:
+            break  # nothing left to draw (cannot happen while `more` and `status` agree on the cap)
         conds.extend(Condition.of(hs, op, keys) for hs in batch)
         record_sets()
         logged, records, result_table = evaluate()

@@ -469,12 +469,16 @@ def curve(
     # --seeds auto: a batch more draws for each control still wider than the target (see ablate.sweep).
     found = draws.controls(result, "keep", control_width, max_draws, auto)
     while any(c.stopped == "more" for c in found):
+        added = 0
         for c in found:
             batch = conditions(
                 table, [c.k], [c.kind], draws.more(c, max_draws), seed, sink_n, window_n, random_from,
                 (), stable_p, group, task=task,
             )  # fmt: skip
             conds.extend(batch[1:])  # less the dense baseline each call starts with
+            added += len(batch) - 1
+        if not added:
+            break  # nothing left to draw (cannot happen while `more` and `status` agree on the cap)
         record_policies()
         logged, ok, records, result = evaluate()
         found = draws.controls(result, "keep", control_width, max_draws, auto)
