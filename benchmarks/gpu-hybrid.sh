@@ -2,7 +2,7 @@
 # GPU table of the hybrid benchmark (issue 5), for a session lent a device machine (device tool, from the
 # repository root, timeout_s 540): `bash benchmarks/gpu-hybrid.sh`. The machine cannot install anything; it
 # runs the source tree with its own python3 (PyTorch 2.11 / transformers 5.17 when last read, against the
-# 2.14.1 / 5.24.0 pinned here: the JSON records the versions). bfloat16 on cuda:0, the README's sizes,
+# 2.14.1 / 5.24.0 pinned here: the JSON records the versions). bfloat16 on cuda:0, docs/performance.md's sizes,
 # 5 timed runs each; JSON files and the table land in $OUT, which the device tool brings back.
 # benchmarks/gpu.sh ran on 2026-12-04 (results/gpu/); this script adds the 4k and 16k sizes with 5 repeats.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hybrid-attention benchmark table of the README (issue 5): kernels at every kept fraction, the
+# Hybrid-attention benchmark table of docs/performance.md (issue 5): kernels at every kept fraction, the
 # whole-decoder prefill at F = 20 % (2 decoder layers at 4k and 16k, 1 at 32k to keep the run short;
 # the FLOP prediction counts the same layers). One process per N; all cores. Each time is the median of 3
 # runs at 4k, 5 at 16k and 3 at 32k after a warm-up, each ratio the median of the ratios within a run:

@@ -1,4 +1,4 @@
-"""Where the hybrid CPU kernel's time goes (backs the README's gap analysis and the kernel's constants).
+"""Where the hybrid CPU kernel's time goes (backs docs/performance.md's gap analysis and the kernel's constants).
 
 Run from the repository root: `.venv/bin/python benchmarks/hybrid_anatomy.py` (about 3 minutes on 2 cores).
 

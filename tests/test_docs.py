@@ -112,3 +112,54 @@ def test_every_methods_anchor_exists():
     assert len({a for _, a in used}) >= len(SECTIONS), "expected links to every section"
     broken = [f"{path.relative_to(ROOT)}: #{anchor}" for path, anchor in used if anchor not in have]
     assert not broken, "links to docs/methods.md headings that do not exist:\n" + "\n".join(broken)
+
+
+README_MD = ROOT / "README.md"
+DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
+MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCED = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def links(markdown: str) -> list[str]:
+    """Return the targets of the markdown links and images of a text, code fences left out."""
+    return MD_LINK.findall(FENCED.sub("", markdown))
+
+
+def test_links_finds_targets_outside_code_fences():
+    text = "[a](docs/x.md#y) ![b](figures/p.png)\n```python\nf[0](1)\n```\n[c](#here)\n"
+    assert links(text) == ["docs/x.md#y", "figures/p.png", "#here"]
+
+
+@pytest.mark.parametrize("document", [README_MD, *DOC_PAGES], ids=lambda d: str(d.relative_to(ROOT)))
+def test_every_link_of_the_documentation_resolves(document):
+    """A relative link names a file of the repository, and a link to a heading names one that exists."""
+    broken = []
+    for target in links(document.read_text(encoding="utf-8")):
+        path, _, anchor = target.partition("#")
+        if re.match(r"[a-z]+:", path):  # a URL: nothing may point outside the repository
+            broken.append(f"{target}: points outside the repository")
+            continue
+        file = (document.parent / path).resolve() if path else document
+        if ROOT not in file.parents or not file.exists():
+            broken.append(f"{target}: no such file in the repository")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
+            broken.append(f"{target}: {file.name} has no heading #{anchor}")
+    assert not broken, f"{document.relative_to(ROOT)}:\n" + "\n".join(broken)
+
+
+def test_the_readme_is_a_front_door_to_every_docs_page():
+    """The README stays an entry point (at most 300 lines, issue 29) and links every page of docs/."""
+    text = README_MD.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    have = anchors(text)
+    for section in (
+        "quick-start",
+        "install",
+        "a-tour-on-the-bundled-model",
+        "python-in-ten-lines",
+        "documentation",
+    ):
+        assert section in have, f"README.md lacks the section #{section}"
+    linked = {t.partition("#")[0] for t in links(text)}
+    missing = [p.name for p in DOC_PAGES if f"docs/{p.name}" not in linked]
+    assert not missing, f"docs pages the README does not link: {missing}"

@@ -1,4 +1,4 @@
-"""lmms-eval with the corelens model: the README command on a local task, offline, on the organism checkpoint.
+"""lmms-eval with the corelens model: docs/integrations.md's command on a local task, offline, on the organism.
 
 Unmodified, the model answers as corelens' own harness; under a policy it answers as `corelens ablate`,
 `corelens hybrid` and `corelens sap` do under the same policy.
@@ -113,7 +113,7 @@ def policies(setup):
 
 
 def test_unmodified_model_answers_as_the_harness(setup):
-    """The README's command, as typed."""
+    """The command of docs/integrations.md, as typed."""
     out = setup["root"] / "lmms-plain"
     _run(["--model", "corelens", "--model_args", _model_args(""), "--tasks", "organism_image", "--include_path",
           str(setup["root"] / "task"), "--output_path", str(out), "--log_samples"])  # fmt: skip

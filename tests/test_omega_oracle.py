@@ -278,7 +278,7 @@ def _feature_level_cases(m, case: str, tmp_path, n: int, seed: int):
         yield oracle, prepared.layout, target
 
 
-# Measured by the test below (seed 11, 30 boxes per case); the README quotes these figures.
+# Measured by the test below (seed 11, 30 boxes per case); docs/families.md quotes these figures.
 UNIFORM_DISAGREEMENT = {"large": 14, "video": 16}
 
 

@@ -2,7 +2,7 @@
 
 Every file or folder name that corelens derives from a dataset value (a RefCOCOg `question_id`, a VidSTG `vid`,
 an MMDocIR `doc_name`, an MMLongBench `doc_id`, a sample id) goes through `safe_name`, one mapping
-(README, "Datasets in their native formats"):
+(docs/datasets.md, "Datasets in their native formats"):
 
 - a value made only of `a-z`, `0-9`, `.`, `_` and `-`, at most `KEEP` characters long, other than `.` and
   `..`, and not ending the way a hashed name ends, is kept as it is;

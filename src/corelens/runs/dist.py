@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 # How long a rank waits for the others at one collective before it reports the ones that did not answer
-# (seconds; README, torchrun). Every rank reaches the closing barrier only after its share, so the limit also
+# (seconds; docs/running.md, torchrun). Every rank reaches the closing barrier only after its share, so the limit also
 # bounds how unequal two shares may take: prompt-length balancing keeps that well under it. A frozen rank is
 # thus reported after 10 minutes, not after hours.
 TIMEOUT_ENV = "CORELENS_DIST_TIMEOUT"
