@@ -177,6 +177,7 @@ def test_auto_draws_stop_at_the_target_width_and_report_the_real_width(
     assert set(np.unique(accuracies)) == {0.0, 1.0}
     n = len(accuracies)
     assert row["seeds"] == n > 10 and (n - 10) % 5 == 0 and row["stopped"] == "width"
+    assert got.table.loc[got.table["set"] == "random", "seed"].tolist() == list(range(n))  # draws 0..n-1
     assert row["draw_width"] == pytest.approx(_t_width(accuracies), abs=1e-12) and row["draw_width"] <= 0.6
     assert _t_width(accuracies[:-5]) > 0.6  # it stopped at the first batch that met the target
     manifest = json.loads((tmp_path / "w" / "manifest.json").read_text())
