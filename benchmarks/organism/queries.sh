@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Which RAM query rows find the organism's causal heads? For each task: rank the heads on 24 seed-1
-# samples with each query set (question, last, answer), then zero the top-k / random-k heads (k = 1, 3, 5;
-# 2 random draws) on 40 seed-3 samples. Writes results/queries.csv (one row per task, query, set, k).
+# Which RAM query rows find the organism's causal heads? For each task and query set (question, answer,
+# last), the heads ranked on 200 seed-1 samples (rank200.sh) and the top-3 / top-5 zeroed on 200 seed-3
+# samples; the controls are ablate.sh's. Writes results/queries.csv (one row per task, query, k) with the
+# Wilson interval of each cell.
 set -euo pipefail
-OUT=runs/queries
-mkdir -p "$OUT"
+OUT=runs/organism
 for task in image video document; do
-  .venv/bin/python -c "from corelens.organism.tasks import generate; generate('$task', '$OUT/rank-data', 24, seed=1); generate('$task', '$OUT/eval-data', 40, seed=3)"
   for q in question answer last; do
-    .venv/bin/corelens rank --model src/corelens/organism/checkpoint --data "$OUT/rank-data/$task.jsonl" --query $q --out "$OUT/rank-$task-$q"
-    .venv/bin/corelens ablate --model src/corelens/organism/checkpoint --data "$OUT/eval-data/$task.jsonl" --heads "$OUT/rank-$task-$q/heads.csv" \
-      --k 1,3,5 --sets top,random --seeds 2 --op zero --out "$OUT/ablate-$task-$q"
+    if [ -f "$OUT/ablate-$task-top/ablation.csv" ] && [ "$q" = "$([ $task = document ] && echo question || echo answer)" ]; then
+      ln -sfn "ablate-$task-top" "$OUT/queries-$task-$q"  # ablate.sh's top-k run on the same ranking
+      continue
+    fi
+    .venv/bin/corelens ablate --model src/corelens/organism/checkpoint --data "$OUT/eval-data/$task.jsonl" \
+      --heads "$OUT/rank-$task-$q/heads.csv" --k 3,5 --sets top --op zero --out "$OUT/queries-$task-$q"
   done
 done
 .venv/bin/python - "$OUT" <<'PY'
@@ -23,12 +25,13 @@ out = Path(sys.argv[1])
 rows = []
 for task in ("image", "video", "document"):
     for q in ("question", "answer", "last"):
-        heads = pd.read_csv(out / f"rank-{task}-{q}" / "heads.csv").head(5)
-        table = pd.read_csv(out / f"ablate-{task}-{q}" / "ablation.csv")
-        for (kind, k), acc in table[table.set != "none"].groupby(["set", "k"]).accuracy.mean().items():
-            rows.append({"task": task, "query": q, "set": kind, "k": k, "accuracy": acc,
-                         "top5": " ".join(f"L{r.layer}H{r.head}" for r in heads.itertuples()),
+        heads = pd.read_csv(out / f"rank-{task}-{q}" / "heads.csv").sort_values("rank").head(5)
+        table = pd.read_csv(out / f"queries-{task}-{q}" / "ablation.csv").query("set == 'top'")
+        for r in table.itertuples():
+            rows.append({"task": task, "query": q, "set": "top", "k": r.k, "accuracy": r.accuracy, "n": r.n,
+                         "ci_low": r.ci_low, "ci_high": r.ci_high, "heads": r.heads,
+                         "top5": " ".join(f"L{h.layer}H{h.head}" for h in heads.itertuples()),
                          "top1_mass": heads.mass.iloc[0]})
 pd.DataFrame(rows).to_csv("benchmarks/organism/results/queries.csv", index=False)
-print(pd.DataFrame(rows).pivot_table(index=["task", "query"], columns=["set", "k"], values="accuracy").round(2))
+print(pd.DataFrame(rows).pivot_table(index=["task", "query"], columns="k", values="accuracy").round(3))
 PY

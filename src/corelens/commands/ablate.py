@@ -8,6 +8,7 @@ import sys
 from corelens.choices import KEY_SETS, OPS, OPTIONAL, SCORERS, SETS
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path
 from corelens.commands.common import (
+    add_draw_options,
     add_granularity,
     add_limit_options,
     add_model_options,
@@ -36,6 +37,8 @@ def run(args: argparse.Namespace) -> None:
         op=args.op,
         keys=args.keys,
         seeds=args.seeds,
+        control_width=args.control_width,
+        max_draws=args.max_draws,
         seed=args.seed,
         random_from=args.random_from,
         reference=args.reference,
@@ -88,7 +91,7 @@ def register(sub) -> None:
     add_granularity(a, "ablated")
     a.add_argument("--op", choices=OPS, default="zero", help="operator: docs/methods.md#interventions")
     a.add_argument("--keys", choices=KEY_SETS, default="visual", help="knockout key set")
-    a.add_argument("--seeds", type=int, default=5, help="draws per random / layer-matched set")
+    add_draw_options(a, "each random / layer-matched set")
     a.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
     add_random_from(a)
     a.add_argument(

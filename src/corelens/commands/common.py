@@ -89,6 +89,31 @@ def add_resample_options(p: argparse.ArgumentParser, verb: str) -> None:
     )
 
 
+def add_draw_options(p: argparse.ArgumentParser, what: str) -> None:
+    """Add --seeds (a count or auto), --control-width and --max-draws (docs/methods.md#control-head-sets)."""
+    from corelens.commands.argtypes import checked, positive
+    from corelens.metrics import draws
+
+    p.add_argument(
+        "--seeds",
+        type=checked(draws.seeds_arg, "seeds"),
+        default=draws.AUTO,
+        help=f"draws of {what}: a count, or auto (batches until the mean over draws is known to --control-width)",
+    )
+    p.add_argument(
+        "--control-width",
+        type=checked(draws.width_arg, "width"),
+        default=draws.WIDTH,
+        help="--seeds auto: width of the 95 %% interval of the control's mean accuracy over draws to reach",
+    )
+    p.add_argument(
+        "--max-draws",
+        type=positive,
+        default=draws.MAX_DRAWS,
+        help="--seeds auto: the most draws of one control (it stops there and says so)",
+    )
+
+
 def print_resampled(result, resamples: int) -> None:
     """Print the table of results over ranking resamples, where the run made one."""
     if result.resampled is not None:

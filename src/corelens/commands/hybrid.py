@@ -8,6 +8,7 @@ import sys
 from corelens.choices import DENSE_BELOW, HYBRID_SET_KINDS, KERNELS, SCORERS
 from corelens.commands.argtypes import k_list, names_of, output_path, samples_path, token_size
 from corelens.commands.common import (
+    add_draw_options,
     add_granularity,
     add_limit_options,
     add_model_options,
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> None:
         keeps=args.keep,
         sets=[s.strip() for s in args.sets.split(",") if s.strip()],
         seeds=args.seeds,
+        control_width=args.control_width,
+        max_draws=args.max_draws,
         seed=args.seed,
         random_from=args.random_from,
         sink=args.sink,
@@ -130,7 +133,7 @@ def register(sub) -> None:
         help="the partitioned kernel's crossover: a layer whose head set's ideal speed-up is below it runs every "
         "head dense, as stock attention (0: never; the default is not yet measured on a GPU)",
     )
-    h.add_argument("--seeds", type=int, default=3, help="draws of the random set")
+    add_draw_options(h, "each random / layer-matched set")
     h.add_argument("--seed", type=int, default=0, help="base seed of the random draws")
     add_random_from(h)
     h.add_argument(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -541,6 +541,24 @@ def _record_id(obj: Any) -> str | None:
     if isinstance(obj, dict) and isinstance(obj.get("id"), str) and obj["id"].strip():
         return obj["id"]
     return None
+
+
+def task_of(samples: Sequence[Sample], data: str | Path) -> str:
+    """Return the task of a run's data: the samples' one `task`, else (none given, or several) the file's stem.
+
+    The random controls of ablate and hybrid are seeded by it, so that every task gets its own draws.
+
+    Examples:
+        >>> task_of([Sample(id="a", task="image", question="q")], "eval/x.jsonl")
+        'image'
+        >>> task_of([Sample(id="a", task=DEFAULT_TASK, question="q")], "eval/chart-qa.jsonl")
+        'chart-qa'
+    """
+    named = {s.task for s in samples} - {DEFAULT_TASK}
+    # Samples that name one task: that task; none or several: the file, which then stands for the task.
+    return (
+        named.pop() if len(named) == 1 and all(s.task != DEFAULT_TASK for s in samples) else Path(data).stem
+    )
 
 
 def read_samples(

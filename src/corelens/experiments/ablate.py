@@ -9,6 +9,7 @@ same file (by sha256). `mean` statistics come from a reference file only — by 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -19,19 +20,29 @@ import torch
 from tqdm import tqdm  # reference means
 
 from corelens.attention.interventions import Ablation, HeadMeans, MeanRecorder, ablate
-from corelens.data.sample import Limits, Sample, read_samples
+from corelens.data.sample import Limits, Sample, read_samples, task_of
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
-from corelens.metrics import kvheads
-from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, k_count, label, parse_k, select
+from corelens.metrics import draws, kvheads
+from corelens.metrics.headsets import (
+    SEEDED,
+    SETS,
+    STABLE_P,
+    HeadSet,
+    head_sets,
+    k_count,
+    label,
+    parse_k,
+    select,
+)
 from corelens.metrics.ram import read_ram
 from corelens.metrics.uncertainty import RESAMPLED, draws_interval, resampled_summary, resampled_tables
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import prepare, prompt_length
 from corelens.runs import Run, current, file_hash, model_data_settings, write_json
-from corelens.runs.driver import Loop, drive
+from corelens.runs.driver import Loop, drive, ordered
 
 BASELINE = "none"
 COLUMNS = [
@@ -201,31 +212,43 @@ def same_file_warning(data: str | Path, identified: dict) -> str | None:
 
 
 def _summary(
-    table: pd.DataFrame, records: pd.DataFrame, names: dict[str, str], seed: int = 0
+    table: pd.DataFrame,
+    records: pd.DataFrame,
+    names: dict[str, str],
+    seed: int = 0,
+    *,
+    key: str = "k",
+    size: str = "k_heads",
+    stopped: dict[tuple[str, str], str] | None = None,
 ) -> pd.DataFrame:
     """Return one row per (set, k): mean accuracy over draws, their sd, and the interval.
 
     A set drawn once (top, bottom, or one draw) gets the Wilson interval of its answers; a set drawn several
     times gets the two-level bootstrap over draws and samples (`draws_interval`), which includes the
     variation between draws (`sd`). `names` maps each (set, k) row's conditions to their names in records.
+    `draw_width` is the width of the t-interval of the mean over draws (`corelens.metrics.draws`, what
+    `--seeds auto` narrows) and `stopped` why the draws stopped (`stopped`, by (set, k); "" for undrawn sets).
+    `key` / `size` name the k and head-count columns (hybrid.csv: keep, full_heads).
     """
     rows = []
-    for (kind, k), group in table.groupby(["set", "k"], sort=False):
+    for (kind, k), group in table.groupby(["set", key], sort=False):
         correct, n = int(group["correct"].sum()), int(group["n"].sum())
         low, high = interval(correct, n)
         method = "wilson"
         if len(group) > 1:
-            conds = [names[(kind, k, s)] for s in group["seed"]]
+            conds = [names[(kind, str(k), s)] for s in group["seed"]]
             got = records[records["condition"].isin(conds)]
             answers = got.pivot(index="condition", columns="sample", values="correct").dropna(axis=1)
             if answers.shape[1]:
                 low, high = draws_interval(answers.to_numpy(dtype=float), seed=seed)
                 method = "two-level bootstrap"
+        drawn = kind in SEEDED
+        d_low, d_high = draws.draw_interval(group["accuracy"]) if drawn else (float("nan"),) * 2
         rows.append(
             {
                 "set": kind,
-                "k": k,
-                "k_heads": int(group["k_heads"].iloc[0]),
+                key: k,
+                size: int(group[size].iloc[0]),
                 "short_by": int(group["short_by"].max()),
                 "seeds": int(group["seed"].notna().sum()) or 1,
                 "accuracy": float(group["accuracy"].mean()),
@@ -233,6 +256,8 @@ def _summary(
                 "ci_low": low,
                 "ci_high": high,
                 "interval": method,
+                "draw_width": d_high - d_low,
+                "stopped": (stopped or {}).get((kind, str(k)), "fixed" if drawn else ""),
             }
         )
     return pd.DataFrame(rows)
@@ -293,9 +318,11 @@ def sweep(
     sets: Sequence[str] = SETS,
     op: str = "zero",
     keys: str = "visual",
-    seeds: int = 5,
+    seeds: int | str = draws.AUTO,
     seed: int = 0,
     random_from: str = "all",
+    control_width: float = draws.WIDTH,
+    max_draws: int = draws.MAX_DRAWS,
     reference: str | Path | None = None,
     scorer: str = "auto",
     max_new_tokens: int = 8,
@@ -316,6 +343,10 @@ def sweep(
     `rank_resamples` R > 0 adds the top-k set of R bootstrap resamples of the rank run's samples (set
     "top-resampled"; `resampled.csv` holds their median and 90 % interval); `resample=False` is for checks.
     Set "stable" ablates the heads with P(top-k) >= `stable_p`.
+    Random and layer-matched sets are drawn for the data's task (`task_of`) and the run `seed`; `seeds` is a
+    count of draws, or "auto": draws in batches until the mean over draws is known to `control_width` (95 %
+    t-interval) or `max_draws` is reached (`corelens.metrics.draws`; ablation_summary.csv and the manifest
+    say which, and how wide).
     `granularity` "kv" draws sets of KV heads (k counts them) and ablates all their query heads; None: the
     heads.csv's own granularity (docs/methods.md#kv-heads).
     """
@@ -328,22 +359,29 @@ def sweep(
         warning = f"no rank manifest.json next to {heads}: cannot check that the heads were identified on other data"
     if warning:
         warn(warning)
-    seeded = [s for s in sets if s in ("random", "layer-matched")]
-    if seeded and seeds < 1:
-        raise CorelensError("--seeds must be at least 1 for random head sets")
-    chosen = head_sets(table, ks, sets, seeds, base_seed=seed, random_from=random_from, stable_p=stable_p)
-    # A set of KV heads ablates every query head of each (k, overlap and short_by still count KV heads).
-    chosen = [replace(hs, heads=full_heads(table, hs.heads, m)) for hs in chosen]
-    if rank_resamples:
-        by_kv = group if unit == "kv" else None
-        chosen += resampled_sets(heads, ks, rank_resamples, seed, resample=resample, group=by_kv)
-    conds = conditions(chosen, op, keys)
+    seeded = [s for s in sets if s in SEEDED]
+    draws.check(seeds, control_width, max_draws)
+    auto = seeds == draws.AUTO
     samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
         raise InputError(
             f"{len(missing)} sample(s) have no answer to score against", file=str(data), sample=missing[0]
         )
+    task = task_of(samples, data)
+
+    def drawn(ks: Sequence[str], kinds: Sequence[str], which) -> list[HeadSet]:
+        sets_ = head_sets(
+            table, ks, kinds, which, base_seed=seed, random_from=random_from, stable_p=stable_p, task=task
+        )
+        # A set of KV heads ablates every query head of each (k, overlap and short_by still count KV heads).
+        return [replace(hs, heads=full_heads(table, hs.heads, m)) for hs in sets_]
+
+    chosen = drawn(ks, sets, draws.first_draws(seeds, max_draws))
+    if rank_resamples:
+        by_kv = group if unit == "kv" else None
+        chosen += resampled_sets(heads, ks, rank_resamples, seed, resample=resample, group=by_kv)
+    conds = conditions(chosen, op, keys)
 
     ref_path = None
     if op == "mean":
@@ -367,8 +405,9 @@ def sweep(
             "sets": list(sets),
             "op": op,
             "keys": keys,
-            "seeds": list(range(seeds)) if seeded else [],
+            "seeds": (draws.AUTO if auto else list(range(seeds))) if seeded else [],
             "seed": seed,
+            "task": task,
             "random_from": random_from,
             "reference": str(ref_path.resolve()) if ref_path else None,
             "reference_sha256": file_hash(ref_path) if ref_path else None,
@@ -384,17 +423,23 @@ def sweep(
             settings["stable_p"] = stable_p
         if unit == "kv":
             settings["granularity"] = unit
+        if auto and seeded:
+            settings.update(control_width=control_width, max_draws=max_draws)
         run = Run(out, "ablate", settings, argv, dist=current(), device=m.device)
         if warning and run.dist.main:
             run.manifest.setdefault("warnings", [])
             if warning not in run.manifest["warnings"]:
                 run.manifest["warnings"].append(warning)
-        if run.dist.main:
+
+    def record_sets() -> None:
+        if run is not None and run.dist.main:
             write_json(
                 run.path / "headsets.json",
                 [{"name": c.name, **c.ablation.to_dict()} for c in conds],
                 root=run.path,
             )
+
+    record_sets()
 
     means = None
     if op == "mean":
@@ -425,7 +470,7 @@ def sweep(
             prepared.layout.omega(sample.targets, sample=sample.id)  # bad targets fail here, not mid-sweep
         answers: dict[tuple, str] = {}  # equal head sets share one generation
         for c in conds:
-            if f"{c.name}|{sample.id}" in done:
+            if f"{c.name}|{sample.id}" in done or f"{c.name}|{sample.id}" in have:
                 continue
             if c.ablation.heads not in answers:
                 with ablate(m, c.ablation, means=means) as ab, ab.for_sample(sample, prepared):
@@ -451,14 +496,33 @@ def sweep(
         skip_key=lambda s: f"skipped|{s.id}",
         length=partial(prompt_length, m),
     )
-    logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
-
-    ok = [r for r in logged if r["status"] == "ok"]
+    have: dict[str, dict] = {}  # records of earlier rounds (a run without --out keeps them only here)
     columns = ["condition", "sample", "task", "prediction", "gold", "correct"]
-    records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
-    result_table = _table(records, conds, op, keys, group, unit)
+
+    def evaluate() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
+        got = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+        have.update((r["id"], r) for r in got)
+        logged = ordered(loop, samples, have.values())
+        ok = [r for r in logged if r["status"] == "ok"]
+        records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
+        return logged, records, _table(records, conds, op, keys, group, unit)
+
+    logged, records, result_table = evaluate()
+    # --seeds auto: more draws, a batch at a time, for every control still wider than the target. Each
+    # choice follows from the logged answers, so a resumed run draws the same sets.
+    found = draws.controls(result_table, "k", control_width, max_draws, auto)
+    while any(c.stopped == "more" for c in found):
+        batch = [hs for c in found for hs in drawn([c.k], [c.kind], draws.more(c, max_draws))]
+        if not batch:
+            break  # nothing left to draw (cannot happen while `more` and `status` agree on the cap)
+        conds.extend(Condition.of(hs, op, keys) for hs in batch)
+        record_sets()
+        logged, records, result_table = evaluate()
+        found = draws.controls(result_table, "k", control_width, max_draws, auto)
     names = {(c.kind, c.k, c.seed): c.name for c in conds}
-    summary = _summary(result_table, records, names, seed)
+    stopped = {(c.kind, c.k): c.stopped for c in found}
+    summary = _summary(result_table, records, names, seed, stopped=stopped)
+    summary.insert(0, "task", task)
     resampled = None
     if rank_resamples:
         sets = ((c.k, c.ablation.heads) for c in conds if c.kind == RESAMPLED)
@@ -466,6 +530,7 @@ def sweep(
     if run and not run.dist.main:
         run.finish()
     elif run:
+        run.manifest["controls"] = draws.manifest(found, task, control_width, max_draws, auto)
         run.table(records, "records.parquet")
         run.table(result_table, "ablation.csv")
         run.table(summary, "ablation_summary.csv")
@@ -481,6 +546,9 @@ def sweep(
         )
         n_skipped = sum(1 for r in logged if r["status"] == "skipped")
         run.finish(samples=len(samples), conditions=len(conds), skipped=n_skipped)
+    if run is None or run.dist.main:
+        for c in found:
+            print(f"ablate: {task}: {c.line(control_width, max_draws)}", file=sys.stderr)
     return Sweep(result_table, summary, records, resampled)
 
 

@@ -18,6 +18,7 @@ is logged before the next starts.
 from __future__ import annotations
 
 import statistics
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,18 +31,19 @@ import torch
 from corelens.attention.hybrid import DECODES, HybridPolicy, hybrid
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
 from corelens.choices import ADAPTIVE, HYBRID_SET_KINDS
-from corelens.data.sample import Limits, Sample, read_samples
+from corelens.data.sample import Limits, Sample, read_samples, task_of
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.ablate import rank_manifest, read_heads, resampled_sets, same_file_warning
+from corelens.experiments.ablate import _summary, rank_manifest, read_heads, resampled_sets, same_file_warning
 from corelens.experiments.evaluate import interval, score
+from corelens.metrics import draws
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
 from corelens.metrics.kvheads import expand, granularity_of, group_size, shares
 from corelens.metrics.uncertainty import RESAMPLED, resampled_summary
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.runs import Run, current, file_hash, model_data_settings, write_json
-from corelens.runs.driver import Loop, drive, prompt_lengths
+from corelens.runs.driver import Loop, drive, ordered, prompt_lengths
 
 DENSE = "dense"
 SETS = ("top", "random", "bottom")
@@ -85,7 +87,7 @@ def conditions(
     table: pd.DataFrame,
     keeps: Sequence[str],
     sets: Sequence[str],
-    seeds: int,
+    seeds: int | Sequence[int],
     seed: int,
     sink: int,
     window: int,
@@ -93,25 +95,31 @@ def conditions(
     resampled: Sequence[HeadSet] = (),
     stable_p: float = STABLE_P,
     group: int = 1,
+    task: str | None = None,
 ) -> list[Condition]:
-    """Return the dense baseline, one hybrid condition per (kept fraction, set, seed), then the `resampled` sets.
+    """Return the dense baseline, one hybrid condition per (kept fraction, set, draw), then the `resampled` sets.
+
+    Seeded sets are drawn `seeds` times (draws 0..seeds-1), or once per draw index of a sequence, for `task`.
 
     A KV-head table (`corelens.metrics.kvheads`) picks KV heads: `keep` counts them, and the policy keeps all
     `group` query heads of each full.
     """
     kv = granularity_of(table) == "kv"
     out = [Condition(DENSE, DENSE, "100%", None, None)]
+    which = range(seeds) if isinstance(seeds, int) else list(seeds)
     for keep in keeps:
         for kind in sets:
-            for draw in range(seeds) if kind in SEEDED else [None]:
-                # Seeded draws are seeded by (base seed, kind, count, draw), as in the ablation sweep.
+            for draw in which if kind in SEEDED else [None]:
+                # Seeded by (base seed, task, kind, count, draw), as in the ablation sweep.
                 count = k_count(keep, len(table))
                 # The adaptive set keeps the top-k set's count in each layer; its heads are chosen per prompt.
                 chosen = "top" if kind == ADAPTIVE else kind
                 heads = select(
-                    table, chosen, count, draw, base_seed=seed, random_from=random_from, p=stable_p
+                    table, chosen, count, draw, base_seed=seed, random_from=random_from, p=stable_p, task=task
                 )
                 source = {"keep": keep, "kind": kind, "seed": draw, "base_seed": seed}
+                if task is not None and kind in SEEDED:
+                    source["task"] = task
                 if kind == "random":
                     source["random_from"] = random_from
                 if kv:
@@ -256,6 +264,7 @@ class HybridCurve:
     window: int
     median_tokens: float
     resampled: pd.DataFrame | None = None
+    summary: pd.DataFrame | None = None  # per (set, keep): mean over draws, two-level interval, draws
 
 
 def curve(
@@ -265,9 +274,11 @@ def curve(
     *,
     keeps: str | Sequence[str] = ("5%", "10%", "20%", "50%"),
     sets: Sequence[str] = SETS,
-    seeds: int = 3,
+    seeds: int | str = draws.AUTO,
     seed: int = 0,
     random_from: str = "all",
+    control_width: float = draws.WIDTH,
+    max_draws: int = draws.MAX_DRAWS,
     sink: str | int = 128,
     window: str | int = 1024,
     decode: str = "full",
@@ -295,6 +306,9 @@ def curve(
     summed) and keeps all their query heads full; None: the table's own (docs/methods.md#kv-heads).
     `kernel` / `dense_below`: the prefill kernel and the partitioned kernel's crossover; `hybrid.csv`'s
     `dense_prefills` is the share of layer prefills the crossover ran dense, the manifest's `prefill` the totals.
+    `seeds`, `control_width`, `max_draws`: the draws of random / layer-matched sets, seeded for the data's task
+    (`task_of`), as in `corelens.experiments.ablate.sweep`; `hybrid_summary.csv` holds each set's mean over
+    draws with the two-level interval.
     """
     keeps = parse_k(keeps)
     if decode not in DECODES:
@@ -304,6 +318,8 @@ def curve(
         raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
     if ADAPTIVE in sets and decode != "full":
         raise CorelensError("the adaptive set decodes with full attention: use --decode full")
+    draws.check(seeds, control_width, max_draws)
+    auto = seeds == draws.AUTO
     table = read_heads(heads, m, granularity)
     unit = granularity_of(table)
     if ADAPTIVE in sets and unit == "kv":
@@ -319,6 +335,8 @@ def curve(
         raise InputError(
             f"{len(missing)} sample(s) have no answer to score against", file=str(data), sample=missing[0]
         )
+    task = task_of(samples, data)
+    drawn_kinds = [s for s in sets if s in SEEDED]
 
     dist = current()
     run = None
@@ -332,6 +350,7 @@ def curve(
             "sets": list(sets),
             "seeds": seeds,
             "seed": seed,
+            "task": task,
             "random_from": random_from,
             "sink": str(sink),
             "window": str(window),
@@ -350,6 +369,8 @@ def curve(
             settings["granularity"] = unit
         if kernel != "auto" or dense_below != DENSE_BELOW:
             settings.update(kernel=kernel, dense_below=dense_below)
+        if auto and drawn_kinds:
+            settings.update(control_width=control_width, max_draws=max_draws)
         run = Run(out, "hybrid", settings, argv, dist=dist, device=m.device)
     # S and W may be shares of the median prompt: measure every prompt once (over all ranks, cached in the run).
     measured = prompt_lengths(samples, partial(prompt_length, m), run)
@@ -362,13 +383,20 @@ def curve(
         if rank_resamples
         else []
     )
-    conds = conditions(table, keeps, sets, seeds, seed, sink_n, window_n, random_from, drawn, stable_p, group)
+    first = draws.first_draws(seeds, max_draws)
+    conds = conditions(
+        table, keeps, sets, first, seed, sink_n, window_n, random_from, drawn, stable_p, group, task=task
+    )
     shape = (m.num_layers, m.num_heads, m.num_kv_heads)
-    if run is not None and run.dist.main:
+
+    def record_policies() -> None:
+        if run is None or not run.dist.main:
+            return
         run.manifest.update(sink_tokens=sink_n, window_tokens=window_n, median_prompt_tokens=median)
         run.manifest["granularity"] = {"granularity": unit, "query_heads_per_kv_head": group}
         if warning:
             run.manifest["warnings"] = sorted(set(run.manifest.get("warnings", [])) | {warning})
+        run.manifest["task"] = task
         write_json(
             run.path / "policies.json",
             [
@@ -378,11 +406,13 @@ def curve(
             root=run.path,
         )
 
+    record_policies()
+
     def step(sample: Sample, done: set[str]) -> Iterator[dict]:
         p = prepare(m, sample)
         answers: dict[tuple | None, tuple[str, float, Counter]] = {}  # equal full sets share one generation
         for c in conds:
-            if f"{c.name}|{sample.id}" in done:
+            if f"{c.name}|{sample.id}" in done or f"{c.name}|{sample.id}" in have:
                 continue
             full = None if c.policy is None else (c.adaptive, c.policy.full)
             if full not in answers:
@@ -421,15 +451,41 @@ def curve(
         skip_key=lambda s: f"skipped|{s.id}",
         length=lambda s: measured[s.id] or 0,
     )
-    logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
-
+    have: dict[str, dict] = {}  # records of earlier rounds (a run without --out keeps them only here)
     columns = ["condition", "sample", "task", "tokens", "prediction", "gold", "correct", "saved"]
-    ok = [r for r in logged if r.get("status") == "ok"]
-    records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
-    # The share of a record's layer prefills that the partitioned kernel's crossover ran dense (records logged
-    # before this field existed count as none).
-    records["dense_prefills"] = [_dense_share(r.get("prefill") or {}) for r in ok]
-    result = _table(records, conds, shape, sink_n, window_n, unit)
+
+    def evaluate() -> tuple[list[dict], list[dict], pd.DataFrame, pd.DataFrame]:
+        got = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+        have.update((r["id"], r) for r in got)
+        logged = ordered(loop, samples, have.values())
+        ok = [r for r in logged if r.get("status") == "ok"]
+        records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
+        # The share of a record's layer prefills that the partitioned kernel's crossover ran dense (records
+        # logged before this field existed count as none).
+        records["dense_prefills"] = [_dense_share(r.get("prefill") or {}) for r in ok]
+        return logged, ok, records, _table(records, conds, shape, sink_n, window_n, unit)
+
+    logged, ok, records, result = evaluate()
+    # --seeds auto: a batch more draws for each control still wider than the target (see ablate.sweep).
+    found = draws.controls(result, "keep", control_width, max_draws, auto)
+    while any(c.stopped == "more" for c in found):
+        added = 0
+        for c in found:
+            batch = conditions(
+                table, [c.k], [c.kind], draws.more(c, max_draws), seed, sink_n, window_n, random_from,
+                (), stable_p, group, task=task,
+            )  # fmt: skip
+            conds.extend(batch[1:])  # less the dense baseline each call starts with
+            added += len(batch) - 1
+        if not added:
+            break  # nothing left to draw (cannot happen while `more` and `status` agree on the cap)
+        record_policies()
+        logged, ok, records, result = evaluate()
+        found = draws.controls(result, "keep", control_width, max_draws, auto)
+    names = {(c.kind, c.keep, c.seed): c.name for c in conds}
+    stopped = {(c.kind, c.k): c.stopped for c in found}
+    summary = _summary(result, records, names, seed, key="keep", size="full_heads", stopped=stopped)
+    summary.insert(0, "task", task)
     resampled = None
     if rank_resamples:
         sets = ((c.keep, c.policy.full) for c in conds if c.kind == RESAMPLED)
@@ -443,8 +499,10 @@ def curve(
             "dense_below": dense_below,
             "layer_prefills": dict(totals),
         }
+        run.manifest["controls"] = draws.manifest(found, task, control_width, max_draws, auto)
         run.table(records, "records.parquet")
         run.table(result, "hybrid.csv")
+        run.table(summary, "hybrid_summary.csv")
         if resampled is not None:
             run.table(resampled, "resampled.csv")
         from corelens.report.hybrid import accuracy_vs_kept
@@ -456,7 +514,10 @@ def curve(
         )
         skips = sum(1 for r in logged if r.get("status") == "skipped")
         run.finish(samples=len(samples), conditions=len(conds), skipped=skips)
-    return HybridCurve(result, records, sink_n, window_n, median, resampled)
+    if run is None or run.dist.main:
+        for c in found:
+            print(f"hybrid: {task}: {c.line(control_width, max_draws)}", file=sys.stderr)
+    return HybridCurve(result, records, sink_n, window_n, median, resampled, summary)
 
 
 def _dense_share(prefill: dict) -> float:

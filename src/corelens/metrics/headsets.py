@@ -1,7 +1,10 @@
 """Head sets of equal size from a head table (docs/methods.md#interventions): top-k, bottom-k, random-k, layer-matched random.
 
 `k` is a count ("12") or a share of all L x H query heads ("5%", or a fraction like "0.05"); a share rounds to
-the nearest count, at least 1. Random draws are deterministic: seeded by (base seed, set, count, seed).
+the nearest count, at least 1. Random draws are deterministic: seeded by (base seed, task, set, count, draw),
+so that every task and every run seed gets its own draws; the task enters as `task_seed` (a sha256 of its name,
+the same in every process). The sweeps pass the task of their data (`corelens.data.sample.task_of`); without a
+task (the Python API's default) the draws are seeded by (base seed, set, count, draw).
 
 - random-k is drawn from all heads (docs/methods.md#interventions), so that it may contain CoRe heads as often as chance says;
   `random_from="non-top"` draws outside the top-k set instead (where fewer than k heads are outside it, the
@@ -18,6 +21,7 @@ The optional "stable" set is not of equal size: the heads whose bootstrap probab
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -116,8 +120,20 @@ def _ordered(table: pd.DataFrame) -> list[Head]:
     return list(zip(best["layer"].astype(int), best["head"].astype(int)))
 
 
-def _rng(seed: int, kind: str, count: int, draw: int) -> np.random.Generator:
-    return np.random.default_rng([seed, SETS.index(kind), count, draw])
+def task_seed(task: str) -> int:
+    """Return a task name as a stable 64-bit integer (sha256; Python's hash() differs between processes).
+
+    Examples:
+        >>> task_seed("image") == task_seed("image") != task_seed("video")
+        True
+    """
+    return int.from_bytes(hashlib.sha256(task.encode("utf-8")).digest()[:8], "big")
+
+
+def _rng(seed: int, kind: str, count: int, draw: int, task: str | None = None) -> np.random.Generator:
+    # The task enters the seed so that two tasks (or two runs with other seeds) never share their draws.
+    key = [seed, SETS.index(kind), count, draw]
+    return np.random.default_rng(key if task is None else [seed, task_seed(task), *key[1:]])
 
 
 def stable(table: pd.DataFrame, count: int, p: float = STABLE_P) -> tuple[Head, ...]:
@@ -140,11 +156,13 @@ def select(
     base_seed: int = 0,
     random_from: str = "all",
     p: float = STABLE_P,
+    task: str | None = None,
 ) -> tuple[Head, ...]:
     """Return up to `count` heads of `kind` from a head table (rank 1 = best); seeded kinds need `seed`.
 
     top / bottom / random from all heads hold exactly `count`; layer-matched and random from non-top heads
     may hold fewer (see the module docstring). Kind "stable" returns the heads with P(top-`count`) >= `p`.
+    Seeded kinds draw from (`base_seed`, `task`, kind, `count`, `seed`).
 
     Examples:
         >>> table = pd.DataFrame({"layer": [0] * 4 + [1] * 4, "head": [0, 1, 2, 3] * 2,
@@ -170,7 +188,7 @@ def select(
         raise CorelensError(f"unknown head set {kind!r}; expected one of {SETS}")
     if seed is None:
         raise CorelensError(f"head set {kind!r} needs a seed")
-    rng = _rng(base_seed, kind, count, seed)
+    rng = _rng(base_seed, kind, count, seed, task)
     top_set = set(top)
     rest = [h for h in sorted(order) if h not in top_set]
     if kind == "random":
@@ -190,13 +208,15 @@ def head_sets(
     table: pd.DataFrame,
     ks: Sequence[str],
     kinds: Sequence[str] = SETS,
-    seeds: int = 5,
+    seeds: int | Sequence[int] = 5,
     *,
     base_seed: int = 0,
     random_from: str = "all",
     stable_p: float = STABLE_P,
+    task: str | None = None,
 ) -> list[HeadSet]:
-    """Return every head set of the sweep: for each k, each kind (seeded kinds once per seed 0..seeds-1).
+    """Return every head set of the sweep: for each k, each kind (seeded kinds once per draw 0..seeds-1, or
+    once per draw index of a sequence: the later batches of `--seeds auto`), drawn for `task`.
 
     Examples:
         >>> table = pd.DataFrame({"layer": [0] * 4 + [1] * 4, "head": [0, 1, 2, 3] * 2,
@@ -214,14 +234,22 @@ def head_sets(
     if unknown:
         raise CorelensError(f"unknown head set(s) {unknown}; expected some of {SETS + OPTIONAL}")
     total = len(table)
+    draws = range(seeds) if isinstance(seeds, int) else list(seeds)
     out = []
     for k in ks:
         count = k_count(k, total)
         top = set(select(table, "top", count))
         for kind in kinds:
-            for seed in range(seeds) if kind in SEEDED else [None]:
+            for seed in draws if kind in SEEDED else [None]:
                 heads = select(
-                    table, kind, count, seed, base_seed=base_seed, random_from=random_from, p=stable_p
+                    table,
+                    kind,
+                    count,
+                    seed,
+                    base_seed=base_seed,
+                    random_from=random_from,
+                    p=stable_p,
+                    task=task,
                 )
                 out.append(HeadSet(kind, str(k), count, seed, heads, len(top & set(heads))))
     return out
