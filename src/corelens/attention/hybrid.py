@@ -9,8 +9,8 @@ activates it on one model for the duration of a `with` block:
         print(h.cache_report())            # bytes a DynamicCache would hold vs bytes held
 
 Inside the block every decoder attention call goes through the hybrid kernels (`corelens.attention.kernels`):
-a whole-prompt prefill runs the chosen kernel (`auto`: FlexAttention on CUDA, the blocked CPU path
-otherwise). Decoding follows `decode`: "full" (the default, as in the paper, which streams in prefill only)
+a whole-prompt prefill runs the chosen kernel (`auto`: the partitioned kernel on CUDA, the blocked CPU
+path otherwise). Decoding follows `decode`: "full" (the default, as in the paper, which streams in prefill only)
 runs every decoding step with the model's own attention over every cached key; "stream" runs the exact
 masked path over the keys at hand, and with `h.cache()` passed to `generate`, streaming KV heads keep only
 their sinks and window.
