@@ -392,3 +392,55 @@ def test_crossover_runs_dense_and_says_so_in_table_and_manifest(tiny_dir, tmp_pa
     table, layers, err = got["0"]
     assert table.loc["top", "dense_prefills"] == 0 and set(layers) == {"partitioned"}
     assert "ran every head dense" not in err
+
+
+def test_trimmed_decoding_steps_keep_fixed_shapes_in_a_doubling_buffer(tiny_dir, monkeypatch):
+    """The full KV heads live in a preallocated buffer: consecutive decoding steps call the attention with
+    tensors of the same shapes (the buffer written in place), until it doubles when full; no step reads a
+    tensor back to the host; every step's logits equal the dense reference's."""
+    from corelens.attention import hybrid as hybrid_module
+    from corelens.attention.hybrid import HybridHook
+    from corelens.attention.kernels import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "HEADROOM", 3)  # prompt 61 -> room for 64 positions, then 128
+    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[2]))
+    ids, mask = _prompt(67, 2, 9, seed=5)
+    policy = [(0, 0), (1, 2)]  # layer 0: KV head 0 mixed (kept), KV head 1 streams; layer 1 likewise
+    dense, _ = _forced_decoding(m, policy, ids, mask, 61, kernel="reference")
+
+    shapes, buffers = [], []
+    attend = hybrid_module.decode_attention
+
+    def recorded(query, key, value, allowed, scale):
+        shapes.append(tuple(tuple(t.shape) for t in (query, key, value, allowed)))
+        return attend(query, key, value, allowed, scale)
+
+    def guarded(fn):
+        def run(self, *args, **kwargs):
+            with pytest.MonkeyPatch.context() as patch:
+                for name in _HOST_READS:
+                    patch.setattr(torch.Tensor, name, _refuse(name))
+                out = fn(self, *args, **kwargs)
+            if isinstance(self, cache_module.HybridCacheLayer) and self.index == 0:
+                buffers.append((self.keys.data_ptr(), self.capacity))
+            return out
+
+        return run
+
+    monkeypatch.setattr(hybrid_module, "decode_attention", recorded)
+    monkeypatch.setattr(
+        cache_module.HybridCacheLayer,
+        "_update_trimmed",
+        guarded(cache_module.HybridCacheLayer._update_trimmed),
+    )
+    monkeypatch.setattr(HybridHook, "_trimmed", guarded(HybridHook._trimmed))
+    trimmed, h = _forced_decoding(m, policy, ids, mask, 61)
+    assert h.stats["trimmed"] == 6 * m.num_layers
+    assert (trimmed - dense).abs().max().item() <= 1e-5  # the prefill's logits and each step's
+    per_step = len(shapes) // 6
+    steps = [shapes[i * per_step : (i + 1) * per_step] for i in range(6)]
+    assert steps[0] == steps[1] == steps[2] and steps[3] == steps[4] == steps[5]  # positions 61-63, 64-66
+    assert steps[2] != steps[3] and steps[0][0][1][2] == 64 and steps[3][0][1][2] == 128  # doubled when full
+    assert [c for _, c in buffers] == [64, 64, 64, 128, 128, 128]
+    assert len({p for p, _ in buffers[:3]}) == len({p for p, _ in buffers[3:]}) == 1  # written in place
+    assert h.cache_report()["reserved_bytes"] > 0

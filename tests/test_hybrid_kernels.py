@@ -205,9 +205,10 @@ def test_flex_block_mask_classifies_tiles_exactly(n, sink, window, block):
             assert dense[rows, cols].all()
 
 
-def test_auto_prefers_flex_on_cuda_and_falls_back(monkeypatch):
-    assert kernels.choose("auto", torch.device("cuda")) == "flex"
+def test_auto_prefers_partitioned_on_cuda_and_falls_back(monkeypatch):
+    assert kernels.choose("auto", torch.device("cuda")) == "partitioned"
     assert kernels.choose("auto", torch.device("cpu")) == "blocked"
+    assert kernels.choose("flex", torch.device("cuda")) == "flex"  # flex stays reachable by name
     with pytest.raises(ValueError, match="unknown hybrid kernel"):
         kernels.choose("fast", torch.device("cpu"))
 
@@ -223,6 +224,21 @@ def test_auto_prefers_flex_on_cuda_and_falls_back(monkeypatch):
     assert (out - reference(q, k, v, None, full, Pattern(3, 20), 0.25)).abs().max().item() <= 1e-5
     with pytest.raises(RuntimeError, match="no triton"):  # an explicit choice never falls back
         kernels.prefill("flex", q, k, v, None, full, Pattern(3, 20), 0.25)
+
+
+def test_auto_on_cuda_runs_partitioned_with_its_crossover(monkeypatch):
+    """`auto` on a CUDA tensor (the device simulated on CPU tensors) runs the partitioned kernel, and a head
+    set below the crossover runs dense."""
+    choose = kernels.choose
+    monkeypatch.setattr(kernels, "choose", lambda kind, device: choose(kind, torch.device("cuda")))
+    q, k, v, full = _inputs(1, 4, 2, 90, seed=6)
+    full = torch.tensor([True, False, False, False])
+    expected = reference(q, k, v, None, full, Pattern(3, 20), 0.25)
+    out, ran, reason = kernels.prefill("auto", q, k, v, None, full, Pattern(3, 20), 0.25)
+    assert (ran, reason) == ("partitioned", None)
+    assert (out - expected).abs().max().item() <= 1e-5
+    out, ran, _ = kernels.prefill("auto", q, k, v, None, full, Pattern(3, 20), 0.25, dense_below=100.0)
+    assert ran == "dense"
 
 
 def test_plans_scan_each_mask_object_once():

@@ -226,3 +226,59 @@ def test_bench_kernel_choices_are_the_kernels():
     hybrid = bench.choices["hybrid"]
     kernel = next(a for a in hybrid._actions if a.dest == "kernel")
     assert tuple(kernel.choices) == KERNELS
+
+
+def test_scattered_head_sets_split_into_runs_once_per_head_set():
+    # 16 query heads over 4 KV heads (0-3, 4-7, 8-11, 12-15). Full: KV heads 0, 1, 3 whole, and 8.
+    flags = (True,) * 8 + (True, False, False, False) + (True,) * 4
+    full_calls, stream_calls = part.layout(flags, 4, "cpu")
+    whole = next(c for c in full_calls if c.members == 4)
+    assert whole.q_run is None  # heads 0-7, 12-15: not one run ...
+    assert whole.runs == (part.Run(0, 8, 0, 2, 4), part.Run(12, 16, 3, 4, 4))  # ... but two, KV heads merged
+    assert [c.runs for c in stream_calls] == [()] and stream_calls[0].q_run == (9, 12)
+    assert part.layout(flags, 4, "cpu") is part.layout(flags, 4, "cpu")  # computed once per head set
+
+
+class _Copies:
+    """Counts the head copies of the partitioned kernel (`index_select`, `index_copy_`) while active."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        for owner, name in (
+            (torch.Tensor, "index_select"),
+            (torch.Tensor, "index_copy_"),
+            (torch, "index_select"),
+        ):
+            monkeypatch.setattr(owner, name, self._counted(getattr(owner, name)))
+
+    def _counted(self, fn):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("pads", [[0], [0, 37]])
+def test_scattered_sets_of_runs_copy_no_head(monkeypatch, pads):
+    """A scattered set made of contiguous runs is read as views (GQA members over their KV head, unrepeated)
+    and written in slices: no index_select / index_copy_; the output equals the rule."""
+    flags = [True, True, False, False, True, False, False, True]  # full runs 0-1, 4, 7; streaming 2-3, 5-6
+    q, k, v = inputs(len(pads), 8, 2, 190, seed=11)
+    mask = padded_mask(pads, 190) if any(pads) else None
+    copies = _Copies(monkeypatch)
+    out = partitioned(q, k, v, mask, torch.tensor(flags), Pattern(5, 30), 0.3)
+    assert copies.calls == 0
+    assert (out - literal(q, k, v, pads, flags, 5, 30, 0.3)).abs().max().item() <= 1e-12
+
+
+def test_heads_scattered_one_by_one_are_gathered_and_exact(monkeypatch):
+    """Past `MAX_RUNS` runs a call gathers its heads (one copy) instead of many small calls; still the rule."""
+    flags = [h % 2 == 0 for h in range(32)]  # 16 runs of one head per pass over 4 KV heads
+    full_calls, stream_calls = part.layout(tuple(flags), 4, "cpu")
+    assert all(c.runs == () and c.q_run is None for c in full_calls + stream_calls)
+    q, k, v = inputs(1, 32, 4, 120, dim=4, seed=12)
+    copies = _Copies(monkeypatch)
+    out = partitioned(q, k, v, None, torch.tensor(flags), Pattern(3, 25), 0.4)
+    assert copies.calls > 0
+    assert (out - literal(q, k, v, [0], flags, 3, 25, 0.4)).abs().max().item() <= 1e-12

@@ -9,8 +9,8 @@ activates it on one model for the duration of a `with` block:
         print(h.cache_report())            # bytes a DynamicCache would hold vs bytes held
 
 Inside the block every decoder attention call goes through the hybrid kernels (`corelens.attention.kernels`):
-a whole-prompt prefill runs the chosen kernel (`auto`: FlexAttention on CUDA, the blocked CPU path
-otherwise). Decoding follows `decode`: "full" (the default, as in the paper, which streams in prefill only)
+a whole-prompt prefill runs the chosen kernel (`auto`: the partitioned kernel on CUDA, the blocked CPU
+path otherwise). Decoding follows `decode`: "full" (the default, as in the paper, which streams in prefill only)
 runs every decoding step with the model's own attention over every cached key; "stream" runs the exact
 masked path over the keys at hand, and with `h.cache()` passed to `generate`, streaming KV heads keep only
 their sinks and window.
@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from corelens.attention import kernels
 from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
@@ -353,23 +354,27 @@ class HybridHook(AttentionHook):
     def _trimmed(self, index, full, layer, module, query, key, value, attention_mask, scaling=None, **_):
         """Decoding over a trimmed cache layer: full KV heads over every position, streaming ones over their slots.
 
-        Nothing is read back to the host: the head indices come from `_query_heads` (on the device), both parts
-        run in the input dtype (`decode_attention`), and the streaming part's shapes are the same every step.
+        Nothing is read back to the host: the head indices come from `_query_heads` (on the device), the query
+        positions from the layer's device counter, both parts run in the input dtype (`decode_attention`), and
+        both parts' shapes are the same every step (the full KV heads' buffer changes only when it doubles).
         """
         s = self.session
         p = s.policy
         batch, heads, q_len, _ = query.shape
         device = query.device
-        total = key.shape[2]
+        capacity = key.shape[2]  # the full KV heads' buffer; the positions seen end at the device counter
         starts = layer.starts.to(device).expand(batch)
-        q_pos = torch.arange(total - q_len, total, device=device).expand(batch, q_len)
+        q_pos = (layer.next_position - q_len + torch.arange(q_len, device=device)).expand(batch, q_len)
         model = allowed_mask(attention_mask)
         out = query.new_empty(batch, q_len, heads, value.shape[-1])
         full_q, full_flags, stream_q = self._query_heads(index, layer, full, heads, device)
 
         if len(full_q):
-            k_pos = torch.arange(total, device=device).expand(batch, total)
-            allowed = policy_allowed(full_flags, model, q_pos, k_pos, starts, p.pattern)
+            # Every key of the buffer, masked by position: the unused tail lies after every query (causal), and
+            # the model's mask (one column per position seen) is padded to the buffer with False.
+            k_pos = torch.arange(capacity, device=device).expand(batch, capacity)
+            wide = None if model is None else F.pad(model, (0, capacity - model.shape[-1]), value=False)
+            allowed = policy_allowed(full_flags, wide, q_pos, k_pos, starts, p.pattern)
             out[:, :, full_q] = decode_attention(query[:, full_q], key, value, allowed, scaling)
 
         sk, sv, pos = layer.visible

@@ -162,6 +162,8 @@ def run_decode_benchmark(
     out["hybrid_kv_bytes"] = report["hybrid_bytes"]
     out["hybrid_dense_equivalent_bytes"] = report["dense_bytes"]
     out["kv_bytes_ratio"] = report["hybrid_bytes"] / dense_bytes
+    # The full KV heads' preallocated decoding buffer past the positions held (`kernels.cache.HEADROOM`, doubling).
+    out["hybrid_reserved_kv_bytes"] = report["reserved_bytes"]
     out["hybrid_stats"] = stats
     out["torch"] = torch.__version__
     out["transformers"] = transformers.__version__

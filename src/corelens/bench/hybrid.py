@@ -5,7 +5,7 @@ default, `--device cuda --dtype bfloat16` for a GPU table, every time taken afte
 
 - **kernels** on post-RoPE-shaped random q (1, H, N, d) and un-repeated k, v (1, H_kv, N, d), realistic width
   (default 16 query heads over 2 KV heads, head_dim 128): ``sdpa`` = transformers' stock sdpa attention call;
-  ``hybrid`` = corelens' `auto` kernel (the blocked path on the CPU, FlexAttention on CUDA; ``hybrid_kernel``
+  ``hybrid`` = corelens' `auto` kernel (the blocked path on the CPU, the partitioned kernel on CUDA; ``hybrid_kernel``
   records which ran); ``flex`` = FlexAttention compiled with ``torch.compile`` on the
   same per-head block mask. For each kept fraction F, round(F H) heads (a seeded random choice) are full.
   The hybrid and flex outputs are compared (``max_abs_diff_flex``);
@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from corelens.attention.kernels import Pattern, flex, ideal_speedup, pairs, partition, prefill
+from corelens.attention.kernels import Pattern, choose, flex, ideal_speedup, pairs, partition, prefill
 from corelens.attention.kernels.flexattn import policy_block_mask
 from corelens.attention.kernels.tiles import streaming_path
 from corelens.errors import OptionError
@@ -285,7 +285,7 @@ def plan_seconds(
     policy_block_mask.cache_clear()
     flags = tuple(bool(x) for x in full.tolist())
     out = {"flex": _timed(lambda: policy_block_mask(flags, tokens, pattern, dev), device)[0]}
-    if kernel == "partitioned":
+    if choose(kernel, torch.device(device)) == "partitioned":  # `auto` on CUDA is the partitioned kernel
         for cached in (partition.layout, partition.window_block_mask, partition.sink_block_mask):
             cached.cache_clear()
 

@@ -2,12 +2,14 @@
 
 - ``reference``: the dense masked reference (every decision materialised; tests and small inputs);
 - ``blocked``: the fast CPU path (sdpa for full heads, block-batched GEMMs for streaming heads);
-- ``flex``: FlexAttention with a per-head block mask, compiled (the default for CUDA tensors);
+- ``flex``: FlexAttention with a per-head block mask, compiled (by name only; `auto` took it on CUDA before the
+  partitioned kernel);
 - ``partitioned``: the full heads through stock causal sdpa on their own heads, the streaming heads as a
   window pass and a sink pass merged by log-sum-exp (FlexAttention, one block mask shared by all heads; the
   CUDA design, exact on any device). Where a layer's head set would gain too little
   (`DENSE_BELOW`, in corelens.choices; the `dense_below` argument) it runs every head dense and reports ``dense``;
-- ``auto``: ``flex`` on CUDA, falling back to ``blocked`` (which runs on any device) if it fails; else ``blocked``.
+- ``auto``: ``partitioned`` on CUDA (with its dense crossover), falling back to ``blocked`` (which runs on any
+  device) if it fails; else ``blocked``.
 
 All take post-RoPE queries (batch, heads, n, dim) and un-repeated GQA keys/values (batch, kv_heads, n, dim) of a
 whole-prompt prefill (query i at key position i), the model's mask ((batch, 1, n, n) booleans, or None for
@@ -49,7 +51,12 @@ def choose(kind: str, device: torch.device) -> str:
         raise OptionError(f"unknown hybrid kernel {kind!r}; expected one of {KERNELS}")
     if kind != "auto":
         return kind
-    return "flex" if device.type == "cuda" else "blocked"
+    if device.type == "cuda":
+        # The CUDA path: full heads on the baseline's own sdpa backend, streaming heads as window + sink passes
+        # on one shared block mask each (flex's per-head masks and Triton dense tiles cost more; issue 28).
+        return "partitioned"
+    # Elsewhere the blocked kernel: sdpa for the full heads, the C++ band kernel / split tiles for the rest.
+    return "blocked"
 
 
 def prefill(

@@ -21,9 +21,13 @@ closes the cache, and a closed cache refuses to decode trimmed heads.
 A decoding step over a trimmed layer reads nothing back to the host: the head indices live on the cache's
 device from the trim on, the next position is a device counter (`next_position`), ring slots and sink slots
 are computed and written on the device (`index_copy_`, `scatter_`), and `decode_attention` runs in the input
-dtype. The streaming part has the same shapes at every step (S + W slots), so a CUDA graph could capture it;
-what stays dynamic is the full KV heads' length, which grows by one position per token as in transformers'
-`DynamicCache` (and the model's mask with it): capturing those needs a preallocated, masked buffer.
+dtype. The streaming part has the same shapes at every step (S + W slots). From the trim on, the full KV heads
+live in a preallocated buffer (`keys` / `values`, `capacity` positions, zeros past the positions seen) written
+in place at the device counter; `update` returns the whole buffer, and the hybrid kernel masks the unused tail
+by position (causal: every tail position lies after the step's queries). So the attention of one decoding step
+sees the same shapes step after step; the buffer doubles when full (amortised O(1) copying per token), the one
+step where shapes change. The model's own mask still grows by one column per token (transformers builds it
+outside the cache); the kernel pads it to the buffer (`HybridHook._trimmed`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
 from corelens.errors import CorelensError
+
+# Positions of headroom the full KV heads' buffer gets at the trim, before its first doubling.
+HEADROOM = 256
 
 
 class HybridCacheLayer(DynamicLayer):
@@ -130,9 +137,21 @@ class HybridCacheLayer(DynamicLayer):
             self._trim()
 
     def nbytes(self) -> int:
-        """Return the bytes this layer holds (keys, values, slot positions)."""
-        tensors = (self.keys, self.values, self.skeys, self.svalues, self.positions)
+        """Return the bytes this layer holds for its positions (keys, values, slot positions); the unused
+        tail of a trimmed layer's buffer is `reserved_nbytes`."""
+        held = [self.keys, self.values]
+        if self.trimmed:  # the positions seen, not the buffer's headroom
+            held = [t[:, :, : self.cumulative_length] for t in held]
+        tensors = (*held, self.skeys, self.svalues, self.positions)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def reserved_nbytes(self) -> int:
+        """Return the bytes allocated past the positions seen (the trimmed full KV heads' headroom)."""
+        if not self.trimmed:
+            return 0
+        return sum(
+            t[:, :, self.cumulative_length :].numel() * t.element_size() for t in (self.keys, self.values)
+        )
 
     def dense_nbytes(self) -> int:
         """Return the bytes a DynamicLayer would hold for the same positions (all KV heads, all positions)."""
@@ -177,8 +196,36 @@ class HybridCacheLayer(DynamicLayer):
         self.skeys[:, :, ring] = ks[:, :, recent]
         self.svalues[:, :, ring] = vs[:, :, recent]
         self.positions[:, ring] = torch.where(recent[None] >= starts[:, None] + sink, recent[None], -1)
-        self.keys, self.values = keys.index_select(1, full), values.index_select(1, full)
+        self.keys, self.values = (
+            self._buffer(keys.index_select(1, full)),
+            self._buffer(values.index_select(1, full)),
+        )
         self.trimmed = True
+
+    @property
+    def capacity(self) -> int:
+        """Return the positions the full KV heads' buffer holds room for (after the trim)."""
+        return self.keys.shape[-2]
+
+    @staticmethod
+    def _buffer(held: torch.Tensor, room: int | None = None) -> torch.Tensor:
+        """Return `held` (batch, heads, T, dim) in a zeroed buffer of T + room positions (zeros: no NaN in the
+        masked tail, whose weights are exactly 0)."""
+        room = HEADROOM if room is None else room
+        out = held.new_zeros(*held.shape[:2], held.shape[2] + room, held.shape[3])
+        out[:, :, : held.shape[2]] = held
+        return out
+
+    def _reserve(self, needed: int) -> None:
+        """Double the full KV heads' buffer until it holds `needed` positions (host ints: no device read).
+
+        Doubling keeps the copying amortised O(1) per token; only the step that doubles changes shapes.
+        """
+        while self.capacity < needed:
+            self.keys, self.values = (
+                self._buffer(self.keys, self.capacity),
+                self._buffer(self.values, self.capacity),
+            )
 
     def _write(self, ks: torch.Tensor, vs: torch.Tensor) -> None:
         """Store the step's new positions (keys (batch, streaming, q, dim)) in the ring and the sink slots.
@@ -224,8 +271,10 @@ class HybridCacheLayer(DynamicLayer):
         first = self.cumulative_length
         q = key_states.shape[-2]
         ks, vs = key_states.index_select(1, stream), value_states.index_select(1, stream)
-        self.keys = torch.cat([self.keys, key_states.index_select(1, full)], dim=-2)
-        self.values = torch.cat([self.values, value_states.index_select(1, full)], dim=-2)
+        self._reserve(first + q)
+        at = self.next_position + torch.arange(q, device=device)  # the device counter: no host offset
+        self.keys.index_copy_(2, at, key_states.index_select(1, full))
+        self.values.index_copy_(2, at, value_states.index_select(1, full))
         if q == 1:  # the ring then holds exactly the window of the new query: write first, no copy
             self._write(ks, vs)
             self.visible = (self.skeys, self.svalues, self.positions)
@@ -279,11 +328,12 @@ class HybridCache(Cache):
         return sum(layer.dense_nbytes() for layer in self.layers)
 
     def report(self) -> dict[str, float]:
-        """Return dense bytes, held bytes, bytes saved and the saved fraction."""
+        """Return dense bytes, held bytes, bytes saved, the saved fraction, and the buffers' headroom."""
         dense, held = self.dense_nbytes(), self.nbytes()
         return {
             "dense_bytes": dense,
             "hybrid_bytes": held,
             "saved_bytes": dense - held,
             "saved_fraction": (dense - held) / dense if dense else 0.0,
+            "reserved_bytes": sum(layer.reserved_nbytes() for layer in self.layers),
         }

@@ -15,8 +15,15 @@ finite and the merge weight of the sinks is sigmoid(lse_sink - lse_window). The 
 analytically from block corners (no N x N evaluation) and cached per (n, pattern, device), never per layer.
 
 Heads: each pass groups its query heads by KV head; the KV heads with the same number c of members in the
-pass form one call of c x (their count) query heads over their KV heads (GQA without repeating keys). A run
-of consecutive heads is a view, any other set an `index_select` of the query heads (the KV heads likewise).
+pass form one call of c x (their count) query heads over their KV heads (GQA without repeating keys: each
+KV head is read once for its c members, never copied per query head). A call whose query heads are
+consecutive reads them as a view. Any other call is split, once per head set (`Call.runs`, cached with the
+layout: the permutation of its heads into contiguous runs), into one call per maximal run of consecutive
+query heads on one KV head (whole consecutive KV heads merge into one run), each q, k, v a view and each
+output written into its slice: no copy. A copy remains only where a call would split into more than
+`MAX_RUNS` runs (heads scattered one by one): there one `index_select` of the query heads (O(n d) per head,
+against the O(n^2 d) attention) and of the KV heads replaces many small launches (and, for the streaming
+pass, a FlexAttention compile per distinct head count), and an `index_copy_` writes the output.
 Masks: None (causal) and causal with left padding (each batch row runs from its first real token; padding
 rows output zeros); any other model mask takes the blocked kernel's exact dense path.
 """
@@ -40,6 +47,20 @@ from corelens.attention.kernels.masks import (
 )
 from corelens.attention.kernels.tiles import Padding, Plans, blocked
 
+# A call whose heads split into more runs than this gathers them instead (module docstring, "Heads").
+MAX_RUNS = 8
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive query heads [q0, q1) over consecutive KV heads [kv0, kv1), `members` per KV head: all views."""
+
+    q0: int
+    q1: int
+    kv0: int
+    kv1: int
+    members: int
+
 
 @dataclass(frozen=True)
 class Call:
@@ -50,21 +71,43 @@ class Call:
     members: int
     q_run: tuple[int, int] | None  # (first, stop) when the query heads are consecutive: read as a view
     kv_run: tuple[int, int] | None
+    # When q is not consecutive: the same heads as contiguous runs (each read in place), or () to gather.
+    runs: tuple[Run, ...] = ()
 
 
 def _run(idx: list[int]) -> tuple[int, int] | None:
     return (idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else None
 
 
-def _calls(heads: list[list[int]], device: torch.device) -> tuple[Call, ...]:
+def _split(heads: list[list[int]], kv: list[int], group: int) -> tuple[Run, ...]:
+    """Return the query heads of KV heads `kv` as maximal runs of consecutive heads, or () past `MAX_RUNS`."""
+    runs: list[Run] = []
+    for j in kv:
+        for h in heads[j]:
+            last = runs[-1] if runs else None
+            if last and last.kv1 == j + 1 and last.q1 == h:  # the next head of the same KV head's run
+                runs[-1] = Run(last.q0, h + 1, last.kv0, last.kv1, last.members + 1)
+            elif last and last.members == group and len(heads[j]) == group and last.q1 == h:
+                runs[-1] = Run(last.q0, h + group, last.kv0, j + 1, group)  # whole consecutive KV heads
+                break
+            else:
+                runs.append(Run(h, h + 1, j, j + 1, 1))
+    return tuple(runs) if len(runs) <= MAX_RUNS else ()
+
+
+def _calls(heads: list[list[int]], group: int, device: torch.device) -> tuple[Call, ...]:
     """Return the calls of one pass from its query heads per KV head (`heads[j]`: the members of KV head j)."""
     calls = []
     for count in sorted({len(m) for m in heads if m}):
         kv = [j for j, m in enumerate(heads) if len(m) == count]
         q = [h for j in kv for h in heads[j]]
+        q_run = _run(q)
         calls.append(
-            Call(torch.tensor(q, device=device), torch.tensor(kv, device=device), count, _run(q), _run(kv))
-        )
+            Call(
+                torch.tensor(q, device=device), torch.tensor(kv, device=device), count, q_run, _run(kv),
+                () if q_run else _split(heads, kv, group),
+            )
+        )  # fmt: skip
     return tuple(calls)
 
 
@@ -75,8 +118,8 @@ def layout(full: tuple[bool, ...], kv_heads: int, device: str) -> tuple[tuple[Ca
     members = [range(j * groups, (j + 1) * groups) for j in range(kv_heads)]
     dev = torch.device(device)
     return (
-        _calls([[h for h in m if full[h]] for m in members], dev),
-        _calls([[h for h in m if not full[h]] for m in members], dev),
+        _calls([[h for h in m if full[h]] for m in members], groups, dev),
+        _calls([[h for h in m if not full[h]] for m in members], groups, dev),
     )
 
 
@@ -176,26 +219,35 @@ def streaming(q, k, v, pattern: Pattern, scale: float, compiled: bool) -> torch.
     return out
 
 
+def _full(q, k, v, scale: float, members: int) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=members > 1)
+
+
+def _each(query, key, value, out, calls: tuple[Call, ...], attend) -> None:
+    """Run `attend(q, k, v, members)` for each call, on views of its runs where the layout has them."""
+    for call in calls:
+        for run in call.runs:  # a scattered set as contiguous runs: views in, slices out, no copy
+            q, k, v = query[:, run.q0 : run.q1], key[:, run.kv0 : run.kv1], value[:, run.kv0 : run.kv1]
+            out[:, :, run.q0 : run.q1] = attend(q, k, v, run.members).transpose(1, 2)
+        if call.runs:
+            continue
+        q, k, v = (
+            _take(query, call.q, call.q_run),
+            _take(key, call.kv, call.kv_run),
+            _take(value, call.kv, call.kv_run),
+        )
+        _put(out, call, attend(q, k, v, call.members))
+
+
 def _rows(
     query, key, value, out, full: tuple[bool, ...], pattern: Pattern, scale: float, compiled: bool
 ) -> None:
     """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim)."""
     full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
-    for call in full_calls:
-        q, k, v = (
-            _take(query, call.q, call.q_run),
-            _take(key, call.kv, call.kv_run),
-            _take(value, call.kv, call.kv_run),
-        )
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=call.members > 1)
-        _put(out, call, o)
-    for call in stream_calls:
-        q, k, v = (
-            _take(query, call.q, call.q_run),
-            _take(key, call.kv, call.kv_run),
-            _take(value, call.kv, call.kv_run),
-        )
-        _put(out, call, streaming(q, k, v, pattern, scale, compiled))
+    _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
+    _each(
+        query, key, value, out, stream_calls, lambda q, k, v, m: streaming(q, k, v, pattern, scale, compiled)
+    )
 
 
 def partitioned(
