@@ -174,7 +174,7 @@ def test_attention_inside_the_model_is_held_against_the_kernel_time_per_layer(re
     assert f"full heads at F=0.5: {result['hybrid_sdpa_backend']}" in bench.summary(result)
 
 
-def test_attention_timer_times_each_layer_and_unwraps_after_the_block(monkeypatch) -> None:
+def test_attention_timer_times_each_layer_and_unwraps_after_the_block() -> None:
     """Inside `timing()` every registered call of a layer is timed (here by a clock that ticks 1 s per
     reading: one second per call); after the block the registered functions are the originals again."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -183,8 +183,9 @@ def test_attention_timer_times_each_layer_and_unwraps_after_the_block(monkeypatc
     model = bench.build_decoder(layers=3, hidden=32, heads=4, kv_heads=2, intermediate=48)
     ids = bench.random_ids(24)
     clock = iter(range(10**6))
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
     timer = bench.AttentionTimer(bench.CPU)
+    # This timer's own clock: patching time.perf_counter would also tick for other threads of the process.
+    timer.clock = lambda: float(next(clock))
     with torch.no_grad(), timer.timing(("sdpa",)):
         assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not sdpa_attention_forward
         model(input_ids=ids)
