@@ -366,7 +366,15 @@ def test_report_serve_on_localhost_stops_on_ctrl_c(study, browser, tmp_path):
         "--port",
         "0",
     ]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A test run launched in the background of a non-interactive shell inherits SIGINT ignored, and Python then
+    # keeps it ignored: give the served process the default disposition, as a terminal would.
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         assert proc.stdout.readline().startswith("wrote ")
         address = re.search(r"serving (http://127\.0\.0\.1:\d+/served\.html)", proc.stdout.readline()).group(
