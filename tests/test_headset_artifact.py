@@ -166,7 +166,7 @@ def _sparsemm_load_head_score(model_type: str) -> dict:
             head_score_path = "./visual_head/head_score/llava-mistral-v1.6.json"
     elif "qwen" in model_type:
         head_score_path = "./visual_head/head_score/qwen.json"
-    else:
+    else:  # SparseMM's own answer to another model type, kept as written there
         raise NotImplementedError
     with open(head_score_path) as f:
         return json.load(f)

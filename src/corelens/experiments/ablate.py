@@ -189,6 +189,16 @@ def resampled_sets(
     return out
 
 
+def heads_settings(heads: str | Path, identified: dict) -> dict:
+    """Return the manifest settings naming a head table and the data its rank run (`rank_manifest`) used."""
+    return {
+        "heads": str(Path(heads).resolve()),
+        "heads_sha256": file_hash(heads),
+        "identified_on": identified.get("data"),
+        "identified_sha256": identified.get("data_sha256"),
+    }
+
+
 def rank_manifest(heads: str | Path) -> dict:
     """Return the settings of the rank run that wrote `heads` (empty when its manifest.json is missing)."""
     path = Path(heads).parent / "manifest.json"
@@ -397,10 +407,7 @@ def sweep(
     if out is not None:
         settings = {
             **model_data_settings(m, data),
-            "heads": str(Path(heads).resolve()),
-            "heads_sha256": file_hash(heads),
-            "identified_on": identified.get("data"),
-            "identified_sha256": identified.get("data_sha256"),
+            **heads_settings(heads, identified),
             "k": ks,
             "sets": list(sets),
             "op": op,

@@ -32,7 +32,7 @@ from corelens.attention.interventions import Ablation, ablate
 from corelens.data.sample import Limits, Sample, read_samples
 from corelens.errors import InputError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.ablate import rank_manifest, read_heads, same_file_warning
+from corelens.experiments.ablate import heads_settings, rank_manifest, read_heads, same_file_warning
 from corelens.experiments.evaluate import answer, score
 from corelens.metrics.importance import agreement, estimator_agreement, importance_table
 from corelens.metrics.posterior import few_samples
@@ -40,7 +40,7 @@ from corelens.metrics.ram import read_ram
 from corelens.metrics.stability import sample_matrix
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
-from corelens.runs import Run, current, file_hash, model_data_settings, write_json
+from corelens.runs import Run, current, model_data_settings, write_json
 from corelens.runs.driver import Loop, drive
 
 ESTIMATORS = ("exact", "attribution", "both")
@@ -213,10 +213,7 @@ def measure(
         identified = rank_manifest(heads)
         settings = {
             **model_data_settings(m, data),
-            "heads": str(Path(heads).resolve()),
-            "heads_sha256": file_hash(heads),
-            "identified_on": identified.get("data"),
-            "identified_sha256": identified.get("data_sha256"),
+            **heads_settings(heads, identified),
             "op": op,
             "keys": keys if op == "knockout" else "",
             "method": method,
