@@ -32,7 +32,8 @@ LAYERS = (
     ("layout",),
     ("data", "metrics", "runs"),
     # choices: the values options choose from and their defaults; imports nothing, read by every parser.
-    ("errors", "choices"),
+    # registry: the one registry idiom (name -> implementation) of families, kernels, readers, policies.
+    ("errors", "choices", "registry"),
 )
 RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

@@ -9,8 +9,11 @@ a mapping, filled by `FamilyInterface.register`. Each family is defined and regi
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+
+from corelens.errors import UnsupportedModelError
+from corelens.registry import Registry
 
 
 def video_as_given(frame_times: list[float] | None, fps: float | None) -> dict:
@@ -77,37 +80,17 @@ class Family:
 FIELDS = tuple(f.name for f in fields(Family))
 
 
-class FamilyInterface(MutableMapping):
+class FamilyInterface(Registry):
     """model_type -> Family, library-wide through `register`, with local overrides per instance.
 
-    Like transformers' `GeneralInterface`: `FamilyInterface.register(family)` adds a family for every
-    instance; `interface[model_type] = family` overrides it in one instance only.
+    The one registry idiom (`corelens.registry.Registry`, shaped like transformers' `GeneralInterface`):
+    `FamilyInterface.register(family)` adds a family for every instance, named by its `model_type`;
+    `interface[model_type] = family` overrides it in one instance only.
     """
 
-    _global_mapping: dict[str, Family] = {}
+    kind = "model_type"
+    error = UnsupportedModelError
 
-    def __init__(self):
-        self._local_mapping: dict[str, Family] = {}
-
-    def __getitem__(self, key: str) -> Family:
-        if key in self._local_mapping:
-            return self._local_mapping[key]
-        return self._global_mapping[key]
-
-    def __setitem__(self, key: str, value: Family) -> None:
-        self._local_mapping[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self._local_mapping[key]
-
-    def __iter__(self):
-        return iter(sorted({**self._global_mapping, **self._local_mapping}))
-
-    def __len__(self) -> int:
-        return len(self._global_mapping.keys() | self._local_mapping.keys())
-
-    @classmethod
-    def register(cls, family: Family) -> Family:
-        """Register `family` under its model type for every instance; return it."""
-        cls._global_mapping[family.model_type] = family
-        return family
+    @staticmethod
+    def name_of(family: Family) -> str:
+        return family.model_type

@@ -1,0 +1,99 @@
+"""One registry idiom: a mapping from a name to an implementation, filled by a `register` decorator.
+
+Shaped like transformers' `GeneralInterface` (the `AttentionInterface` corelens registers its attention
+function in): a subclass of `Registry` is one kind of thing (model families, hybrid kernels, dataset
+readers, ...). `Kind.register` adds an entry for every instance (library-wide); `instance[name] = impl`
+overrides it in that instance only, without touching the others. A name that is not there is refused with
+the subclass' `error`, naming the known names:
+
+    class Greeters(Registry):
+        kind = "greeter"
+
+    @Greeters.register("hello")
+    def hello(name): return f"hello {name}"
+
+    Greeters()["hello"]("you")  # 'hello you'
+    Greeters()["bye"]           # OptionError: unknown greeter 'bye'; known: hello
+
+An implementation registered without a name is named by the kind's `name_of` (default: its `__name__`;
+a `Family` is named by its `model_type`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from typing import Any, ClassVar
+
+from corelens.errors import CorelensError, OptionError
+
+
+class Registry(MutableMapping):
+    """name -> implementation; library-wide through `register`, with local overrides per instance."""
+
+    kind: ClassVar[str] = "entry"  # what an entry is, in the refusal ("unknown hybrid kernel 'x'")
+    error: ClassVar[type[CorelensError]] = OptionError  # what a missing name raises
+    _global_mapping: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # Each kind (a direct subclass) has its own library-wide mapping; a subclass of a kind shares it.
+        super().__init_subclass__(**kwargs)
+        if Registry in cls.__bases__:
+            cls._global_mapping = {}
+
+    @staticmethod
+    def name_of(impl: Any) -> str:
+        """Return the name of an implementation registered without one (a kind may say where it is)."""
+        return impl.__name__
+
+    def __init__(self) -> None:
+        self._local_mapping: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._local_mapping:
+            return self._local_mapping[name]
+        if name in self._global_mapping:
+            return self._global_mapping[name]
+        raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self) or 'none'}")
+
+    def __contains__(self, name: object) -> bool:  # without the refusal: `in` is a question, not a lookup
+        return name in self._local_mapping or name in self._global_mapping
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._local_mapping.get(name, self._global_mapping.get(name, default))
+
+    def __setitem__(self, name: str, impl: Any) -> None:
+        self._local_mapping[name] = impl
+
+    def __delitem__(self, name: str) -> None:
+        del self._local_mapping[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._global_mapping.keys() | self._local_mapping.keys()))
+
+    def __len__(self) -> int:
+        return len(self._global_mapping.keys() | self._local_mapping.keys())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)})"
+
+    @classmethod
+    def register(cls, impl_or_name: Any = None, /) -> Any:
+        """Register an implementation for every instance; usable three ways, each returning the implementation.
+
+        `@Kind.register("name")` (a decorator with a name), `@Kind.register` / `Kind.register(impl)` (the name
+        from `name_of`, or the function's `__name__` where the kind has no `name_of`).
+        """
+        if isinstance(impl_or_name, str):
+            name = impl_or_name
+            return lambda impl: cls._add(name, impl)
+        return cls._add(cls.name_of(impl_or_name), impl_or_name)
+
+    @classmethod
+    def _add(cls, name: str, impl: Any) -> Any:
+        cls._global_mapping[name] = impl
+        return impl
+
+    @classmethod
+    def unregister(cls, name: str) -> None:
+        """Remove a library-wide entry (a test's temporary registration)."""
+        cls._global_mapping.pop(name, None)
