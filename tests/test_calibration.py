@@ -20,7 +20,12 @@ import pandas as pd
 import pytest
 
 from corelens.cli import main
-from corelens.metrics.posterior import CALIBRATED_FROM, SPEARMAN_CALIBRATED_FROM, posterior_means
+from corelens.metrics.posterior import (
+    CALIBRATED_FROM,
+    SPEARMAN_CALIBRATED_FROM,
+    posterior_means,
+    shrunk_means,
+)
 from corelens.metrics.stability import spearman_interval, spearman_rows
 from corelens.metrics.uncertainty import LEVEL, boot_counts, bootstrap_heads, rank_bounds, ranks_of
 from corelens.organism import organism_path
@@ -115,6 +120,7 @@ def intervals(x: np.ndarray, seed: int, old: bool = False) -> dict[str, np.ndarr
         else:
             draws = posterior_means(block, DRAWS, seed + start)
         drawn_ranks = ranks_of(draws)
+        top_ranks = drawn_ranks if old else ranks_of(shrunk_means(draws, block))
         if old:
             low = np.quantile(drawn_ranks, tail, axis=-2, method="lower")
             high = np.quantile(drawn_ranks, 1 - tail, axis=-2, method="higher")
@@ -126,7 +132,7 @@ def intervals(x: np.ndarray, seed: int, old: bool = False) -> dict[str, np.ndarr
                 "mass_high": np.quantile(draws, 1 - tail, axis=-2),
                 "rank_low": low,
                 "rank_high": high,
-                "p": np.stack([(drawn_ranks <= k).mean(-2) for k in COUNTS], axis=-1),
+                "p": np.stack([(top_ranks <= k).mean(-2) for k in COUNTS], axis=-1),
             }
         )
     return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}

@@ -17,7 +17,7 @@ import pandas as pd
 from scipy import stats
 
 from corelens.errors import CorelensError
-from corelens.metrics.posterior import posterior_means
+from corelens.metrics.posterior import posterior_means, shrunk_means
 from corelens.metrics.ram import head_table
 from corelens.metrics.stability import sample_matrix
 
@@ -108,7 +108,6 @@ def bootstrap_heads(
     if len(matrix) == 0:
         return table
     means = posterior_means(matrix, n_boot, seed)
-    ranks = ranks_of(means)
     tail = (1 - level) / 2
     grid = table.sort_values(["layer", "head"]).index  # table row of each matrix column
     low, high = rank_bounds(means, table.loc[grid, "rank"].to_numpy(), level)
@@ -118,8 +117,9 @@ def bootstrap_heads(
         "rank_low": low,
         "rank_high": high,
     }
+    shrunk = ranks_of(shrunk_means(means, matrix))  # P(top-k) from the empirical-Bayes draws
     for count in sorted(set(counts)):
-        extra[p_column(count)] = (ranks <= count).mean(axis=0)
+        extra[p_column(count)] = (shrunk <= count).mean(axis=0)
     for column, values in extra.items():
         table.loc[grid, column] = values
     return table.astype({"rank_low": int, "rank_high": int})
