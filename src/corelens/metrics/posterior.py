@@ -108,7 +108,9 @@ def shrunk_means(draws: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     edges = low + (np.maximum(high - low, 1e-12)) * np.linspace(0.0, 1.0, PRIOR_CELLS + 1)
     post = fit_prior(center, se, edges)  # (..., heads, cells)
     # Each draw's quantile within its head, then the posterior's cell that holds that quantile.
-    q = (np.argsort(np.argsort(np.swapaxes(draws, -1, -2), axis=-1), axis=-1) + 0.5) / total
+    order = np.argsort(np.swapaxes(draws, -1, -2), axis=-1)
+    q = np.empty(order.shape)
+    np.put_along_axis(q, order, (np.arange(total) + 0.5) / total, axis=-1)
     cdf = np.cumsum(post, -1)
     cell = _cells_at(cdf, q)  # (..., heads, draws)
     mass = np.take_along_axis(post, cell, -1)
