@@ -128,7 +128,9 @@ def _cells_at(cdf: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Return, per row, the first cell whose cumulative probability `cdf` reaches each quantile of `q`."""
     cells, rows = cdf.shape[-1], cdf.reshape(-1, cdf.shape[-1]).shape[0]
     offset = 2.0 * np.arange(rows)[:, None]  # rows apart: one sorted search over all rows at once
-    found = np.searchsorted((cdf.reshape(rows, cells) + offset).ravel(), (q.reshape(rows, -1) + offset).ravel())
+    found = np.searchsorted(
+        (cdf.reshape(rows, cells) + offset).ravel(), (q.reshape(rows, -1) + offset).ravel()
+    )
     found = found.reshape(rows, -1) - cells * np.arange(rows)[:, None]
     return np.minimum(found, cells - 1).reshape(q.shape)
 
