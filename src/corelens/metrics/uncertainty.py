@@ -2,7 +2,8 @@
 
 Every function reads the per-sample long RAM table (`metrics.ram.sample_frame`, a run's `ram.parquet`).
 Intervals and P(top-k) come from posterior draws of the per-head means (`metrics.posterior`: a Bayesian
-bootstrap with one pooled prior pseudo-sample, docs/methods.md "Ranking uncertainty"); ranking resamples and
+bootstrap with one pooled prior pseudo-sample, docs/methods.md "Ranking uncertainty"; P(top-k) after an
+empirical-Bayes shrinkage of those draws across heads); ranking resamples and
 the stability curve resample the samples themselves. A bootstrap resample is a vector of multinomial counts
 over the n samples, so the resampled per-head means of B resamples are one matrix product (B x n counts) @
 (n x heads values) / n. Ranks follow `metrics.ram.head_table`: 1 = highest mean, ties broken by (layer, head).
@@ -83,7 +84,8 @@ def bootstrap_heads(
     `n_boot` posterior draws of the per-head means (`posterior.posterior_means`: a Bayesian bootstrap with one
     pooled prior pseudo-sample, docs/methods.md#ranking-uncertainty). Columns added: `mass_low`/`mass_high`
     (the central `level` interval of the drawn means), `rank_low`/`rank_high` (`rank_bounds`; low = best) and
-    one `p_top{k}` per count: the share of draws in which the head ranks in the top k.
+    one `p_top{k}` per count: the share of the draws shrunk by `posterior.shrunk_means` (an empirical-Bayes
+    prior of the means fitted across the heads) in which the head ranks in the top k.
 
     Examples:
         >>> import corelens as cl
@@ -94,12 +96,12 @@ def bootstrap_heads(
         >>> table = bootstrap_heads(ram, [4], n_boot=200)
         >>> table[["layer", "head", "mass", "mass_low", "mass_high", "rank_low", "rank_high", "p_top4"]].head(4).round(2)
            layer  head  mass  mass_low  mass_high  rank_low  rank_high  p_top4
-        0      0     7  0.44      0.24       0.49         1          3    0.98
-        1      0     5  0.44      0.23       0.49         1          3    0.96
+        0      0     7  0.44      0.24       0.49         1          3    1.00
+        1      0     5  0.44      0.23       0.49         1          3    1.00
         2      0     6  0.25      0.12       0.39         1         15    0.72
-        3      1     0  0.16      0.05       0.29         3         17    0.24
+        3      1     0  0.16      0.05       0.29         3         17    0.26
         >>> table.loc[uncertain_heads(table), ["layer", "head"]].values.tolist()  # 0.2 < P(top-4) < 0.8
-        [[0, 6], [1, 0]]
+        [[0, 6], [1, 0], [3, 0]]
     """
     if n_boot < 1:
         raise CorelensError(f"--n-boot must be at least 1, got {n_boot}")
