@@ -2,7 +2,8 @@
 
 Every function reads the per-sample long RAM table (`metrics.ram.sample_frame`, a run's `ram.parquet`).
 Intervals and P(top-k) come from posterior draws of the per-head means (`metrics.posterior`: a Bayesian
-bootstrap with one pooled prior pseudo-sample, docs/methods.md "Ranking uncertainty"); ranking resamples and
+bootstrap with one pooled prior pseudo-sample, docs/methods.md "Ranking uncertainty"; P(top-k) after an
+empirical-Bayes shrinkage of those draws across heads); ranking resamples and
 the stability curve resample the samples themselves. A bootstrap resample is a vector of multinomial counts
 over the n samples, so the resampled per-head means of B resamples are one matrix product (B x n counts) @
 (n x heads values) / n. Ranks follow `metrics.ram.head_table`: 1 = highest mean, ties broken by (layer, head).
@@ -17,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from corelens.errors import CorelensError
-from corelens.metrics.posterior import posterior_means
+from corelens.metrics.posterior import posterior_means, shrunk_means
 from corelens.metrics.ram import head_table
 from corelens.metrics.stability import sample_matrix
 
@@ -83,7 +84,8 @@ def bootstrap_heads(
     `n_boot` posterior draws of the per-head means (`posterior.posterior_means`: a Bayesian bootstrap with one
     pooled prior pseudo-sample, docs/methods.md#ranking-uncertainty). Columns added: `mass_low`/`mass_high`
     (the central `level` interval of the drawn means), `rank_low`/`rank_high` (`rank_bounds`; low = best) and
-    one `p_top{k}` per count: the share of draws in which the head ranks in the top k.
+    one `p_top{k}` per count: the share of the draws shrunk by `posterior.shrunk_means` (an empirical-Bayes
+    prior of the means fitted across the heads) in which the head ranks in the top k.
 
     Examples:
         >>> import corelens as cl
@@ -94,12 +96,12 @@ def bootstrap_heads(
         >>> table = bootstrap_heads(ram, [4], n_boot=200)
         >>> table[["layer", "head", "mass", "mass_low", "mass_high", "rank_low", "rank_high", "p_top4"]].head(4).round(2)
            layer  head  mass  mass_low  mass_high  rank_low  rank_high  p_top4
-        0      0     7  0.44      0.24       0.49         1          3    0.98
-        1      0     5  0.44      0.23       0.49         1          3    0.96
+        0      0     7  0.44      0.24       0.49         1          3    1.00
+        1      0     5  0.44      0.23       0.49         1          3    1.00
         2      0     6  0.25      0.12       0.39         1         15    0.72
-        3      1     0  0.16      0.05       0.29         3         17    0.24
+        3      1     0  0.16      0.05       0.29         3         17    0.26
         >>> table.loc[uncertain_heads(table), ["layer", "head"]].values.tolist()  # 0.2 < P(top-4) < 0.8
-        [[0, 6], [1, 0]]
+        [[0, 6], [1, 0], [3, 0]]
     """
     if n_boot < 1:
         raise CorelensError(f"--n-boot must be at least 1, got {n_boot}")
@@ -108,7 +110,6 @@ def bootstrap_heads(
     if len(matrix) == 0:
         return table
     means = posterior_means(matrix, n_boot, seed)
-    ranks = ranks_of(means)
     tail = (1 - level) / 2
     grid = table.sort_values(["layer", "head"]).index  # table row of each matrix column
     low, high = rank_bounds(means, table.loc[grid, "rank"].to_numpy(), level)
@@ -118,8 +119,9 @@ def bootstrap_heads(
         "rank_low": low,
         "rank_high": high,
     }
+    shrunk = ranks_of(shrunk_means(means, matrix))  # P(top-k) from the empirical-Bayes draws
     for count in sorted(set(counts)):
-        extra[p_column(count)] = (ranks <= count).mean(axis=0)
+        extra[p_column(count)] = (shrunk <= count).mean(axis=0)
     for column, values in extra.items():
         table.loc[grid, column] = values
     return table.astype({"rank_low": int, "rank_high": int})
