@@ -3,7 +3,7 @@
 # answer rows for image and video, question rows for documents, as the result tables rank each task), every
 # head zeroed alone on the first EVAL_N of rank200.sh's 200 seed-3 evaluation samples (default 100; exact
 # effect and attribution patching). Writes benchmarks/organism/results/importance-<task>.csv and .json and
-# prints the Spearman of RAM and causal importance. PYTHON picks the interpreter (default .venv/bin/python);
+# docs/figures/organism-video-importance.png, and prints the Spearman of RAM and causal importance. PYTHON picks the interpreter (default .venv/bin/python);
 # TASKS="image video document" by default.
 set -euo pipefail
 PY=${PYTHON:-.venv/bin/python}
@@ -17,4 +17,5 @@ for task in $TASKS; do
     --out $OUT/importance-$task
   cp $OUT/importance-$task/importance.csv benchmarks/organism/results/importance-$task.csv
   cp $OUT/importance-$task/summary.json benchmarks/organism/results/importance-$task.json
+  if [ "$task" = video ]; then cp $OUT/importance-$task/figures/ram_vs_causal.png docs/figures/organism-video-importance.png; fi
 done
