@@ -10,8 +10,8 @@
 #           (S = 4, W = 16) on 40 seed-12 documents, each with 20 resamples; decoding full (the default)
 #           and stream (the trimmed cache, the only mode when the issue was filed).
 # The random controls are drawn per task (--seeds auto until the mean over draws is known to 0.10, at most
-# 5 draws: the budget of one shared 2-core machine); their -summary.csv gives the mean over draws with its
-# two-level interval (issue 33).
+# 10 draws: auto draws 10 before its first check, so 10 is also the least); their -summary.csv gives the
+# mean over draws with its two-level interval (issue 33).
 # Results: results/uncertainty-*.csv (ablate.sh / hybrid.sh / queries.sh keep their own CSVs).
 set -euo pipefail
 OUT=runs/uncertainty
@@ -40,7 +40,7 @@ if want ablate; then
     .venv/bin/corelens rank --model $M --data $OUT/rank8-data/$task.jsonl --query "$(query $task)" \
       --k 1,2,3,5 --overlays 0 --out $OUT/rank8-$task
     .venv/bin/corelens ablate --model $M --data $OUT/eval-data/$task.jsonl --heads $OUT/rank8-$task/heads.csv \
-      --k 1,2,3,5 --sets top,random,stable --seeds auto --control-width 0.10 --max-draws 5 --op zero \
+      --k 1,2,3,5 --sets top,random,stable --seeds auto --control-width 0.10 --max-draws 10 --op zero \
       --rank-resamples 20 --out $OUT/ablate-$task
     cp $OUT/ablate-$task/ablation.csv $RES/uncertainty-ablate-$task.csv
     cp $OUT/ablate-$task/ablation_summary.csv $RES/uncertainty-ablate-$task-summary.csv
@@ -58,7 +58,7 @@ if want hybrid; then
   rank_docs 1
   gen document $OUT/hybrid-data 60 3
   .venv/bin/corelens hybrid --model $M --data $OUT/hybrid-data/document.jsonl --heads $OUT/rank-docs-1/heads.csv \
-    --keep 1,2,3,5,8,16 --sets top,random,bottom,stable --seeds auto --control-width 0.10 --max-draws 5 --sink 4 --window 16 \
+    --keep 1,2,3,5,8,16 --sets top,random,bottom,stable --seeds auto --control-width 0.10 --max-draws 10 --sink 4 --window 16 \
     --rank-resamples 20 \
     --out $OUT/hybrid-document
   cp $OUT/hybrid-document/hybrid.csv $RES/uncertainty-hybrid-document.csv
@@ -72,7 +72,7 @@ if want case; then
     [ -f $OUT/rank-docs-$seed/heads.csv ] || rank_docs $seed
     for decode in full stream; do
       .venv/bin/corelens hybrid --model $M --data $OUT/case-data/document.jsonl --heads $OUT/rank-docs-$seed/heads.csv \
-        --keep 8 --sets top,random,bottom,stable --seeds auto --control-width 0.10 --max-draws 5 --sink 4 --window 16 \
+        --keep 8 --sets top,random,bottom,stable --seeds auto --control-width 0.10 --max-draws 10 --sink 4 --window 16 \
         --rank-resamples 20 \
         --decode $decode --out $OUT/case-rank$seed-$decode
     done
