@@ -9,6 +9,9 @@
 #   case    the issue's case: documents ranked on 24 seed-11 or 24 seed-1 samples, top-8 kept full
 #           (S = 4, W = 16) on 40 seed-12 documents, each with 20 resamples; decoding full (the default)
 #           and stream (the trimmed cache, the only mode when the issue was filed).
+# The random controls are drawn per task (--seeds auto until the mean over draws is known to 0.10, at most
+# 10 draws: auto draws 10 before its first check, so 10 is also the least); their -summary.csv gives the
+# mean over draws with its two-level interval (issue 33).
 # Results: results/uncertainty-*.csv (ablate.sh / hybrid.sh / queries.sh keep their own CSVs).
 set -euo pipefail
 OUT=runs/uncertainty
@@ -37,8 +40,10 @@ if want ablate; then
     .venv/bin/corelens rank --model $M --data $OUT/rank8-data/$task.jsonl --query "$(query $task)" \
       --k 1,2,3,5 --overlays 0 --out $OUT/rank8-$task
     .venv/bin/corelens ablate --model $M --data $OUT/eval-data/$task.jsonl --heads $OUT/rank8-$task/heads.csv \
-      --k 1,2,3,5 --sets top,random,stable --seeds 5 --op zero --rank-resamples 20 --out $OUT/ablate-$task
+      --k 1,2,3,5 --sets top,random,stable --seeds auto --control-width 0.10 --max-draws 10 --op zero \
+      --rank-resamples 20 --out $OUT/ablate-$task
     cp $OUT/ablate-$task/ablation.csv $RES/uncertainty-ablate-$task.csv
+    cp $OUT/ablate-$task/ablation_summary.csv $RES/uncertainty-ablate-$task-summary.csv
     cp $OUT/ablate-$task/resampled.csv $RES/uncertainty-ablate-$task-resampled.csv
   done
 fi
@@ -53,9 +58,11 @@ if want hybrid; then
   rank_docs 1
   gen document $OUT/hybrid-data 60 3
   .venv/bin/corelens hybrid --model $M --data $OUT/hybrid-data/document.jsonl --heads $OUT/rank-docs-1/heads.csv \
-    --keep 1,2,3,5,8,16 --sets top,random,bottom,stable --seeds 5 --sink 4 --window 16 --rank-resamples 20 \
+    --keep 1,2,3,5,8,16 --sets top,random,bottom,stable --seeds auto --control-width 0.10 --max-draws 10 --sink 4 --window 16 \
+    --rank-resamples 20 \
     --out $OUT/hybrid-document
   cp $OUT/hybrid-document/hybrid.csv $RES/uncertainty-hybrid-document.csv
+  cp $OUT/hybrid-document/hybrid_summary.csv $RES/uncertainty-hybrid-document-summary.csv
   cp $OUT/hybrid-document/resampled.csv $RES/uncertainty-hybrid-document-resampled.csv
 fi
 
@@ -65,7 +72,8 @@ if want case; then
     [ -f $OUT/rank-docs-$seed/heads.csv ] || rank_docs $seed
     for decode in full stream; do
       .venv/bin/corelens hybrid --model $M --data $OUT/case-data/document.jsonl --heads $OUT/rank-docs-$seed/heads.csv \
-        --keep 8 --sets top,random,bottom,stable --seeds 5 --sink 4 --window 16 --rank-resamples 20 \
+        --keep 8 --sets top,random,bottom,stable --seeds auto --control-width 0.10 --max-draws 10 --sink 4 --window 16 \
+        --rank-resamples 20 \
         --decode $decode --out $OUT/case-rank$seed-$decode
     done
   done
@@ -81,15 +89,17 @@ for seed, decode in ((11, "full"), (1, "full"), (11, "stream"), (1, "stream")):
     table = pd.read_csv(out / f"case-rank{seed}-{decode}" / "hybrid.csv").query("set != 'dense'")
     resampled = pd.read_csv(out / f"case-rank{seed}-{decode}" / "resampled.csv").iloc[0]
     acc = table.groupby("set")["accuracy"]
+    summary = pd.read_csv(out / f"case-rank{seed}-{decode}" / "hybrid_summary.csv").set_index("set")
+    cell = lambda s: (summary.loc[s, "accuracy"], summary.loc[s, "ci_low"], summary.loc[s, "ci_high"])  # noqa: E731
     name = lambda r: f"L{int(r['layer'])}H{int(r['head'])}"  # noqa: E731
     eighth, ninth = heads.iloc[7], heads.iloc[8]
     rows.append({
         "ranked_on": f"24 seed-{seed} documents", "decode": decode, "top8": " ".join(name(r) for _, r in heads.head(8).iterrows()),
         "rank8": name(eighth), "rank8_mass": eighth.mass, "rank8_p_top8": eighth.p_top8,
         "rank9": name(ninth), "rank9_mass": ninth.mass, "rank9_p_top8": ninth.p_top8,
-        "top": acc.mean()["top"], "random_min": acc.min()["random"], "random_max": acc.max()["random"],
-        "bottom": acc.mean()["bottom"], "stable_heads": int(table.query("set == 'stable'")["full_heads"].iloc[0]),
-        "stable": acc.mean()["stable"], "resampled_median": resampled["median"], "resampled_low": resampled["low"],
+        **{f"{s}{part}": v for s in ("top", "random", "bottom", "stable") for part, v in zip(("", "_low", "_high"), cell(s))},
+        "random_draws": int(summary.loc["random", "seeds"]), "random_min": acc.min()["random"],
+        "random_max": acc.max()["random"], "stable_heads": int(table.query("set == 'stable'")["full_heads"].iloc[0]), "resampled_median": resampled["median"], "resampled_low": resampled["low"],
         "resampled_high": resampled["high"], "resampled_distinct_sets": resampled["distinct_sets"],
     })
 frame = pd.DataFrame(rows)
