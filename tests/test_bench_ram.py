@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from corelens.bench import ram
+from corelens.bench import ram_probe as ram
 from corelens.bench.memory import PeakRSS, max_rss_mb, rss_bytes
-from corelens.bench.ram import estimate_eager_peak_mb, mrope_section, probe_sets, run_ram_benchmark
+from corelens.bench.ram_probe import estimate_eager_peak_mb, probe_sets, run_ram_benchmark
+from corelens.bench.synthetic import mrope_section
 from corelens.cli import main as cli_main
 
 TINY = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "intermediate": 256}

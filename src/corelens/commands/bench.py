@@ -54,7 +54,7 @@ def _ram_arguments(parser) -> None:
 
 def _run_ram(args) -> int:
     """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
-    from corelens.bench.ram import run_ram_benchmark, summary
+    from corelens.bench.ram_probe import run_ram_benchmark, summary
 
     result = run_ram_benchmark(
         args.tokens,
@@ -93,7 +93,7 @@ def _run_flow(args) -> int:
     """Run the benchmark with parsed options, print a summary, optionally write JSON."""
     import torch
 
-    from corelens.bench.flow import _THREADS_ENV, run_flow_benchmark
+    from corelens.bench.flow_metrics import _THREADS_ENV, run_flow_benchmark
 
     if args.threads and os.environ.get(_THREADS_ENV[0]) != str(args.threads):
         # OpenBLAS (numpy, scipy) fixes its thread count when loaded: run again with every pool set to N.
@@ -182,7 +182,7 @@ def _granularities(text: str) -> list[str]:
 
 
 def _fractions(text: str) -> list[float]:
-    from corelens.bench.hybrid import fractions
+    from corelens.bench.hybrid_kernels import fractions
 
     return fractions(text)
 
@@ -190,7 +190,7 @@ def _fractions(text: str) -> list[float]:
 def _run_hybrid(args) -> int:
     """Run the benchmark with parsed options (or, with --table, print the table of saved results)."""
     from corelens.attention.kernels import KERNELS
-    from corelens.bench.hybrid import prefill_table, run_hybrid_benchmark, summary, table
+    from corelens.bench.hybrid_kernels import prefill_table, run_hybrid_benchmark, summary, table
 
     if args.table:
         results = []

@@ -28,6 +28,7 @@ import time
 import numpy as np
 import torch
 
+from corelens.bench.synthetic import cores
 from corelens.metrics.mixing import tme
 from corelens.metrics.spectra import FP32_EPS, kept_rank, rid_terms
 
@@ -134,14 +135,6 @@ def make_states(tokens: int, hidden: int, *, seed: int = 0, sinks: int = 2) -> t
     mix = rng.standard_normal((tokens, tokens)) / np.sqrt(tokens)
     delta = 0.3 * (mix @ x) / np.sqrt(tokens) + 0.05 * rng.standard_normal((tokens, hidden)) * x.std()
     return x.astype(np.float32), (x + delta).astype(np.float32)
-
-
-def cores() -> int:
-    """Return the number of CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def run_flow_benchmark(

@@ -51,18 +51,11 @@ import torch
 from corelens.attention.kernels import Pattern, choose, flex, ideal_speedup, pairs, partition, prefill
 from corelens.attention.kernels.flexattn import policy_block_mask
 from corelens.attention.kernels.tiles import streaming_path
+from corelens.bench.synthetic import Decoder, build_model, cores, make_input_ids, sync
 from corelens.errors import OptionError
 from corelens.metrics.headsets import k_value, parse_k
 
 CPU = torch.device("cpu")
-
-
-def cores() -> int:
-    """Return the number of CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def machine() -> dict[str, Any]:
@@ -75,34 +68,6 @@ def machine() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     return info
-
-
-def build_decoder(*, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int,
-                  vocab_size: int = 1024, seed: int = 0) -> torch.nn.Module:  # fmt: skip
-    """Return a random-weight fp32 Qwen2.5-VL text decoder (deterministic in `seed`), in eval mode."""
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
-
-    import corelens.attention  # noqa: F401 - registers the "corelens" attention function
-
-    half = hidden // heads // 2
-    side = 3 * half // 8
-    config = Qwen2_5_VLTextConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1 << 17,
-        use_cache=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [half - 2 * side, side, side]},
-    )  # fmt: skip
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLTextModel(config).to(torch.float32).eval()
-    model.requires_grad_(False)
-    return model
-
-
-def random_ids(tokens: int, vocab_size: int = 1024, seed: int = 0) -> torch.Tensor:
-    """Return a random (1, tokens) prompt, deterministic in `seed`."""
-    return torch.randint(0, vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed + 1))
 
 
 def with_visual_block(ids: torch.Tensor, token: int, head: int = 16, tail: int = 64) -> torch.Tensor:
@@ -160,11 +125,6 @@ def _group(granularity: str, heads: int, kv_heads: int) -> int:
     return heads // kv_heads if granularity == "kv" else 1
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def paired(numerator: list[float], denominator: list[float]) -> float:
     """Return the median over repeats of numerator[i] / denominator[i] (times taken in the same repeat)."""
     return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
@@ -176,7 +136,7 @@ def _timed(fn, device: torch.device = CPU) -> tuple[float, Any]:
     On CUDA the time is that of CUDA events recorded around the call (the device's time, host launch gaps
     included), after a synchronisation.
     """
-    _sync(device)
+    sync(device)
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -186,7 +146,7 @@ def _timed(fn, device: torch.device = CPU) -> tuple[float, Any]:
         return start.elapsed_time(end) / 1000, out
     start = time.perf_counter()
     out = fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start, out
 
 
@@ -242,10 +202,10 @@ class AttentionTimer:
                 end.record()
                 self._calls.append((layer, start, end))
                 return out
-            _sync(self.device)
+            sync(self.device)
             begin = self.clock()
             out = fn(module, *args, **kwargs)
-            _sync(self.device)
+            sync(self.device)
             self._calls.append((layer, begin, self.clock()))
             return out
 
@@ -514,14 +474,12 @@ def prefill_times(
 
     granularities = list(granularities or [granularity])
     main = granularity if granularity in granularities else granularities[0]
-    model = build_decoder(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, intermediate=intermediate, seed=seed
-    )
-    model = model.to(device, dtype)
+    dims = Decoder(layers, hidden, heads, kv_heads, intermediate).dims()
+    model = build_model(**dims, seed=seed, device=device, dtype=dtype)
     if warm_tokens is None:
         warm_tokens = tokens if device.type == "cuda" else min(tokens, 256)
-    ids = random_ids(tokens, seed=seed).to(device)
-    warm = random_ids(warm_tokens, seed=seed).to(device)
+    ids = make_input_ids(tokens, seed=seed).to(device)
+    warm = make_input_ids(warm_tokens, seed=seed).to(device)
     if adaptive:
         # The adaptive signal reads the visual positions from the ids: give every variant the same image block.
         model.config.image_token_id = model.config.vocab_size - 1
@@ -591,13 +549,6 @@ def prefill_times(
                 seconds, (_, stats[name]) = _timed(run, device)
                 times[name].append(seconds)
                 attention[name].append(timer.collect())
-    dims = {
-        "layers": layers,
-        "hidden": hidden,
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "intermediate": intermediate,
-    }
     head_dim = hidden // heads
     dense = prefill_flops(tokens, **dims, full_heads=None, sink=sink, window=window)
     sdpa_in_model = _per_layer_median(attention["sdpa"])

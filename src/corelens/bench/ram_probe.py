@@ -29,7 +29,6 @@ import ctypes
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from typing import Any
 
 import torch
 
+from corelens.bench.synthetic import Decoder, build_model, cores, machine_info, make_input_ids, sync
+
 MB = 1 << 20
 GB = 1 << 30
 VARIANTS = ("sdpa", "probe", "eager")
@@ -46,68 +47,6 @@ EAGER_MAX_TOKENS = 16384
 EAGER_MAX_BYTES = 18 * GB
 WARMUP_TOKENS = 128
 _CHILD_FLAG = "--_memory-child"
-
-
-def cores() -> int:
-    """Return the number of CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def mrope_section(head_dim: int) -> list[int]:
-    """Return a Qwen2.5-VL mrope section (temporal, height, width) summing to head_dim / 2."""
-    half = head_dim // 2
-    side = 3 * half // 8
-    return [half - 2 * side, side, side]
-
-
-def build_model(
-    *,
-    layers: int,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    intermediate: int,
-    vocab_size: int = 1024,
-    seed: int = 0,
-    attn_implementation: str = "sdpa",
-    device: str = "cpu",
-    dtype: str = "float32",
-) -> torch.nn.Module:
-    """Build a random-weight `Qwen2_5_VLTextModel` (deterministic in `seed`) on `device` in `dtype`, eval mode."""
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
-
-    import corelens.attention  # noqa: F401 - registers the "corelens" attention function
-
-    head_dim = hidden // heads
-    config = Qwen2_5_VLTextConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=1 << 17,
-        use_cache=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope_section(head_dim)},
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    config._attn_implementation = attn_implementation
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLTextModel(config).to(device=torch.device(device), dtype=getattr(torch, dtype)).eval()
-    model.requires_grad_(False)
-    return model
-
-
-def make_input_ids(tokens: int, vocab_size: int, seed: int) -> torch.Tensor:
-    """Return a random (1, tokens) prompt, deterministic in `seed`."""
-    generator = torch.Generator().manual_seed(seed + 1)
-    return torch.randint(0, vocab_size, (1, tokens), generator=generator)
 
 
 def probe_sets(tokens: int, target_tokens: int, query_rows: int) -> dict[str, torch.Tensor]:
@@ -198,12 +137,6 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _sync(device: str) -> None:
-    """Wait for queued GPU work, so that a wall-clock reading covers it (no-op on the CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _model_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     keys = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab_size", "seed", "device", "dtype")
     return {k: spec[k] for k in keys}
@@ -224,11 +157,11 @@ def _memory_child(spec: dict[str, Any]) -> dict[str, float]:
         _trim_heap()
         if torch.device(device).type == "cuda":
             # On a GPU the activations live in device memory: the allocator's peak above what is held.
-            _sync(device)
+            sync(device)
             held = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
             result = _forward(model, variant, input_ids, spec)
-            _sync(device)
+            sync(device)
             peak_mb = (torch.cuda.max_memory_allocated(device) - held) / MB
             del result
             return {"peak_mb": peak_mb, "baseline_mb": held / MB, "peak_rss_mb": None, "maxrss_mb": None,
@@ -251,37 +184,13 @@ def measure_memory(variant: str, spec: dict[str, Any]) -> dict[str, float]:
     env = dict(os.environ)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     payload = json.dumps({**spec, "variant": variant})
-    cmd = [sys.executable, "-m", "corelens.bench.ram", _CHILD_FLAG, payload]
+    cmd = [sys.executable, "-m", "corelens.bench.ram_probe", _CHILD_FLAG, payload]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise RuntimeError(
             f"memory measurement of {variant!r} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
         )
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def machine_info() -> dict[str, Any]:
-    """Return a description of the machine: platform, CPU model, core count and total memory."""
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "cores_available": cores(),
-    }
-    if hasattr(os, "getloadavg"):
-        info["load_average"] = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews times
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-        with open("/proc/meminfo") as f:
-            info["mem_total_gb"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
-    except OSError:
-        pass
-    return info
 
 
 def _eager_mass(
@@ -318,13 +227,7 @@ def run_ram_benchmark(
     torch.set_num_threads(threads)
     if repeats is None:
         repeats = 3 if tokens <= 8192 else 1
-    dims = {
-        "layers": layers,
-        "hidden": hidden,
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "intermediate": intermediate,
-    }
+    dims = Decoder(layers, hidden, heads, kv_heads, intermediate).dims()
     estimate = estimate_eager_peak_mb(tokens, **dims, vocab_size=vocab_size)
     skipped = None
     if eager is None:
@@ -367,10 +270,10 @@ def run_ram_benchmark(
         for _ in range(repeats):
             for v in variants:
                 _use(model, v)
-                _sync(device)
+                sync(device)
                 start = time.perf_counter()
                 result = _forward(model, v, input_ids, spec)
-                _sync(device)
+                sync(device)
                 times[v].append(time.perf_counter() - start)
                 if v == "sdpa" and "sdpa" not in reference:
                     reference["sdpa"] = result["hidden"]
