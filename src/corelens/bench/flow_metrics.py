@@ -202,3 +202,12 @@ def run_flow_benchmark(
             "numpy": np.__version__,
         },
     }
+
+
+def summary(result: dict) -> str:
+    """Return the one-line summary of a result: both times, the speed-ups and the largest difference."""
+    return (
+        f"S={result['tokens']} H={result['hidden']}: direct {result['direct_s']:.2f} s, corelens "
+        f"{result['corelens_s']:.2f} s, speed-up {result['speedup']:.1f}x (CPU time {result['cpu_speedup']:.1f}x), "
+        f"max relative difference {result['max_rel_diff']:.2e}"
+    )
