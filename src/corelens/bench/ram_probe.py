@@ -60,28 +60,22 @@ def probe_sets(tokens: int, target_tokens: int, query_rows: int) -> dict[str, to
     return {"rows": rows, "omega": omega, "visual": visual}
 
 
-def estimate_eager_peak_mb(
-    tokens: int,
-    *,
-    layers: int,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    intermediate: int,
-    vocab_size: int = 1024,
-) -> float:
+def estimate_eager_peak_mb(tokens: int, decoder: Decoder, vocab_size: int = 1024) -> float:
     """Estimate the absolute peak RSS (MiB) of the eager forward with ``output_attentions=True``.
 
     The attention weights of the finished layers are kept (heads x N x N fp32 each) and the running layer
     briefly holds two such tensors (scores and their softmax), so weights take (layers + 1) of them; add
     the float causal mask (N x N), the weights and about ten N x hidden-sized activations.
     """
-    head_dim = hidden // heads
-    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * intermediate
-    params = layers * per_layer + vocab_size * hidden
-    attn = heads * tokens * tokens * 4
-    acts = tokens * (3 * intermediate + 6 * hidden) * 4
-    return ((layers + 1) * attn + tokens * tokens * 4 + params * 4 + acts) / MB + 600  # + interpreter, torch
+    d = decoder
+    head_dim = d.hidden // d.heads
+    per_layer = 2 * d.hidden * (d.heads + d.kv_heads) * head_dim + 3 * d.hidden * d.intermediate
+    params = d.layers * per_layer + vocab_size * d.hidden
+    attn = d.heads * tokens * tokens * 4
+    acts = tokens * (3 * d.intermediate + 6 * d.hidden) * 4
+    return (
+        (d.layers + 1) * attn + tokens * tokens * 4 + params * 4 + acts
+    ) / MB + 600  # + interpreter, torch
 
 
 def _mem_available_bytes() -> int | None:
@@ -227,8 +221,9 @@ def run_ram_benchmark(
     torch.set_num_threads(threads)
     if repeats is None:
         repeats = 3 if tokens <= 8192 else 1
-    dims = Decoder(layers, hidden, heads, kv_heads, intermediate).dims()
-    estimate = estimate_eager_peak_mb(tokens, **dims, vocab_size=vocab_size)
+    decoder = Decoder(layers, hidden, heads, kv_heads, intermediate)
+    dims = decoder.dims()
+    estimate = estimate_eager_peak_mb(tokens, decoder, vocab_size)
     skipped = None
     if eager is None:
         available = _mem_available_bytes()
