@@ -17,8 +17,7 @@
 #   3. the same kernel table at 128k (no prefill: the step's time goes to the kernels);
 #   4. with more than one GPU, a 2-process torchrun ranking of the organism on cuda:0 and cuda:1;
 #   5. corelens.bench.probe_decode (benchmarks/gpu_probe_decode.py): the batched RAM probe against its row-by-row
-#      form on the device and its
-#      host synchronisations per layer; trimmed-cache decoding against the dense rule, token by token;
+#      form on the device and its host synchronisations per layer; trimmed-cache decoding against the dense rule, token by token;
 #   6. bench ram at 32k (4 layers) and 128k (2 layers): probe against stock forward, time and allocator peak;
 #   7. bench decode at 64k: tokens/s and KV-cache bytes, dense cache against F = 20 % KV-granular.
 # Steps 0-4 ("prefill") and 5-7 ("probe") each fit one 8-minute device call: the time limits of a part's

@@ -6,8 +6,7 @@
    on a random-weight decoder, and the cache write and the trimmed kernel of a step never synchronise.
 
 Run as `python3 -m corelens.bench.probe_decode [--device cuda] [--tokens 8192]` (or benchmarks/gpu_probe_decode.py);
-on the CPU it runs the parity
-checks only (the sync checks need CUDA's sync debug mode; tests/ checks the CPU path by patching).
+on the CPU it runs the parity checks only (the sync checks need CUDA's sync debug mode; tests/ checks the CPU path by patching).
 """
 
 from __future__ import annotations
