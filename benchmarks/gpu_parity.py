@@ -1,6 +1,6 @@
 """GPU parity of the hybrid kernels against the mask rule written out: runs `corelens.bench.kernel_parity`.
 
-    python3 benchmarks/gpu_parity.py [--dry-run]
+python3 benchmarks/gpu_parity.py [--dry-run]
 """
 
 import runpy

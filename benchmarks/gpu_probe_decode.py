@@ -1,6 +1,6 @@
 """GPU checks of the batched RAM probe and of trimmed-cache decoding: runs `corelens.bench.probe_decode`.
 
-    python3 benchmarks/gpu_probe_decode.py [--device cuda] [--tokens 8192]
+python3 benchmarks/gpu_probe_decode.py [--device cuda] [--tokens 8192]
 """
 
 import runpy

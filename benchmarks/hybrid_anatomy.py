@@ -1,6 +1,6 @@
 """Where the hybrid CPU kernel's time goes: runs `corelens.bench.hybrid_anatomy` (about 3 minutes on 2 cores).
 
-    .venv/bin/python benchmarks/hybrid_anatomy.py
+.venv/bin/python benchmarks/hybrid_anatomy.py
 """
 
 import runpy
