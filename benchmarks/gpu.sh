@@ -5,7 +5,8 @@
 # the torch / transformers versions), in bfloat16 on cuda:0, on random-weight decoders of Qwen2.5-VL-7B's width
 # (hidden 3584, 28 query heads, 4 KV heads, head dim 128, MLP 18944):
 #   0. torch, CUDA and cuDNN versions, the GPU;
-#   1. benchmarks/gpu_parity.py: compiled flex and partitioned kernels against the mask rule written out;
+#   1. corelens.bench.kernel_parity (benchmarks/gpu_parity.py): compiled flex and partitioned kernels against
+#      the mask rule written out;
 #   2. bench hybrid --kernel partitioned at 32k and 64k: the kernel table (F = 5, 10, 20, 50 %; stock sdpa,
 #      its backend, the partitioned kernel and compiled flex, % of ideal; CUDA-event times after a warm-up at
 #      the timed length; q, k, v in the model's strided layout), the mask / plan build time per layer; the
@@ -15,8 +16,8 @@
 #      torch.compile frames compiled during the timed repeats (0 = nothing recompiled at a timed length);
 #   3. the same kernel table at 128k (no prefill: the step's time goes to the kernels);
 #   4. with more than one GPU, a 2-process torchrun ranking of the organism on cuda:0 and cuda:1;
-#   5. benchmarks/gpu_probe_decode.py: the batched RAM probe against its row-by-row form on the device and its
-#      host synchronisations per layer; trimmed-cache decoding against the dense rule, token by token;
+#   5. corelens.bench.probe_decode (benchmarks/gpu_probe_decode.py): the batched RAM probe against its row-by-row
+#      form on the device and its host synchronisations per layer; trimmed-cache decoding against the dense rule, token by token;
 #   6. bench ram at 32k (4 layers) and 128k (2 layers): probe against stock forward, time and allocator peak;
 #   7. bench decode at 64k: tokens/s and KV-cache bytes, dense cache against F = 20 % KV-granular.
 # Steps 0-4 ("prefill") and 5-7 ("probe") each fit one 8-minute device call: the time limits of a part's
@@ -63,7 +64,7 @@ print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.bac
       'transformers', transformers.__version__)
 print('GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')
 "
-step 70 parity "$py" benchmarks/gpu_parity.py "${parity[@]}"
+step 70 parity "$py" -m corelens.bench.kernel_parity "${parity[@]}"
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
 # 32k, 64k: the kernel table (3 kernels x 4 F) and the prefill at 2 F x 2 granularities; with one GPU they
 # also get the 50 s of the torchrun step, which needs two.
@@ -89,7 +90,7 @@ fi
 if [ "$part" != prefill ]; then
   if [ "${DRY:-0}" = 1 ]; then probe=(--device cpu --tokens 256) ram=(512 640) decode=512
   else probe=(--device cuda --tokens 8192) ram=(32768 131072) decode=65536; fi
-  step 80 "probe and decode parity" "$py" benchmarks/gpu_probe_decode.py "${probe[@]}"
+  step 80 "probe and decode parity" "$py" -m corelens.bench.probe_decode "${probe[@]}"
   layers=4 limit=120
   for n in "${ram[@]}"; do
     step $limit "bench ram N=$n" "$py" -m corelens bench ram "${dev[@]}" --tokens "$n" "${width[@]}" \

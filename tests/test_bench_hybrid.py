@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from corelens.bench import hybrid as bench
-from corelens.bench.hybrid import fractions, paired, prefill_flops, run_hybrid_benchmark, table
+from corelens.bench import hybrid_kernels as bench
+from corelens.bench.hybrid_kernels import fractions, paired, prefill_flops, run_hybrid_benchmark, table
 from corelens.cli import main as cli_main
 
 TINY = {"heads": 4, "kv_heads": 2, "hidden": 64, "intermediate": 96, "layers": 2}
@@ -183,8 +183,8 @@ def test_attention_timer_times_each_layer_and_unwraps_after_the_block() -> None:
     # this process) wraps the global "sdpa" registration.
     registered, local = ALL_ATTENTION_FUNCTIONS["sdpa"], "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping
 
-    model = bench.build_decoder(layers=3, hidden=32, heads=4, kv_heads=2, intermediate=48)
-    ids = bench.random_ids(24)
+    model = bench.build_model(layers=3, hidden=32, heads=4, kv_heads=2, intermediate=48)
+    ids = bench.make_input_ids(24)
     clock = iter(range(10**6))
     timer = bench.AttentionTimer(bench.CPU)
     # This timer's own clock: patching time.perf_counter would also tick for other threads of the process.

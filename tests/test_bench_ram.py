@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from corelens.bench import ram
+from corelens.bench import ram_probe as ram
 from corelens.bench.memory import PeakRSS, max_rss_mb, rss_bytes
-from corelens.bench.ram import estimate_eager_peak_mb, mrope_section, probe_sets, run_ram_benchmark
+from corelens.bench.ram_probe import estimate_eager_peak_mb, probe_sets, run_ram_benchmark
+from corelens.bench.synthetic import Decoder, mrope_section
 from corelens.cli import main as cli_main
 
 TINY = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "intermediate": 256}
@@ -36,7 +37,7 @@ def test_probe_sets_and_mrope() -> None:
     assert sets["rows"].tolist() == list(range(8160, 8192))
     assert mrope_section(128) == [16, 24, 24] and sum(mrope_section(32)) == 16
     assert (
-        estimate_eager_peak_mb(8192, layers=4, hidden=2048, heads=16, kv_heads=2, intermediate=5632)
+        estimate_eager_peak_mb(8192, Decoder(layers=4, hidden=2048, heads=16, kv_heads=2, intermediate=5632))
         > 18 * 1024
     )
 

@@ -196,7 +196,7 @@ def test_other_masks_take_the_exact_dense_path():
 
 def test_bench_hybrid_times_the_chosen_kernel(monkeypatch, capsys):
     """`corelens bench hybrid --kernel partitioned` reaches the benchmark; an unknown kernel is one error line."""
-    from corelens.bench import hybrid as bench
+    from corelens.bench import hybrid_kernels as bench
     from corelens.cli import main as cli_main
 
     seen = {}
@@ -209,7 +209,7 @@ def test_bench_hybrid_times_the_chosen_kernel(monkeypatch, capsys):
 
 
 def test_bench_kernel_times_plan_and_backend_on_model_layout():
-    from corelens.bench.hybrid import kernel_times
+    from corelens.bench.hybrid_kernels import kernel_times
 
     out = kernel_times(300, [0.25], heads=4, kv_heads=2, head_dim=8, sink=4, window=32, repeats=1, seed=0,
                        with_flex=False, kernel="partitioned")  # fmt: skip

@@ -375,7 +375,7 @@ def test_ablate_counts_kv_heads_and_ablates_their_query_heads(ranked, tmp_path):
 
 
 def test_bench_hybrid_draws_whole_kv_heads():
-    from corelens.bench import hybrid as bench
+    from corelens.bench import hybrid_kernels as bench
 
     assert bench.choose_full(8, 0.5, 3) == bench.choose_full(8, 0.5, 3, group=1)  # query draws unchanged
     for seed in range(5):

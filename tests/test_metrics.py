@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from corelens.bench.flow import direct_metrics, direct_tme, make_states
+from corelens.bench.flow_metrics import direct_metrics, direct_tme, make_states
 from corelens.metrics import erank, mixig, rid, rid_terms, singular_values, spectrum, tme
 from corelens.metrics.spectra import FP32_EPS, kept_rank
 

@@ -394,8 +394,8 @@ def test_report_serve_on_localhost_stops_on_ctrl_c(study, browser, tmp_path):
 
 def test_explorer_maps_are_quantised_and_bounded(study, tmp_path):
     from corelens.data.sample import read_samples
-    from corelens.experiments.explorer import MAX_CELLS, bound_bytes, pool, write_explorer
     from corelens.models.loaded import load
+    from corelens.report.explorer import MAX_CELLS, bound_bytes, pool, write_explorer
 
     root, runs, _, _ = study
     heads = pd.read_csv(runs[0] / "heads.csv").sort_values("rank")
@@ -426,8 +426,15 @@ def test_explorer_data_of_a_28x28_head_200_sample_run_stays_under_50_mb(tmp_path
     import base64
     import io
 
-    from corelens.experiments.explorer import ALL_SAMPLES, MAX_CELLS, PICTURE, TOP, bound_bytes
-    from corelens.report.explorer import data_script, explorer_data
+    from corelens.report.explorer import (
+        ALL_SAMPLES,
+        MAX_CELLS,
+        PICTURE,
+        TOP,
+        bound_bytes,
+        data_script,
+        explorer_data,
+    )
 
     rng = np.random.default_rng(0)
     names = [(layer, head) for layer in range(28) for head in range(28)]

@@ -1,6 +1,6 @@
 """Decoding benchmark: tokens/s and KV-cache bytes, stock dense cache against hybrid's trimmed cache.
 
-A random-weight Qwen2.5-VL text decoder (`corelens.bench.ram.build_model`, default 4 layers of width 2048,
+A random-weight Qwen2.5-VL text decoder (`corelens.bench.synthetic.build_model`, default 4 layers of width 2048,
 16 query heads over 2 KV heads) reads an N-token random prompt and then decodes `steps` tokens one at a time,
 batch 1, under `torch.no_grad()`, the next token's id given (random, the same for both sides: the decoder has
 no head to choose one):
@@ -27,15 +27,10 @@ from typing import Any
 
 import torch
 
-from corelens.bench.ram import build_model, machine_info, make_input_ids
+from corelens.bench.synthetic import Decoder, build_model, machine_info, make_input_ids, sync
 
 GRANULARITIES = ("kv", "query")
 WARMUP_TOKENS = 256
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def full_heads(layers: int, heads: int, kv_heads: int, keep: float, granularity: str, seed: int):
@@ -63,11 +58,11 @@ def _cache_bytes(cache) -> int:
 def _decode(model, ids: torch.Tensor, steps: torch.Tensor, device: torch.device, cache):
     """Prefill `ids` into `cache`, then feed `steps` one token at a time; return the decoding seconds."""
     model(input_ids=ids, cache=cache, use_cache=True)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     for t in range(steps.shape[1]):
         model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True)
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start
 
 
@@ -99,13 +94,7 @@ def run_decode_benchmark(
 
     dev = torch.device(device)
     pairs = full_heads(layers, heads, kv_heads, keep, granularity, seed)
-    dims = {
-        "layers": layers,
-        "hidden": hidden,
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "intermediate": intermediate,
-    }
+    dims = Decoder(layers, hidden, heads, kv_heads, intermediate).dims()
     times: dict[str, list[float]] = {"dense": [], "hybrid": []}
     with torch.no_grad():
         model = build_model(**dims, vocab_size=vocab_size, seed=seed, device=device, dtype=dtype)

@@ -135,7 +135,7 @@ def run_scale_benchmark(*, sizes: tuple[int, ...] = (32, 256), task: str = "docu
     The target applies at the largest size: the fixed cost of a command (a few seconds of imports and
     model load in every process) is the same at any size, and a real ranking has thousands of samples.
     """
-    from corelens.bench.ram import machine_info
+    from corelens.bench.synthetic import machine_info
 
     sizes = tuple(sorted(set(sizes)))
     with tempfile.TemporaryDirectory(prefix="corelens-scale-") as tmp:

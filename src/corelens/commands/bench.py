@@ -1,13 +1,17 @@
 """`corelens bench WHAT ...`: performance benchmarks (each times both sides in one run).
 
-The benchmark code lives in corelens.bench.*; this module holds their options and how a parsed command line
-runs them, so `corelens bench WHAT --help` and a malformed value are answered like any other command's.
-From a source tree without the `corelens` script, `python -m corelens bench WHAT ...` is the same command.
+The benchmarks are measured by corelens.bench.*; this module only parses their options and calls them: every
+option of `corelens bench WHAT` is a keyword argument of `corelens.bench.<module>.run_WHAT_benchmark` (under
+the names in RENAMED; `--no-X` is `with_X=False`), except --json (where the printed summary's result is written)
+and those that the command handles itself (`hybrid --table`, `flow --threads`). So `corelens bench WHAT --help`
+and a malformed value are answered like any other command's. From a source tree without the `corelens`
+script, `python -m corelens bench WHAT ...` is the same command.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -16,6 +20,31 @@ from pathlib import Path
 
 from corelens.commands.argtypes import checked, device, existing_path, output_file, output_path, positive
 from corelens.errors import InputError, OptionError
+
+# The benchmark's module in corelens.bench.
+MODULES = {"ram": "ram_probe", "flow": "flow_metrics", "hybrid": "hybrid_kernels", "scale": "scale",
+           "decode": "decode"}  # fmt: skip
+# Options whose keyword argument has another name.
+RENAMED = {
+    "hybrid": {
+        "keep": "keeps",
+        "prefill_keep": "prefill_keeps",
+        "prefill_granularity": "prefill_granularities",
+    },
+    "scale": {"samples": "sizes"},
+}
+# Defaults of the whole-number options (the synthetic model's shape and the benchmark's sizes).
+SIZES = {"layers": 4, "hidden": 2048, "heads": 16, "kv_heads": 2, "head_dim": 128, "intermediate": 5632,
+         "target_tokens": 1024, "query_rows": 32, "window": 1024}  # fmt: skip
+DTYPES = ("float32", "bfloat16", "float16")
+JSON_HELP = "write the results to this JSON file"
+
+
+def _sizes_of(parser, *names: str, **defaults) -> None:
+    """Add whole-number options `names` (`--kv-heads`), defaults from SIZES unless given in `defaults`."""
+    for name in names:
+        dest = name[2:].replace("-", "_")
+        parser.add_argument(name, type=positive, default=defaults.get(dest, SIZES.get(dest)))
 
 
 def _report(result: dict, line: str, path: str | Path | None) -> int:
@@ -28,50 +57,40 @@ def _report(result: dict, line: str, path: str | Path | None) -> int:
     return 0
 
 
+def _run(args, handled: tuple[str, ...] = ()) -> int:
+    """Call the benchmark `args.what` with its options; print its summary, write the JSON file if asked for."""
+    bench = importlib.import_module(f"corelens.bench.{MODULES[args.what]}")
+    renamed = RENAMED.get(args.what, {})
+    kwargs = {}
+    for dest in args.options:
+        value = getattr(args, dest)
+        if dest in ("json", *handled):  # not the benchmark's
+            continue
+        if dest.startswith("no_"):  # --no-flex: with_flex=False
+            kwargs[f"with_{dest[3:]}"] = not value
+        else:
+            kwargs[renamed.get(dest, dest)] = value
+    result = getattr(bench, f"run_{args.what}_benchmark")(**kwargs)
+    return _report(result, bench.summary(result), args.json)
+
+
 def _ram_arguments(parser) -> None:
     """Add the options of `corelens bench ram` to `parser`."""
     parser.add_argument("--tokens", type=positive, required=True, help="prompt length N")
-    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
+    parser.add_argument("--json", type=output_file, help=JSON_HELP)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--no-eager", dest="eager", action="store_false", default=None, help="skip eager")
     group.add_argument(
         "--eager", dest="eager", action="store_true", help="run eager even past the memory limit"
     )
-    parser.add_argument("--layers", type=positive, default=4)
-    parser.add_argument("--hidden", type=positive, default=2048)
-    parser.add_argument("--heads", type=positive, default=16)
-    parser.add_argument("--kv-heads", type=positive, default=2)
-    parser.add_argument("--intermediate", type=positive, default=5632)
-    parser.add_argument("--target-tokens", type=positive, default=1024)
-    parser.add_argument("--query-rows", type=positive, default=32)
+    _sizes_of(parser, "--layers", "--hidden", "--heads", "--kv-heads", "--intermediate", "--target-tokens",
+              "--query-rows")  # fmt: skip
     parser.add_argument("--repeats", type=positive, default=None, help="default: 3 up to 8192 tokens, else 1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ... (GPU peak: allocator peak)"
     )
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-
-
-def _run_ram(args) -> int:
-    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
-    from corelens.bench.ram import run_ram_benchmark, summary
-
-    result = run_ram_benchmark(
-        args.tokens,
-        layers=args.layers,
-        hidden=args.hidden,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
-        target_tokens=args.target_tokens,
-        query_rows=args.query_rows,
-        eager=args.eager,
-        seed=args.seed,
-        repeats=args.repeats,
-        device=args.device,
-        dtype=args.dtype,
-    )
-    return _report(result, summary(result), args.json)
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
 
 
 def _flow_arguments(p) -> None:
@@ -90,29 +109,21 @@ def _flow_arguments(p) -> None:
 
 
 def _run_flow(args) -> int:
-    """Run the benchmark with parsed options, print a summary, optionally write JSON."""
+    """Run the benchmark with `--threads` threads in every BLAS pool (in a new process where they differ)."""
     import torch
 
-    from corelens.bench.flow import _THREADS_ENV, run_flow_benchmark
+    from corelens.bench.flow_metrics import _THREADS_ENV
 
     if args.threads and os.environ.get(_THREADS_ENV[0]) != str(args.threads):
         # OpenBLAS (numpy, scipy) fixes its thread count when loaded: run again with every pool set to N.
         env = {**os.environ, **{k: str(args.threads) for k in _THREADS_ENV}}
-        options = ["--tokens", args.tokens, "--hidden", args.hidden, "--repeats", args.repeats, "--seed", args.seed,
-                   "--threads", args.threads, "--device", args.device] + (["--json", args.json] if args.json else [])  # fmt: skip
-        child = [sys.executable, "-m", "corelens", "bench", "flow", *map(str, options)]
+        options = [(f"--{d.replace('_', '-')}", str(getattr(args, d))) for d in args.options
+                   if getattr(args, d) is not None]  # fmt: skip
+        child = [sys.executable, "-m", "corelens", "bench", "flow", *(x for pair in options for x in pair)]
         raise SystemExit(subprocess.run(child, env=env).returncode)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = run_flow_benchmark(
-        args.tokens, args.hidden, repeats=args.repeats, seed=args.seed, device=args.device
-    )
-    line = (
-        f"S={args.tokens} H={args.hidden}: direct {result['direct_s']:.2f} s, corelens "
-        f"{result['corelens_s']:.2f} s, speed-up {result['speedup']:.1f}x (CPU time {result['cpu_speedup']:.1f}x), "
-        f"max relative difference {result['max_rel_diff']:.2e}"
-    )
-    return _report(result, line, args.json)
+    return _run(args, handled=("threads",))
 
 
 def _hybrid_arguments(parser) -> None:
@@ -129,12 +140,9 @@ def _hybrid_arguments(parser) -> None:
     )
     parser.add_argument("--keep", type=shares, default="0.2", help="kept (full) shares of heads: 0.05,10%%")
     parser.add_argument("--sink", type=int, default=128)
-    parser.add_argument("--window", type=positive, default=1024)
-    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
-    parser.add_argument("--heads", type=positive, default=16)
-    parser.add_argument("--kv-heads", type=positive, default=2)
-    parser.add_argument("--hidden", type=positive, default=2048)
-    parser.add_argument("--intermediate", type=positive, default=5632)
+    _sizes_of(parser, "--window")
+    parser.add_argument("--json", type=output_file, help=JSON_HELP)
+    _sizes_of(parser, "--heads", "--kv-heads", "--hidden", "--intermediate")
     parser.add_argument("--layers", type=positive, default=2, help="decoder layers of the prefill model")
     parser.add_argument("--repeats", type=positive, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -142,7 +150,7 @@ def _hybrid_arguments(parser) -> None:
     parser.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention")
     parser.add_argument("--no-prefill", action="store_true", help="skip the whole-decoder prefill")
     parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ...")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument(
         "--prefill-keep", type=shares, help="kept share(s) for the prefill (default: those of --keep)"
     )
@@ -182,7 +190,7 @@ def _granularities(text: str) -> list[str]:
 
 
 def _fractions(text: str) -> list[float]:
-    from corelens.bench.hybrid import fractions
+    from corelens.bench.hybrid_kernels import fractions
 
     return fractions(text)
 
@@ -190,7 +198,7 @@ def _fractions(text: str) -> list[float]:
 def _run_hybrid(args) -> int:
     """Run the benchmark with parsed options (or, with --table, print the table of saved results)."""
     from corelens.attention.kernels import KERNELS
-    from corelens.bench.hybrid import prefill_table, run_hybrid_benchmark, summary, table
+    from corelens.bench.hybrid_kernels import prefill_table, table
 
     if args.table:
         results = []
@@ -211,15 +219,7 @@ def _run_hybrid(args) -> int:
         return 0
     if args.kernel not in KERNELS:  # before any work
         raise OptionError(f"--kernel: unknown hybrid kernel {args.kernel!r}; expected one of {KERNELS}")
-    result = run_hybrid_benchmark(
-        args.tokens, args.keep, sink=args.sink, window=args.window, heads=args.heads, kv_heads=args.kv_heads,
-        hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, repeats=args.repeats,
-        seed=args.seed, with_flex=not args.no_flex, with_prefill=not args.no_prefill, threads=args.threads,
-        prefill_keeps=args.prefill_keep, device=args.device, dtype=args.dtype,
-        adaptive=args.adaptive, kernel=args.kernel, granularity=args.granularity,
-        prefill_granularities=args.prefill_granularity,
-    )  # fmt: skip
-    return _report(result, summary(result), args.json)
+    return _run(args, handled=("table",))
 
 
 def _decode_arguments(parser) -> None:
@@ -233,20 +233,15 @@ def _decode_arguments(parser) -> None:
         "--granularity", choices=("kv", "query"), default="kv", help="F counts KV or query heads"
     )
     parser.add_argument("--sink", type=int, default=128)
-    parser.add_argument("--window", type=positive, default=1024)
-    parser.add_argument("--layers", type=positive, default=4)
-    parser.add_argument("--hidden", type=positive, default=2048)
-    parser.add_argument("--heads", type=positive, default=16)
-    parser.add_argument("--kv-heads", type=positive, default=2)
-    parser.add_argument("--intermediate", type=positive, default=5632)
+    _sizes_of(parser, "--window", "--layers", "--hidden", "--heads", "--kv-heads", "--intermediate")
     parser.add_argument(
         "--kernel", choices=("auto", "blocked", "flex"), default="auto", help="hybrid prefill"
     )
     parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1 ...")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--json", type=output_file, help="write the results to this JSON file")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--json", type=output_file, help=JSON_HELP)
 
 
 def _fraction(text: str) -> float:
@@ -256,20 +251,7 @@ def _fraction(text: str) -> float:
     return shares[0]
 
 
-def _run_decode(args) -> int:
-    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
-    from corelens.bench.decode import run_decode_benchmark, summary
-
-    result = run_decode_benchmark(
-        args.tokens, keep=args.keep, granularity=args.granularity, steps=args.steps, sink=args.sink,
-        window=args.window, layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-        intermediate=args.intermediate, kernel=args.kernel, repeats=args.repeats, seed=args.seed,
-        device=args.device, dtype=args.dtype,
-    )  # fmt: skip
-    return _report(result, summary(result), args.json)
-
-
-def _sizes(text: str) -> tuple[int, ...]:
+def _samples(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
@@ -281,40 +263,23 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def _scale_arguments(p: argparse.ArgumentParser) -> None:
     """Add the options of `corelens bench scale` to `p`."""
-    p.add_argument("--samples", type=_sizes, default=(32, 256), help="run sizes, e.g. 32,256 (default)")
+    p.add_argument("--samples", type=_samples, default=(32, 256), help="run sizes, e.g. 32,256 (default)")
     p.add_argument("--task", choices=("image", "video", "document"), default="document")
     p.add_argument("--repeats", type=positive, default=2)
-    p.add_argument("--layers", type=positive, default=4)
-    p.add_argument("--hidden", type=positive, default=2048)
-    p.add_argument("--heads", type=positive, default=16)
-    p.add_argument("--kv-heads", type=positive, default=2)
-    p.add_argument("--head-dim", type=positive, default=128)
-    p.add_argument("--intermediate", type=positive, default=5632)
+    _sizes_of(p, "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--intermediate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-overhead", action="store_true", help="skip the per-sample overhead measurement")
-    p.add_argument("--json", type=output_file, help="write the results to this JSON file")
-
-
-def _run_scale(args: argparse.Namespace) -> int:
-    """Run the benchmark with parsed options; print its summary and write the JSON file, if asked for."""
-    from corelens.bench.scale import run_scale_benchmark, summary
-
-    result = run_scale_benchmark(
-        sizes=args.samples, task=args.task, repeats=args.repeats, layers=args.layers, hidden=args.hidden,
-        heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, intermediate=args.intermediate,
-        seed=args.seed, with_overhead=not args.no_overhead,
-    )  # fmt: skip
-    return _report(result, summary(result), args.json)
+    p.add_argument("--json", type=output_file, help=JSON_HELP)
 
 
 BENCHMARKS = {
-    "ram": ("RAM probe against stock sdpa and eager attention: time and peak memory", _ram_arguments, _run_ram),
+    "ram": ("RAM probe against stock sdpa and eager attention: time and peak memory", _ram_arguments, _run),
     "flow": ("RID + MixIG of one module against a direct SVD + dense implementation", _flow_arguments, _run_flow),
     "hybrid": ("hybrid attention kernels and prefill against stock sdpa and FlexAttention", _hybrid_arguments,
                _run_hybrid),
-    "scale": ("corelens rank on 1 and 2 processes, and its per-sample overhead", _scale_arguments, _run_scale),
+    "scale": ("corelens rank on 1 and 2 processes, and its per-sample overhead", _scale_arguments, _run),
     "decode": ("decoding tokens/s and KV-cache bytes: stock dense cache against hybrid's trimmed cache",
-               _decode_arguments, _run_decode),
+               _decode_arguments, _run),
 }  # fmt: skip
 
 
@@ -345,6 +310,9 @@ def register(sub) -> None:
     for name, (summary, arguments, run) in BENCHMARKS.items():
         w = what.add_parser(name, help=summary, description=summary)
         arguments(w)
+        options = []
         for action in w._actions:
             action.help = action.help or SHARED_HELP.get(action.dest)
-        w.set_defaults(func=run)
+            if action.dest != "help" and action.dest not in options:
+                options.append(action.dest)
+        w.set_defaults(func=run, options=tuple(options))

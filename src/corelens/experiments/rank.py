@@ -266,7 +266,7 @@ def rank(
     # Overlays and the explorer draw query heads' attention maps: they read the query-head table.
     by_query = ranking.heads if ranking.query_table is None else ranking.query_table
     if overlays > 0:
-        from corelens.experiments.overlay import write_overlays
+        from corelens.report.overlay import write_overlays
 
         ranked = {r["id"] for r in records}
         chosen = [s for s in samples if s.id in ranked][:overlays]
@@ -291,7 +291,7 @@ def _explorer(
     m: Loaded, samples: list[Sample], records: list[dict], heads: pd.DataFrame, run: Run, n: int, query: str
 ):
     """Store the head explorer's maps of the first `n` ranked samples and print their size and bound."""
-    from corelens.experiments.explorer import bound_bytes, write_explorer
+    from corelens.report.explorer import bound_bytes, write_explorer
 
     ranked = {r["id"] for r in records}
     chosen = [s for s in samples if s.id in ranked][:n]
