@@ -6,42 +6,34 @@ into a cache folder (`$CORELENS_CACHE`, default `~/.cache/corelens/data`) keyed 
 and modification time and the reader's options; `corelens data convert NAME:PATH --out DIR` writes it
 where you choose. A malformed record raises an error naming the file, the record and the field, or with
 `skip_bad` is skipped and listed in `skipped.jsonl` beside the converted file.
+
+A reader is one module here whose `convert` is registered with `@reader` (`common.ReaderInterface`, named
+by its module); docs/extending/reader.md is the template of a new one. The names are the modules' (known
+without importing them, so parsing `--data` imports no reader); a reader's module is imported when it runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import pkgutil
 from pathlib import Path
 
+from corelens.data.readers.common import Converted, ReaderInterface, reader
 from corelens.errors import CorelensError, OptionError
 
-
-@dataclass
-class Converted:
-    """The result of one conversion: the JSONL written, how many samples, and the records skipped."""
-
-    path: Path
-    n: int
-    skipped: list[dict] = field(default_factory=list)
+# Every module of this package but `common` is a reader of that name.
+READER_NAMES = tuple(m.name for m in pkgutil.iter_modules(__path__) if m.name != "common")
 
 
-def _readers() -> dict[str, Callable[..., Converted]]:
-    from corelens.data.readers import mmdocir, mmlongbench, refcocog, vidstg
-
-    return {
-        "refcocog": refcocog.convert,
-        "vidstg": vidstg.convert,
-        "mmlongbench": mmlongbench.convert,
-        "mmdocir": mmdocir.convert,
-    }
-
-
-READER_NAMES = ("refcocog", "vidstg", "mmlongbench", "mmdocir")
+def readers() -> ReaderInterface:
+    """Return the registry of readers, every reader module imported (so registered)."""
+    for name in READER_NAMES:
+        importlib.import_module(f"{__name__}.{name}")
+    return ReaderInterface()
 
 
 def parse_spec(spec: str) -> tuple[str, Path] | None:
@@ -54,7 +46,7 @@ def parse_spec(spec: str) -> tuple[str, Path] | None:
 
 def check_options(name: str, options: dict) -> None:
     """Raise OptionError (`--options`) for a key that reader `name` does not take, listing the keys it does."""
-    reader = _readers()[name]
+    reader = readers()[name]
     known = [
         p.name
         for p in inspect.signature(reader).parameters.values()
@@ -89,7 +81,7 @@ def convert(spec: str, out: str | Path, *, skip_bad: bool = False, **options) ->
     check_options(name, options)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = _readers()[name](source, out, skip_bad=skip_bad, **options)
+    result = readers()[name](source, out, skip_bad=skip_bad, **options)
     if result.skipped:
         with open(out / "skipped.jsonl", "w") as f:
             for record in result.skipped:
@@ -121,3 +113,17 @@ def resolve(spec: str | Path, *, skip_bad: bool = False, **options) -> Path:
     result = convert(str(spec), folder, skip_bad=skip_bad, **options)
     done.write_text(json.dumps({"path": str(result.path), "n": result.n, "skipped": len(result.skipped)}))
     return result.path
+
+
+__all__ = [
+    "READER_NAMES",
+    "Converted",
+    "ReaderInterface",
+    "cache_root",
+    "check_options",
+    "convert",
+    "parse_spec",
+    "reader",
+    "readers",
+    "resolve",
+]
