@@ -16,7 +16,7 @@ from transformers import AutoModelForImageTextToText
 
 from corelens.errors import UnsupportedModelError
 from corelens.models.families import FAMILIES, family_of
-from corelens.models.registry import FIELDS, Family, FamilyInterface
+from corelens.models.families.base import FIELDS, Family, FamilyInterface
 from corelens.models.tiny import ALL_FAMILIES, tiny_config, tiny_processor, tiny_tokenizer
 
 REQUIRED = tuple(f.name for f in fields(Family) if f.default is MISSING)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from corelens.models.families.base import register, video_as_given
 from corelens.models.families.qwen2_vl import (
-    qwen_geometry,
-    qwen_layout_of,
-    qwen_released_video_processor,
+    QWEN2_VL,
+    QWEN_GEOMETRY,
     qwen_tiny_config,
     qwen_tiny_processor,
+    rotary,
 )
-from corelens.models.registry import Family, FamilyInterface, video_as_given
-from corelens.models.tiny_parts import build_tokenizer
 
 
 def video_with_metadata(frame_times: list[float] | None, fps: float | None) -> dict:
@@ -49,25 +48,14 @@ def tiny_processor(tokenizer, **pixels):
     return qwen_tiny_processor(tokenizer, "Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor", patch=14, **pixels)
 
 
-QWEN2_5_VL = FamilyInterface.register(
-    Family(
-        model_type="qwen2_5_vl",
-        config_class="Qwen2_5_VLConfig",
-        model_class="Qwen2_5_VLForConditionalGeneration",
-        processor_class="Qwen2_5_VLProcessor",
-        layout=qwen_layout_of,
-        geometry=qwen_geometry,
-        tiny_tokenizer=build_tokenizer,
+QWEN2_5_VL = register(
+    QWEN2_VL.sibling(
+        "qwen2_5_vl",
+        "Qwen2_5_VL",
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
-        released_geometry=(
-            "vision_config.patch_size",
-            "vision_config.spatial_merge_size",
-            "vision_config.temporal_patch_size",
-            "vision_config.window_size",
-        ),
+        released_geometry=(*QWEN_GEOMETRY, "vision_config.window_size"),
         processor_kwargs=video_with_metadata,
-        released_video_processor=qwen_released_video_processor,
-        vision_rotary="transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.apply_rotary_pos_emb_vision",
+        vision_rotary=rotary("qwen2_5_vl"),
     )
 )
