@@ -1,15 +1,5 @@
 """Deprecated alias of `corelens.models.families.llava.layout` (a family is one package now); kept for one release."""
 
-import importlib
-import warnings
+from corelens.models.moved import alias
 
-warnings.warn(
-    "corelens.models.llava is deprecated; import corelens.models.families.llava.layout",
-    DeprecationWarning,
-    stacklevel=2,
-)
-_new = importlib.import_module("corelens.models.families.llava.layout")
-
-
-def __getattr__(name: str):
-    return getattr(_new, name)
+__getattr__ = alias(__name__, "corelens.models.families.llava.layout")
