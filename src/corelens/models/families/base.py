@@ -10,7 +10,7 @@ adding one package there (docs/extending/family.md).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 
 from corelens.errors import UnsupportedModelError
@@ -74,6 +74,14 @@ class Family:
     # "module.function" of the vision tower's rotary embedding, for recomputing its last block's attention
     # (the SAP `vis_attn` prior); None: the family has no such prior.
     vision_rotary: str | None = None
+    # What the docs and the generated tests read: the family's name in prose ("Qwen2-VL"); what its layout
+    # follows (docs/families.md's table); the released checkpoint whose published processor files and vision
+    # geometry are kept in tests/data/configs/<released>/ (layouts and the Ω oracle run on it); the pixels
+    # per visual-token cell on that geometry (where the oracle's token boundaries fall).
+    title: str = ""
+    layout_notes: str = ""
+    released: str | None = None
+    cell_pixels: int = 0
 
     @classmethod
     def of(cls, model_type: str, classes: str, **fields) -> Family:
@@ -105,6 +113,28 @@ class Family:
 
 
 FIELDS = tuple(f.name for f in fields(Family))
+
+
+def family_table(families: Mapping[str, Family]) -> str:
+    """Return docs/families.md's table of the supported families (generated from the registry)."""
+    rows = [
+        "| family (`model_type`) | layout vs processor | released configuration (layouts, Ω oracle) "
+        "| RAM = eager (1e-5) | stock logits | ablation | hybrid | flow / SAP |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in families:
+        f = families[name]
+        logits = "✓ (images, video)" if f.video else "✓ (images)"
+        sap = "✓" if f.vision_rotary else "✓ (SAP: no `vis_attn`)"
+        rows.append(
+            f"| {f.title} (`{name}`) | ✓ {f.layout_notes} | {f.released} | ✓ | {logits} | ✓ | ✓ | {sap} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def family_list(families: Mapping[str, Family]) -> str:
+    """Return the README's list of supported families ("Qwen2-VL, ..., InternVL3"), in registry order."""
+    return ", ".join(families[name].title for name in families)
 
 
 def _names(model_type: str, classes: str) -> dict[str, str]:

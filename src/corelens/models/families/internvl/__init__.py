@@ -105,5 +105,11 @@ INTERNVL = register(
         tiny_processor=tiny_processor,
         released_geometry=(*TOWER_GEOMETRY, "downsample_ratio", "image_seq_length"),
         released_video_processor=released_video_processor("InternVLVideoProcessor"),
+        title="InternVL3 / 3.5",
+        layout_notes=(
+            "tiles + thumbnail in `<img>` blocks, video frames; token order checked through the model's pixel shuffle"
+        ),
+        released="InternVL3-8B-hf",
+        cell_pixels=28,
     )
 )

@@ -132,5 +132,9 @@ LLAVA = register(
         tiny_processor=tiny_processor,
         released_geometry=(*TOWER_GEOMETRY,),
         processor_kwargs=None,  # images only
+        title="LLaVA-1.5",
+        layout_notes="pad / resize / centre crop",
+        released="llava-1.5-7b-hf",
+        cell_pixels=14,
     )
 )

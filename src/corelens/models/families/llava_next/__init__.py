@@ -48,5 +48,9 @@ LLAVA_NEXT = register(
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
         released_geometry=(*TOWER_GEOMETRY, "image_grid_pinpoints"),
+        title="LLaVA-NeXT",
+        layout_notes="base view + any-res grid, unpadding, row newlines",
+        released="llava-v1.6-mistral-7b-hf",
+        cell_pixels=14,
     )
 )

@@ -76,5 +76,9 @@ LLAVA_ONEVISION = register(
         processor_kwargs=video_as_given,
         released_video_processor=released_video_processor("LlavaOnevisionVideoProcessor"),
         nested_images=True,  # one prompt's images as one nested list: the processor's multi-image mode
+        title="LLaVA-OneVision",
+        layout_notes="any-res + downsampling, multi-image squares, pooled video frames",
+        released="llava-onevision-qwen2-7b-ov-hf",
+        cell_pixels=14,
     )
 )

@@ -57,5 +57,9 @@ QWEN2_5_VL = register(
         released_geometry=(*QWEN_GEOMETRY, "vision_config.window_size"),
         processor_kwargs=video_with_metadata,
         vision_rotary=rotary("qwen2_5_vl"),
+        title="Qwen2.5-VL",
+        layout_notes="images, video",
+        released="Qwen2.5-VL-7B-Instruct",
+        cell_pixels=28,
     )
 )

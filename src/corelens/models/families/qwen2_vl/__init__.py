@@ -146,5 +146,9 @@ QWEN2_VL = register(
         released_geometry=QWEN_GEOMETRY,
         released_video_processor=qwen_released_video_processor,
         vision_rotary=rotary("qwen2_vl"),
+        title="Qwen2-VL",
+        layout_notes="images, video",
+        released="Qwen2-VL-7B-Instruct",
+        cell_pixels=28,
     )
 )

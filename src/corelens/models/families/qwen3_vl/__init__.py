@@ -35,5 +35,9 @@ QWEN3_VL = register(
         tiny_processor=tiny_processor,
         released_geometry=(*QWEN_GEOMETRY, "vision_config.num_position_embeddings"),
         vision_rotary=rotary("qwen3_vl"),
+        title="Qwen3-VL",
+        layout_notes="images, video (timestamps)",
+        released="Qwen3-VL-8B-Instruct",
+        cell_pixels=32,
     )
 )
