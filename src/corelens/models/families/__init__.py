@@ -12,9 +12,16 @@ import pkgutil
 
 from corelens.models.families.base import FIELDS, Family, FamilyInterface, register, video_as_given
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.ispkg:  # a family is a package; base.py is what they share
-        importlib.import_module(f"{__name__}.{_module.name}")
+
+def import_all() -> list[str]:
+    """Import (so register) every family package on this package's path; return their names."""
+    names = [m.name for m in pkgutil.iter_modules(__path__) if m.ispkg]  # base.py is what they share
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}")
+    return names
+
+
+import_all()
 
 FAMILIES = FamilyInterface()
 
@@ -28,4 +35,13 @@ def family_of(model_type: str) -> Family:
     return FAMILIES[model_type]
 
 
-__all__ = ["FAMILIES", "FIELDS", "Family", "FamilyInterface", "family_of", "register", "video_as_given"]
+__all__ = [
+    "FAMILIES",
+    "FIELDS",
+    "Family",
+    "FamilyInterface",
+    "family_of",
+    "import_all",
+    "register",
+    "video_as_given",
+]
