@@ -9,6 +9,7 @@ its fields, its tiny builders, and a tiny checkpoint loaded by corelens, a sampl
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -69,3 +70,68 @@ def test_toy_family_from_template(toy_family, tiny_dir, tmp_path):
     test_families.test_family_provides_every_field(toy_family)
     test_families.test_tiny_builders_give_the_family_classes(toy_family)
     test_parity.test_logits_equal_stock_sdpa(tiny_dir, toy_family, "one", tmp_path)
+
+
+@pytest.fixture
+def toy_reader(tmp_path, monkeypatch):
+    """Write the reader guide's template as `corelens.data.readers.toy_reader`, beside the shipped readers."""
+    from corelens.data import readers
+    from corelens.data.readers.common import ReaderInterface
+
+    folder = tmp_path / "readers"
+    folder.mkdir()
+    code = template(GUIDE.with_name("reader.md"), "reader template").replace("my_reader", "toy_reader")
+    (folder / "toy_reader.py").write_text(code)
+    monkeypatch.setattr(readers, "__path__", [*readers.__path__, str(folder)])
+    try:
+        yield "toy_reader"
+    finally:
+        ReaderInterface.unregister("toy_reader")
+        sys.modules.pop("corelens.data.readers.toy_reader", None)
+
+
+def test_toy_reader_from_template(toy_reader, tmp_path):
+    from PIL import Image
+
+    from corelens.data.readers import convert, readers
+    from corelens.data.sample import read_samples
+    from corelens.errors import InputError
+
+    source = tmp_path / "source"
+    source.mkdir()
+    Image.new("RGB", (40, 30), "red").save(source / "a.png")
+    items = [{"image": "a.png", "question": "what colour ?", "answer": "red", "box": [1, 2, 20, 25]}]
+    (source / "questions.json").write_text(json.dumps(items))
+    result = convert(f"{toy_reader}:{source}", tmp_path / "out")
+    assert toy_reader in readers() and result.n == 1
+    (sample,), _ = read_samples(result.path)
+    assert (sample.question, sample.answer, sample.targets[0].box) == ("what colour ?", "red", (1, 2, 20, 25))
+    (source / "questions.json").write_text(json.dumps([{"image": "a.png"}]))
+    with pytest.raises(InputError, match="toy_reader-0.*field 'question'"):
+        convert(f"{toy_reader}:{source}", tmp_path / "bad")
+
+
+def test_toy_kernel_from_template(tmp_path, monkeypatch):
+    """The kernel guide's template, registered under another name, runs through `prefill` and equals `reference`."""
+    import importlib.util
+
+    import torch
+
+    from corelens.attention import kernels
+    from corelens.choices import KERNELS
+
+    assert set(KERNELS) - {"auto"} == set(kernels.IMPLEMENTATIONS), "choices.KERNELS is the kernel registry"
+    code = template(GUIDE.with_name("kernel.md"), "kernel template").replace("my_kernel", "toy_kernel")
+    (tmp_path / "toy_kernel.py").write_text(code)
+    spec = importlib.util.spec_from_file_location("toy_kernel", tmp_path / "toy_kernel.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    monkeypatch.setattr(kernels, "KERNELS", (*KERNELS, "toy_kernel"))
+    try:
+        torch.manual_seed(0)
+        q, k, v = torch.randn(1, 4, 40, 8), torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+        full = torch.tensor([True, False, False, True])
+        args = (q, k, v, None, full, kernels.Pattern(2, 8), 0.3)
+        out, ran, _ = kernels.prefill("toy_kernel", *args)
+        assert ran == "toy_kernel" and torch.allclose(out, kernels.reference(*args), atol=1e-6)
+    finally:
+        kernels.KernelInterface.unregister("toy_kernel")

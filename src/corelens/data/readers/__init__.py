@@ -25,13 +25,18 @@ from pathlib import Path
 from corelens.data.readers.common import Converted, ReaderInterface, reader
 from corelens.errors import CorelensError, OptionError
 
-# Every module of this package but `common` is a reader of that name.
-READER_NAMES = tuple(m.name for m in pkgutil.iter_modules(__path__) if m.name != "common")
+
+def reader_names() -> tuple[str, ...]:
+    """Return the readers' names: every module of this package but `common` (found without importing them)."""
+    return tuple(m.name for m in pkgutil.iter_modules(__path__) if m.name != "common")
+
+
+READER_NAMES = reader_names()
 
 
 def readers() -> ReaderInterface:
     """Return the registry of readers, every reader module imported (so registered)."""
-    for name in READER_NAMES:
+    for name in reader_names():
         importlib.import_module(f"{__name__}.{name}")
     return ReaderInterface()
 
@@ -39,7 +44,7 @@ def readers() -> ReaderInterface:
 def parse_spec(spec: str) -> tuple[str, Path] | None:
     """Return (reader, source path) of a `NAME:PATH` spec, or None for a plain sample file."""
     name, sep, rest = str(spec).partition(":")
-    if not sep or name not in READER_NAMES:
+    if not sep or name not in reader_names():
         return None
     return name, Path(rest)
 
@@ -74,7 +79,7 @@ def convert(spec: str, out: str | Path, *, skip_bad: bool = False, **options) ->
     """Convert the dataset of a `NAME:PATH` spec into folder `out` (JSONL + any rendered images)."""
     parsed = parse_spec(spec)
     if parsed is None:
-        raise CorelensError(f"{spec!r}: expected NAME:PATH with NAME one of {', '.join(READER_NAMES)}")
+        raise CorelensError(f"{spec!r}: expected NAME:PATH with NAME one of {', '.join(reader_names())}")
     name, source = parsed
     if not source.exists():
         raise CorelensError(f"{name}: {source} does not exist")
@@ -124,6 +129,7 @@ __all__ = [
     "convert",
     "parse_spec",
     "reader",
+    "reader_names",
     "readers",
     "resolve",
 ]
