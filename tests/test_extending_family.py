@@ -135,3 +135,19 @@ def test_toy_kernel_from_template(tmp_path, monkeypatch):
         assert ran == "toy_kernel" and torch.allclose(out, kernels.reference(*args), atol=1e-6)
     finally:
         kernels.KernelInterface.unregister("toy_kernel")
+
+
+@pytest.mark.parametrize("page", ["family.md", "reader.md", "kernel.md"])
+def test_the_guides_are_linked_and_their_links_and_files_resolve(page):
+    """docs/extending.md links each guide; each link and each `src/` / `tests/` file it names exists."""
+    from test_docs import anchors, links
+
+    guide = GUIDE.with_name(page)
+    text = guide.read_text()
+    assert f"extending/{page}" in links((ROOT / "docs" / "extending.md").read_text())
+    for target in links(text):
+        path, _, anchor = target.partition("#")
+        assert (guide.parent / path).is_file(), target
+        assert not anchor or anchor in anchors((guide.parent / path).read_text()), target
+    named = re.findall(r"`((?:src|tests)/[\w/.]+\.(?:py|md))`", text)
+    assert named and all((ROOT / n).is_file() for n in named if "<" not in n), named
