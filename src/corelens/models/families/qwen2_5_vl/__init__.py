@@ -28,18 +28,22 @@ def video_with_metadata(frame_times: list[float] | None, fps: float | None) -> d
     return out
 
 
-def tiny_config(tokenizer, *, vision_depth: int, **sizes):
-    """Return a tiny Qwen2.5-VL config (14-pixel patches, 112-pixel windows, the last block full attention)."""
-    vision = {
-        "depth": vision_depth,
+def tiny_tower(depth: int, out_hidden: int, patch: int) -> dict:
+    """Return the tiny vision tower of Qwen2.5-VL and Qwen3-VL (projected to the decoder's `out_hidden`)."""
+    return {
+        "depth": depth,
         "hidden_size": 32,
         "intermediate_size": 64,
         "num_heads": 2,
-        "out_hidden_size": sizes["hidden"],
-        "patch_size": 14,
-        "window_size": 112,
-        "fullatt_block_indexes": [vision_depth - 1],
+        "out_hidden_size": out_hidden,
+        "patch_size": patch,
     }
+
+
+def tiny_config(tokenizer, *, vision_depth: int, **sizes):
+    """Return a tiny Qwen2.5-VL config (14-pixel patches, 112-pixel windows, the last block full attention)."""
+    vision = tiny_tower(vision_depth, sizes["hidden"], 14)
+    vision |= {"window_size": 112, "fullatt_block_indexes": [vision_depth - 1]}
     return qwen_tiny_config("qwen2_5_vl", vision, tokenizer, **sizes)
 
 

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 from corelens.models.families.base import register
-from corelens.models.families.qwen2_5_vl import QWEN2_5_VL
+from corelens.models.families.qwen2_5_vl import QWEN2_5_VL, tiny_tower
 from corelens.models.families.qwen2_vl import QWEN_GEOMETRY, qwen_tiny_config, qwen_tiny_processor, rotary
 
 
 def tiny_config(tokenizer, *, vision_depth: int, **sizes):
     """Return a tiny Qwen3-VL config (16-pixel patches, deepstack from the last block, interleaved mrope)."""
-    vision = {
-        "depth": vision_depth,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "out_hidden_size": sizes["hidden"],
-        "patch_size": 16,
-        "num_position_embeddings": 256,
-        "deepstack_visual_indexes": [vision_depth - 1],
-    }
+    vision = tiny_tower(vision_depth, sizes["hidden"], 16)
+    vision |= {"num_position_embeddings": 256, "deepstack_visual_indexes": [vision_depth - 1]}
     return qwen_tiny_config("qwen3_vl", vision, tokenizer, interleaved=True, **sizes)
 
 
