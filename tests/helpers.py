@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from corelens.models.families import FAMILIES
+
 
 def position_image(width: int, height: int, frame: float = 0.0) -> Image.Image:
     """Return an image whose red / green encode x / y (linear ramps) and blue a frame code in [0, 1]."""
@@ -28,17 +30,9 @@ def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:
 
 
 # Released checkpoints whose published processor files and vision geometry are kept in tests/data/configs
-# (where each came from: tests/data/configs/SOURCES.md). One per family.
+# (where each came from: tests/data/configs/SOURCES.md): each registered family's `released`.
 CONFIGS = Path(__file__).parent / "data" / "configs"
-RELEASED = {
-    "qwen2_vl": "Qwen2-VL-7B-Instruct",
-    "qwen2_5_vl": "Qwen2.5-VL-7B-Instruct",
-    "qwen3_vl": "Qwen3-VL-8B-Instruct",
-    "llava": "llava-1.5-7b-hf",
-    "llava_next": "llava-v1.6-mistral-7b-hf",
-    "llava_onevision": "llava-onevision-qwen2-7b-ov-hf",
-    "internvl": "InternVL3-8B-hf",
-}
+RELEASED = {name: FAMILIES[name].released for name in FAMILIES if FAMILIES[name].released}
 
 
 @functools.cache

@@ -17,18 +17,12 @@ from corelens.data.sample import Sample, Target
 from corelens.experiments.ablate import reference_means
 from corelens.metrics.headsets import head_sets, k_count, select
 from corelens.models.prepare import prepare
+from corelens.models.tiny import ALL_FAMILIES
 
 HEADS = [(0, 1), (1, 0), (1, 3)]
 GEN = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
-# (family, kv_heads): every family, GQA groups of 2 and 4 query heads.
-CASES = [
-    ("qwen2_vl", 2),
-    ("qwen2_5_vl", 1),
-    ("qwen3_vl", 2),
-    ("llava", 2),
-    ("llava_next", 1),
-    ("llava_onevision", 2),
-]
+# (family, kv_heads): every registered family, GQA groups of 2 and 4 query heads in turn.
+CASES = [(family, 2 if i % 2 == 0 else 1) for i, family in enumerate(ALL_FAMILIES)]
 
 
 def _sample(tmp_path, seed: int = 0, name: str = "s") -> Sample:

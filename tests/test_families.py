@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 import pytest
 from transformers import AutoModelForImageTextToText
 
 from corelens.errors import UnsupportedModelError
 from corelens.models.families import FAMILIES, family_of
-from corelens.models.registry import FIELDS, Family, FamilyInterface
+from corelens.models.families.base import FIELDS, Family, FamilyInterface
 from corelens.models.tiny import ALL_FAMILIES, tiny_config, tiny_processor, tiny_tokenizer
 
 REQUIRED = tuple(f.name for f in fields(Family) if f.default is MISSING)
@@ -88,3 +89,14 @@ def test_released_geometry_names_config_fields(name):
     for key in FAMILIES[name].released_geometry:
         owner, _, field = key.rpartition(".")
         assert hasattr(getattr(config, owner) if owner else config, field), f"{name}: no config field {key}"
+
+
+def test_the_docs_family_table_and_the_readme_list_are_the_registry():
+    """docs/families.md's table and the README's list of families are generated from the registry."""
+    from corelens.models.families.base import family_list, family_table
+
+    root = Path(__file__).resolve().parents[1]
+    table = family_table(FAMILIES)
+    assert table in (root / "docs" / "families.md").read_text(), "paste family_table(FAMILIES):\n" + table
+    readme = " ".join((root / "README.md").read_text().split())
+    assert f"models ({family_list(FAMILIES)})." in readme, family_list(FAMILIES)

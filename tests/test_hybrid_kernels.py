@@ -217,7 +217,7 @@ def test_auto_prefers_partitioned_on_cuda_and_falls_back(monkeypatch):
 
     # What a CUDA machine whose FlexAttention fails to compile goes through, simulated on CPU.
     monkeypatch.setattr(kernels, "choose", lambda kind, device: "flex")
-    monkeypatch.setitem(kernels._IMPL, "flex", broken)
+    monkeypatch.setitem(kernels.IMPLEMENTATIONS, "flex", broken)
     q, k, v, full = _inputs(1, 4, 2, 90, seed=5)
     out, ran, reason = kernels.prefill("auto", q, k, v, None, full, Pattern(3, 20), 0.25)
     assert ran == "blocked" and "no triton here" in reason

@@ -10,8 +10,8 @@ from transformers import AutoProcessor
 
 from corelens.data.sample import Target
 from corelens.layout import Layout, Segment
+from corelens.models.families.qwen2_vl.layout import qwen_layout
 from corelens.models.prepare import messages, processor_kwargs
-from corelens.models.qwen_vl import qwen_layout
 
 
 def _decode_tokens(ip, pixel_values: torch.Tensor, grid: tuple[int, int, int]) -> np.ndarray:

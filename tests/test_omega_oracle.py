@@ -24,20 +24,13 @@ from helpers import CONFIGS, RELEASED, noise_image
 import corelens
 from corelens.data.sample import Sample, Target, Video
 from corelens.layout import Segment
+from corelens.models.families import FAMILIES as REGISTRY
 from corelens.models.prepare import prepare
 from corelens.models.tiny import build_released_checkpoint
 
 # Processed pixels per cell side (before any bilinear resize of the feature grid): merged 2 x 2 patches for
 # Qwen-VL, a patch for LLaVA, 2 x 2 patches after the pixel shuffle for InternVL.
-CELL_PIXELS = {
-    "qwen2_vl": 28,
-    "qwen2_5_vl": 28,
-    "qwen3_vl": 32,
-    "llava": 14,
-    "llava_next": 14,
-    "llava_onevision": 14,
-    "internvl": 28,
-}
+CELL_PIXELS = {name: REGISTRY[name].cell_pixels for name in RELEASED}
 BOXES_PER_CASE = 4
 QUESTION = "what is the colour of the cup ?"
 
@@ -204,7 +197,7 @@ def _oracle_case(m, family: str, kind: str, sizes, which: int, tmp_path, seed: i
 @pytest.mark.parametrize("family", FAMILIES)
 def test_omega_equals_the_oracle(released_model, family, case, tmp_path):
     kind, sizes, which = CASES[case]
-    if kind == "video" and family in ("llava", "llava_next"):
+    if kind == "video" and not REGISTRY[family].video:
         pytest.skip(f"{family} takes images only")
     m = released_model(family)
     seen = 0

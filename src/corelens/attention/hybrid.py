@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from corelens.attention import kernels
 from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
 from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer, decode_attention
-from corelens.attention.kernels.dense import masked_attention, policy_allowed
+from corelens.attention.kernels.dense import last_rows_allowed, masked_attention, policy_allowed
 from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
 from corelens.errors import CorelensError, OptionError
 from corelens.metrics import kvheads
@@ -341,13 +341,7 @@ class HybridHook(AttentionHook):
     def _masked(self, full, module, query, key, value, attention_mask, scaling=None, **_):
         """Exact hybrid attention of the last q positions over every key (decoding with a full cache)."""
         s = self.session
-        batch, _, q_len, _ = query.shape
-        k_len = key.shape[2]
-        device = query.device
-        k_pos = torch.arange(k_len, device=device).expand(batch, k_len)
-        q_pos = torch.arange(k_len - q_len, k_len, device=device).expand(batch, q_len)
-        starts = row_starts(attention_mask, batch, device)
-        allowed = policy_allowed(full, attention_mask, q_pos, k_pos, starts, s.policy.pattern)
+        allowed = last_rows_allowed(query, key, attention_mask, full, s.policy.pattern)
         s.stats["masked"] += 1
         return masked_attention(query, key, value, allowed, scaling), None
 

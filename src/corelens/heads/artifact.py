@@ -24,12 +24,13 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from corelens.errors import CorelensError, warn
+from corelens.heads.card import card
 from corelens.metrics import kvheads
 from corelens.runs import identity
 
@@ -184,6 +185,7 @@ class HeadSet:
         >>> hs.check(m)  # raises unless `m` has the config the set was found on
     """
 
+    format: ClassVar[str] = FORMAT  # what headset.json's "format" says (the card quotes it)
     model: dict[str, Any]
     heads: pd.DataFrame  # one row per (layer, head): rank (1 = best) and scores
     keep: int | None = None
@@ -320,8 +322,6 @@ class HeadSet:
 
     def save(self, out: str | Path, manifest: dict | None = None) -> Path:
         """Write the artifact folder (headset.json, heads.csv, manifest.json, README.md card); return it."""
-        from corelens.heads.card import card
-
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

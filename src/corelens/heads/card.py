@@ -12,8 +12,6 @@ _SHOWN = 10  # heads listed in the card's table
 
 def card(hs: HeadSet) -> str:
     """Return the README.md of an artifact folder (YAML front matter for the hub's dataset viewer)."""
-    from corelens.heads.artifact import FORMAT
-
     model, prov = hs.model, hs.provenance
     name = model.get("id") or "a local checkpoint"
     cols = [c for c in ("rank", "layer", "head", "mass", "share", "lift", "n") if c in hs.heads.columns]
@@ -41,7 +39,7 @@ def card(hs: HeadSet) -> str:
         "---",
         f"# CoRe heads of {name}",
         "",
-        f"A corelens head set (format `{FORMAT}`): every decoder attention {'KV head' if kv else 'head'} of "
+        f"A corelens head set (format `{hs.format}`): every decoder attention {'KV head' if kv else 'head'} of "
         f"{name} ranked by Retrieval Attention Mass. The published set is {chosen}.",
         "",
         "| model | value |",

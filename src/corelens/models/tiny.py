@@ -67,11 +67,16 @@ def build_tiny_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = tiny_tokenizer(family, words)
     config = tiny_config(family, tokenizer, **config_kwargs)
+    return _save(out, config, tiny_processor(family, tokenizer, **(processor_kwargs or {})), seed)
+
+
+def _save(out: Path, config, processor, seed: int) -> Path:
+    """Write a random-init model of `config` (weights drawn after seeding `seed`) and `processor` to `out`."""
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
     model.eval()
     model.save_pretrained(out)
-    tiny_processor(family, tokenizer, **(processor_kwargs or {})).save_pretrained(out)
+    processor.save_pretrained(out)
     return out
 
 
@@ -150,9 +155,4 @@ def build_released_checkpoint(
     family = _read_json(Path(config_dir) / "config.json")["model_type"]
     tokenizer = tiny_tokenizer(family, words)
     config = released_config(config_dir, tokenizer, **config_kwargs)
-    torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
-    model.eval()
-    model.save_pretrained(out)
-    released_processor(config_dir, tokenizer).save_pretrained(out)
-    return out
+    return _save(out, config, released_processor(config_dir, tokenizer), seed)

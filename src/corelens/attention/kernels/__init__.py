@@ -26,6 +26,7 @@ import torch
 
 from corelens.attention.kernels.dense import masked_attention, policy_allowed, reference
 from corelens.attention.kernels.flexattn import flex
+from corelens.attention.kernels.interface import KernelInterface, Prefill, kernel
 from corelens.attention.kernels.masks import (
     Pattern,
     ideal_speedup,
@@ -41,8 +42,8 @@ from corelens.errors import OptionError
 
 log = logging.getLogger(__name__)
 
-_IMPL = {"reference": reference, "blocked": blocked, "flex": flex, "partitioned": partitioned}
-_PLANNED = ("blocked", "partitioned")  # the kernels that take the caller's `plans`
+# name -> kernel: every module above registered its kernel on import (`interface.kernel`).
+IMPLEMENTATIONS = KernelInterface()
 
 
 def choose(kind: str, device: torch.device) -> str:
@@ -95,18 +96,24 @@ def prefill(
 
 
 def _run(name: str, args: tuple, plans: Plans | None) -> torch.Tensor:
-    return _IMPL[name](*args, plans=plans) if name in _PLANNED else _IMPL[name](*args)
+    run = IMPLEMENTATIONS[name]
+    # A plain function put in one instance (a test's stand-in) takes no plans.
+    return run(*args, plans=plans) if getattr(run, "takes_plans", False) else run(*args)
 
 
 __all__ = [
     "DENSE_BELOW",
+    "IMPLEMENTATIONS",
     "KERNELS",
+    "KernelInterface",
     "Pattern",
     "Plans",
+    "Prefill",
     "blocked",
     "choose",
     "flex",
     "ideal_speedup",
+    "kernel",
     "masked_attention",
     "pairs",
     "partitioned",

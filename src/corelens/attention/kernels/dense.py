@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from corelens.attention.kernels.interface import Prefill, kernel
 from corelens.attention.kernels.masks import Pattern, allowed_mask, evaluate, hybrid_mask_function, row_starts
 
 
@@ -49,21 +50,20 @@ def policy_allowed(
     return allowed if model is None else allowed & model
 
 
-def reference(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    full: torch.Tensor,
-    pattern: Pattern,
-    scale: float,
+def last_rows_allowed(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, full: torch.Tensor, pattern: Pattern
 ) -> torch.Tensor:
-    """Return hybrid attention (batch, q, heads, dim) from the dense mask; queries are the last q key positions."""
+    """Return `policy_allowed` of queries that are the last q of the k key positions (a prefill, a decoding step)."""
     batch, _, q_len, _ = query.shape
     k_len = key.shape[2]
     device = query.device
     k_pos = torch.arange(k_len, device=device).expand(batch, k_len)
     q_pos = torch.arange(k_len - q_len, k_len, device=device).expand(batch, q_len)
-    starts = row_starts(mask, batch, device)
-    allowed = policy_allowed(full, mask, q_pos, k_pos, starts, pattern)
-    return masked_attention(query, key, value, allowed, scale)
+    return policy_allowed(full, mask, q_pos, k_pos, row_starts(mask, batch, device), pattern)
+
+
+@kernel("reference")
+def reference(call: Prefill) -> torch.Tensor:
+    """Return hybrid attention (batch, q, heads, dim) from the dense mask; queries are the last q key positions."""
+    allowed = last_rows_allowed(call.query, call.key, call.mask, call.full, call.pattern)
+    return masked_attention(call.query, call.key, call.value, allowed, call.scale)

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import torch
 
+from corelens.attention.kernels.interface import Prefill, kernel
 from corelens.attention.kernels.masks import (
     Pattern,
     allowed_mask,
@@ -94,18 +95,10 @@ def flex_fn(compiled: bool):
     return _COMPILED["fn"]
 
 
-def flex(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    full: torch.Tensor,
-    pattern: Pattern,
-    scale: float,
-    *,
-    compiled: bool = True,
-) -> torch.Tensor:
+@kernel("flex")
+def flex(call: Prefill, *, compiled: bool = True) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v) from FlexAttention with the per-head block mask."""
+    query, key, value, mask, full, pattern, scale = call
     n = query.shape[2]
     bm = block_mask(full, mask, n, pattern, query.device, compile_mask=compiled)
     gqa = query.shape[1] != key.shape[1]

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from corelens.attention.kernels.flexattn import BLOCK, _grid, _pack, flex_fn
+from corelens.attention.kernels.interface import Prefill, kernel
 from corelens.attention.kernels.masks import (
     Pattern,
     allowed_mask,
@@ -250,22 +251,13 @@ def _rows(
     )
 
 
-def partitioned(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    full: torch.Tensor,
-    pattern: Pattern,
-    scale: float,
-    *,
-    plans: Plans | None = None,
-    compiled: bool | None = None,
-) -> torch.Tensor:
+@kernel("partitioned")
+def partitioned(call: Prefill, *, plans: Plans | None = None, compiled: bool | None = None) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v): sdpa for the full heads, window + sinks for the rest.
 
     `compiled`: FlexAttention through `torch.compile` (default: on CUDA); `plans` as for `blocked`.
     """
+    query, key, value, mask, full, pattern, scale = call
     compiled = query.device.type == "cuda" if compiled is None else compiled
     batch, heads, n, _ = query.shape
     flags = tuple(bool(x) for x in full.tolist())
@@ -274,7 +266,7 @@ def partitioned(
     model = allowed_mask(mask)
     padding = Padding((0,) * batch, left=True) if model is None else (plans or Plans()).get(model, batch)
     if not padding.left:  # any mask but causal + left padding: the exact dense path
-        return blocked(query, key, value, mask, full, pattern, scale, plans=plans)
+        return blocked(*call, plans=plans)
     out = query.new_empty(batch, n, heads, value.shape[-1])
     if not any(padding.starts):  # one call for the whole batch
         _rows(query, key, value, out, flags, pattern, scale, compiled)

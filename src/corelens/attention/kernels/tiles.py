@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 from corelens.attention.kernels import band, masked, split
 from corelens.attention.kernels.causal import full_heads
-from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
+from corelens.attention.kernels.interface import Prefill, kernel
+from corelens.attention.kernels.masks import allowed_mask, row_starts, streaming_keep
 from corelens.attention.kernels.tiling import Group, Scratch
 from corelens.errors import OptionError
 
@@ -168,24 +169,16 @@ def general_group(group: Group, model: torch.Tensor) -> None:
         group.out[r0:r1].index_copy_(1, heads, o.transpose(0, 1).to(group.out.dtype))
 
 
+@kernel("blocked")
 def blocked(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    full: torch.Tensor,
-    pattern: Pattern,
-    scale: float,
-    *,
-    block: int | None = None,
-    path: str | None = None,
-    plans: Plans | None = None,
+    call: Prefill, *, block: int | None = None, path: str | None = None, plans: Plans | None = None
 ) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v) for n queries over the same n keys.
 
     `block` and `path` reach `streaming_group` (the tests use them to take every path); `plans` remembers the
     mask's `Padding` across calls (the layers of one forward).
     """
+    query, key, value, mask, full, pattern, scale = call
     batch, heads, n, _ = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads

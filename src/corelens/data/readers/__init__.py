@@ -6,55 +6,52 @@ into a cache folder (`$CORELENS_CACHE`, default `~/.cache/corelens/data`) keyed 
 and modification time and the reader's options; `corelens data convert NAME:PATH --out DIR` writes it
 where you choose. A malformed record raises an error naming the file, the record and the field, or with
 `skip_bad` is skipped and listed in `skipped.jsonl` beside the converted file.
+
+A reader is one module here whose `convert` is registered with `@reader` (`common.ReaderInterface`, named
+by its module); docs/extending/reader.md is the template of a new one. The names are the modules' (known
+without importing them, so parsing `--data` imports no reader); a reader's module is imported when it runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import pkgutil
 from pathlib import Path
 
+from corelens.data.readers.common import Converted, ReaderInterface, reader
 from corelens.errors import CorelensError, OptionError
 
 
-@dataclass
-class Converted:
-    """The result of one conversion: the JSONL written, how many samples, and the records skipped."""
-
-    path: Path
-    n: int
-    skipped: list[dict] = field(default_factory=list)
+def reader_names() -> tuple[str, ...]:
+    """Return the readers' names: every module of this package but `common` (found without importing them)."""
+    return tuple(m.name for m in pkgutil.iter_modules(__path__) if m.name != "common")
 
 
-def _readers() -> dict[str, Callable[..., Converted]]:
-    from corelens.data.readers import mmdocir, mmlongbench, refcocog, vidstg
-
-    return {
-        "refcocog": refcocog.convert,
-        "vidstg": vidstg.convert,
-        "mmlongbench": mmlongbench.convert,
-        "mmdocir": mmdocir.convert,
-    }
+READER_NAMES = reader_names()
 
 
-READER_NAMES = ("refcocog", "vidstg", "mmlongbench", "mmdocir")
+def readers() -> ReaderInterface:
+    """Return the registry of readers, every reader module imported (so registered)."""
+    for name in reader_names():
+        importlib.import_module(f"{__name__}.{name}")
+    return ReaderInterface()
 
 
 def parse_spec(spec: str) -> tuple[str, Path] | None:
     """Return (reader, source path) of a `NAME:PATH` spec, or None for a plain sample file."""
     name, sep, rest = str(spec).partition(":")
-    if not sep or name not in READER_NAMES:
+    if not sep or name not in reader_names():
         return None
     return name, Path(rest)
 
 
 def check_options(name: str, options: dict) -> None:
     """Raise OptionError (`--options`) for a key that reader `name` does not take, listing the keys it does."""
-    reader = _readers()[name]
+    reader = readers()[name]
     known = [
         p.name
         for p in inspect.signature(reader).parameters.values()
@@ -82,14 +79,14 @@ def convert(spec: str, out: str | Path, *, skip_bad: bool = False, **options) ->
     """Convert the dataset of a `NAME:PATH` spec into folder `out` (JSONL + any rendered images)."""
     parsed = parse_spec(spec)
     if parsed is None:
-        raise CorelensError(f"{spec!r}: expected NAME:PATH with NAME one of {', '.join(READER_NAMES)}")
+        raise CorelensError(f"{spec!r}: expected NAME:PATH with NAME one of {', '.join(reader_names())}")
     name, source = parsed
     if not source.exists():
         raise CorelensError(f"{name}: {source} does not exist")
     check_options(name, options)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = _readers()[name](source, out, skip_bad=skip_bad, **options)
+    result = readers()[name](source, out, skip_bad=skip_bad, **options)
     if result.skipped:
         with open(out / "skipped.jsonl", "w") as f:
             for record in result.skipped:
@@ -121,3 +118,18 @@ def resolve(spec: str | Path, *, skip_bad: bool = False, **options) -> Path:
     result = convert(str(spec), folder, skip_bad=skip_bad, **options)
     done.write_text(json.dumps({"path": str(result.path), "n": result.n, "skipped": len(result.skipped)}))
     return result.path
+
+
+__all__ = [
+    "READER_NAMES",
+    "Converted",
+    "ReaderInterface",
+    "cache_root",
+    "check_options",
+    "convert",
+    "parse_spec",
+    "reader",
+    "reader_names",
+    "readers",
+    "resolve",
+]

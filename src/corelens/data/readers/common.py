@@ -1,14 +1,46 @@
-"""What every reader shares: collecting records with a limit, and skipping or raising on a bad one."""
+"""What every reader shares: its registry, collecting records with a limit, skipping or raising on a bad one."""
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from corelens.errors import InputError, OptionError
+from corelens.errors import CorelensError, InputError, OptionError
+from corelens.registry import Registry
+
+
+@dataclass
+class Converted:
+    """The result of one conversion: the JSONL written, how many samples, and the records skipped."""
+
+    path: Path
+    n: int
+    skipped: list[dict] = field(default_factory=list)
+
+
+class ReaderInterface(Registry):
+    """reader name -> `convert(source, out, *, skip_bad, **options) -> Converted`, named by its module."""
+
+    kind = "dataset reader"
+    error = CorelensError
+
+    @staticmethod
+    def name_of(convert: Callable) -> str:
+        return convert.__module__.rpartition(".")[2]
+
+
+def reader(convert: Callable[..., Converted]) -> Callable[..., Converted]:
+    """Register a reader module's `convert` under the module's name (`--data NAME:PATH`); return it.
+
+    Its keyword-only parameters (but `skip_bad`) are the reader's `--options`; docs/extending/reader.md is
+    the template of a new reader.
+    """
+    return ReaderInterface.register(convert)
 
 
 class Limit(Exception):
@@ -46,11 +78,26 @@ class Records:
 
     def write(self, path: Path):
         """Write the records to the JSONL `path` (None fields dropped); return the Converted result."""
-        from corelens.data.readers import Converted
         from corelens.data.sample import write_samples
 
         write_samples(path, [{k: v for k, v in r.items() if v is not None} for r in self.items])
         return Converted(path, len(self.items), self.skipped)
+
+
+def parse_json(text: str, **where):
+    """Return the JSON value of `text`, or refuse it in one line naming `where` (file, line)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
+        raise InputError(f"invalid JSON: {exc}", **where) from None
+
+
+def read_json_list(path: Path, refusal: str) -> list:
+    """Return the JSON list in file `path`; invalid JSON or another value is refused (`refusal` says what)."""
+    data = parse_json(path.read_text(), file=str(path))
+    if not isinstance(data, list):
+        raise InputError(refusal, file=str(path))
+    return data
 
 
 def run_until_limit(fn, *args, **kwargs) -> None:
@@ -137,3 +184,26 @@ def page_window(n_pages: int, evidence: list[int], max_pages: int | None, mode: 
 
 
 PAGE_MODES = ("window", "first", "all")
+
+
+def shown_pages(
+    records: Records, where: dict, n_pages: int, evidence: list[int], max_pages: int | None, mode: str
+) -> list[int] | None:
+    """Return the 0-based pages to show of a question (`page_window`), or None when it is skipped (listed).
+
+    A question is skipped when its evidence pages alone exceed `max_pages`, or when the window leaves one out.
+    """
+    try:
+        shown = page_window(n_pages, evidence, max_pages, mode)
+    except ValueError as exc:
+        records.skip(where, f"{exc}; raise max_pages or use pages 'all'")
+        return None
+    missing = [p + 1 for p in evidence if p not in shown]
+    if missing:
+        records.skip(
+            where,
+            f"evidence page(s) {missing} not among the {len(shown)} pages shown "
+            f"(pages {mode!r}, max_pages {max_pages})",
+        )
+        return None
+    return shown

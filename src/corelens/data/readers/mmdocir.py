@@ -19,7 +19,6 @@ from `page_size` to the stored page image; a box empty once clipped is left out 
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 from PIL import Image
@@ -31,8 +30,10 @@ from corelens.data.readers.common import (
     clip_box,
     find_one,
     number,
-    page_window,
+    parse_json,
+    reader,
     run_until_limit,
+    shown_pages,
 )
 from corelens.errors import InputError
 
@@ -163,10 +164,7 @@ def _convert(
         where = {"file": str(annotations), "line": line}
         document = None
         with records.guard(where):
-            try:
-                doc = json.loads(text)
-            except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
-                raise InputError(f"invalid JSON: {exc}", **where) from None
+            doc = parse_json(text, **where)
             if (
                 not isinstance(doc, dict)
                 or "doc_name" not in doc
@@ -183,18 +181,8 @@ def _convert(
                     raise InputError("a question needs Q", **qwhere, field="Q")
                 pages, layouts = _pages_of(item, len(document), qwhere)
                 evidence = sorted(set(pages) | {m["page"] for m in layouts})
-                try:
-                    shown = page_window(len(document), evidence, max_pages, pages_mode)
-                except ValueError as exc:
-                    records.skip(qwhere, f"{exc}; raise max_pages or use pages 'all'")
-                    continue
-                missing = [p + 1 for p in evidence if p not in shown]
-                if missing:
-                    records.skip(
-                        qwhere,
-                        f"evidence page(s) {missing} not among the {len(shown)} pages shown "
-                        f"(pages {pages_mode!r}, max_pages {max_pages})",
-                    )
+                shown = shown_pages(records, qwhere, len(document), evidence, max_pages, pages_mode)
+                if shown is None:  # skipped, with its reason
                     continue
                 boxes, clipped, dropped = (
                     _layout_targets(layouts, shown, document, qwhere) if level != "page" else ([], [], [])
@@ -230,6 +218,7 @@ def _convert(
                 )
 
 
+@reader
 def convert(
     source: Path,
     out: Path,

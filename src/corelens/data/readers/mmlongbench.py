@@ -20,7 +20,15 @@ import json
 from pathlib import Path
 
 from corelens.data.paths import inside, safe_name
-from corelens.data.readers.common import PAGE_MODES, Records, find_one, page_window, run_until_limit
+from corelens.data.readers.common import (
+    PAGE_MODES,
+    Records,
+    find_one,
+    read_json_list,
+    reader,
+    run_until_limit,
+    shown_pages,
+)
 from corelens.errors import InputError
 
 UNANSWERABLE = "Not answerable"
@@ -81,12 +89,7 @@ def _convert(
 ) -> None:
     samples_path = find_one(source, ["samples.json"], "MMLongBench-Doc samples.json")
     documents = source / "documents" if (source / "documents").is_dir() else samples_path.parent / "documents"
-    try:
-        items = json.loads(samples_path.read_text())
-    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
-        raise InputError(f"invalid JSON: {exc}", file=str(samples_path)) from None
-    if not isinstance(items, list):
-        raise InputError("samples.json must hold a list of questions", file=str(samples_path))
+    items = read_json_list(samples_path, "samples.json must hold a list of questions")
     opened: dict[str, Pdf] = {}
     try:
         for i, item in enumerate(items):
@@ -119,18 +122,8 @@ def _convert(
                         field="evidence_pages",
                     )
                 zero = [p - 1 for p in evidence]
-                try:
-                    shown = page_window(document.pages, zero, max_pages, pages_mode)
-                except ValueError as exc:
-                    records.skip(where, f"{exc}; raise max_pages or use pages 'all'")
-                    continue
-                missing = [p + 1 for p in zero if p not in shown]
-                if missing:
-                    records.skip(
-                        where,
-                        f"evidence page(s) {missing} not among the {len(shown)} pages shown "
-                        f"(pages {pages_mode!r}, max_pages {max_pages})",
-                    )
+                shown = shown_pages(records, where, document.pages, zero, max_pages, pages_mode)
+                if shown is None:  # skipped, with its reason
                     continue
                 record = {
                     "id": where["sample"],
@@ -163,6 +156,7 @@ def _convert(
         )
 
 
+@reader
 def convert(
     source: Path,
     out: Path,

@@ -19,7 +19,7 @@ import pickle
 from pathlib import Path
 
 from corelens.data.paths import inside, safe_name
-from corelens.data.readers.common import Records, clip_box, find_one, number, run_until_limit
+from corelens.data.readers.common import Records, clip_box, find_one, number, reader, run_until_limit
 from corelens.errors import InputError
 
 TEMPLATE = "{expression}"
@@ -189,6 +189,7 @@ def _parquet(source: Path, out: Path, records: Records, template: str) -> None:
                     )
 
 
+@reader
 def convert(
     source: Path,
     out: Path,

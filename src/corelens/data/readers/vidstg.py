@@ -20,13 +20,20 @@ out of the tube (`dropped_frames`, with the reason); a sentence with no box left
 from __future__ import annotations
 
 import glob
-import json
 from pathlib import Path
 
 import numpy as np
 
 from corelens.data.paths import inside, safe_name
-from corelens.data.readers.common import Records, clip_box, number, run_until_limit
+from corelens.data.readers.common import (
+    Records,
+    clip_box,
+    number,
+    parse_json,
+    read_json_list,
+    reader,
+    run_until_limit,
+)
 from corelens.errors import InputError, OptionError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -98,10 +105,7 @@ def _trajectories(entry: dict, source: Path, where: dict, cache: dict) -> list:
         # Many entries share a video (one per relation instance): read its VidOR file once.
         cache[vid] = None
         for hit in sorted(source.rglob(f"{glob.escape(vid)}.json")):
-            try:
-                data = json.loads(hit.read_text())
-            except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
-                raise InputError(f"invalid JSON: {exc}", file=str(hit)) from None
+            data = parse_json(hit.read_text(), file=str(hit))
             if isinstance(data, dict) and isinstance(data.get("trajectories"), list):
                 cache[vid] = data["trajectories"]
                 break
@@ -250,12 +254,7 @@ def _convert(source: Path, out: Path, records: Records, split: str, fps: float, 
     )
     if path is None:
         raise InputError(f"{split}_annotations.json not found", file=str(source))
-    try:
-        entries = json.loads(path.read_text())
-    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
-        raise InputError(f"invalid JSON: {exc}", file=str(path)) from None
-    if not isinstance(entries, list):
-        raise InputError("the annotation file must hold a list of entries", file=str(path))
+    entries = read_json_list(path, "the annotation file must hold a list of entries")
     root = source if source.is_dir() else source.parent
     cache: dict = {}
     for i, entry in enumerate(entries):
@@ -325,6 +324,7 @@ def _convert(source: Path, out: Path, records: Records, split: str, fps: float, 
                 )
 
 
+@reader
 def convert(
     source: Path,
     out: Path,

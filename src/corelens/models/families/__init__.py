@@ -1,7 +1,8 @@
-"""The supported model families, one file each; importing this package registers every module in it.
+"""The supported model families, one package each; importing this package registers every one of them.
 
-Adding a family is adding one file here that builds a `corelens.models.registry.Family` and registers it
-(`FamilyInterface.register`); docs/families.md lists what a family provides.
+A family is one package here (its layout, geometry checks and tiny-checkpoint builders inside it) that
+builds a `corelens.models.families.base.Family` and registers it (`register`); docs/extending/family.md is
+the template and docs/families.md lists what a family provides.
 """
 
 from __future__ import annotations
@@ -9,11 +10,18 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from corelens.errors import UnsupportedModelError
-from corelens.models.registry import Family, FamilyInterface
+from corelens.models.families.base import FIELDS, Family, FamilyInterface, register, video_as_given
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+
+def import_all() -> list[str]:
+    """Import (so register) every family package on this package's path; return their names."""
+    names = [m.name for m in pkgutil.iter_modules(__path__) if m.ispkg]  # base.py is what they share
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}")
+    return names
+
+
+import_all()
 
 FAMILIES = FamilyInterface()
 
@@ -21,10 +29,19 @@ FAMILIES = FamilyInterface()
 def family_of(model_type: str) -> Family:
     """Return the registered family of `model_type`, or refuse it with the supported ones."""
     if model_type not in FAMILIES:
-        raise UnsupportedModelError(
+        raise FamilyInterface.error(
             f"model_type {model_type!r} is not supported; supported: {list(FAMILIES)}"
         )
     return FAMILIES[model_type]
 
 
-__all__ = ["FAMILIES", "Family", "FamilyInterface", "family_of"]
+__all__ = [
+    "FAMILIES",
+    "FIELDS",
+    "Family",
+    "FamilyInterface",
+    "family_of",
+    "import_all",
+    "register",
+    "video_as_given",
+]

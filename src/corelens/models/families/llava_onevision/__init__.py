@@ -1,23 +1,23 @@
 """LLaVA-OneVision (`llava_onevision`): any-res with downsampling, multi-image and video (layout:
-`corelens.models.llava_onevision`). Tiny checkpoints: a SigLIP tower, all features kept, a video token."""
+`corelens.models.families.llava_onevision.layout`). Tiny checkpoints: a SigLIP tower, all features kept, a video token."""
 
 from __future__ import annotations
 
 import transformers
 
+from corelens.models.families.base import register, released_video_processor, video_as_given
 from corelens.models.families.llava import (
     CHAT_TEMPLATE,
     IMAGE_TOKEN,
+    LLAVA,
     TINY_PINPOINTS,
     TOWER_GEOMETRY,
     VIDEO_TOKEN,
     clip_tower,
     llava_tiny_config,
-    llava_tokenizer,
     tower,
 )
-from corelens.models.llava_onevision import onevision_layout
-from corelens.models.registry import Family, FamilyInterface
+from corelens.models.families.llava_onevision.layout import onevision_layout
 
 TINY_ASPECT = "anyres_max_2"  # OneVision downsamples grids above 2 tiles' worth of features (a 2 x 2 grid)
 
@@ -64,26 +64,21 @@ def tiny_processor(tokenizer, *, side: int = 56):
     )
 
 
-def released_video_processor(image_processor):
-    """A video processor with the image processor's size and normalisation."""
-    return transformers.LlavaOnevisionVideoProcessor(
-        size=image_processor.size, image_mean=image_processor.image_mean, image_std=image_processor.image_std
-    )
-
-
-LLAVA_ONEVISION = FamilyInterface.register(
-    Family(
-        model_type="llava_onevision",
-        config_class="LlavaOnevisionConfig",
-        model_class="LlavaOnevisionForConditionalGeneration",
-        processor_class="LlavaOnevisionProcessor",
+LLAVA_ONEVISION = register(
+    LLAVA.sibling(
+        "llava_onevision",
+        "LlavaOnevision",
         layout=layout,
         geometry=lambda m: [],  # the processor counts tokens from num_image_tokens, checked by the layout
-        tiny_tokenizer=llava_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
         released_geometry=(*TOWER_GEOMETRY, "image_grid_pinpoints", "vision_aspect_ratio"),
-        released_video_processor=released_video_processor,
+        processor_kwargs=video_as_given,
+        released_video_processor=released_video_processor("LlavaOnevisionVideoProcessor"),
         nested_images=True,  # one prompt's images as one nested list: the processor's multi-image mode
+        title="LLaVA-OneVision",
+        layout_notes="any-res + downsampling, multi-image squares, pooled video frames",
+        released="llava-onevision-qwen2-7b-ov-hf",
+        cell_pixels=14,
     )
 )

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from corelens.models.families.base import register, video_as_given
 from corelens.models.families.qwen2_vl import (
-    qwen_geometry,
-    qwen_layout_of,
-    qwen_released_video_processor,
+    QWEN2_VL,
+    QWEN_GEOMETRY,
     qwen_tiny_config,
     qwen_tiny_processor,
+    rotary,
 )
-from corelens.models.registry import Family, FamilyInterface, video_as_given
-from corelens.models.tiny_parts import build_tokenizer
 
 
 def video_with_metadata(frame_times: list[float] | None, fps: float | None) -> dict:
@@ -29,18 +28,22 @@ def video_with_metadata(frame_times: list[float] | None, fps: float | None) -> d
     return out
 
 
-def tiny_config(tokenizer, *, vision_depth: int, **sizes):
-    """Return a tiny Qwen2.5-VL config (14-pixel patches, 112-pixel windows, the last block full attention)."""
-    vision = {
-        "depth": vision_depth,
+def tiny_tower(depth: int, out_hidden: int, patch: int) -> dict:
+    """Return the tiny vision tower of Qwen2.5-VL and Qwen3-VL (projected to the decoder's `out_hidden`)."""
+    return {
+        "depth": depth,
         "hidden_size": 32,
         "intermediate_size": 64,
         "num_heads": 2,
-        "out_hidden_size": sizes["hidden"],
-        "patch_size": 14,
-        "window_size": 112,
-        "fullatt_block_indexes": [vision_depth - 1],
+        "out_hidden_size": out_hidden,
+        "patch_size": patch,
     }
+
+
+def tiny_config(tokenizer, *, vision_depth: int, **sizes):
+    """Return a tiny Qwen2.5-VL config (14-pixel patches, 112-pixel windows, the last block full attention)."""
+    vision = tiny_tower(vision_depth, sizes["hidden"], 14)
+    vision |= {"window_size": 112, "fullatt_block_indexes": [vision_depth - 1]}
     return qwen_tiny_config("qwen2_5_vl", vision, tokenizer, **sizes)
 
 
@@ -49,25 +52,18 @@ def tiny_processor(tokenizer, **pixels):
     return qwen_tiny_processor(tokenizer, "Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor", patch=14, **pixels)
 
 
-QWEN2_5_VL = FamilyInterface.register(
-    Family(
-        model_type="qwen2_5_vl",
-        config_class="Qwen2_5_VLConfig",
-        model_class="Qwen2_5_VLForConditionalGeneration",
-        processor_class="Qwen2_5_VLProcessor",
-        layout=qwen_layout_of,
-        geometry=qwen_geometry,
-        tiny_tokenizer=build_tokenizer,
+QWEN2_5_VL = register(
+    QWEN2_VL.sibling(
+        "qwen2_5_vl",
+        "Qwen2_5_VL",
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
-        released_geometry=(
-            "vision_config.patch_size",
-            "vision_config.spatial_merge_size",
-            "vision_config.temporal_patch_size",
-            "vision_config.window_size",
-        ),
+        released_geometry=(*QWEN_GEOMETRY, "vision_config.window_size"),
         processor_kwargs=video_with_metadata,
-        released_video_processor=qwen_released_video_processor,
-        vision_rotary="transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.apply_rotary_pos_emb_vision",
+        vision_rotary=rotary("qwen2_5_vl"),
+        title="Qwen2.5-VL",
+        layout_notes="images, video",
+        released="Qwen2.5-VL-7B-Instruct",
+        cell_pixels=28,
     )
 )

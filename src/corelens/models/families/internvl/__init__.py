@@ -1,5 +1,5 @@
 """InternVL3 / 3.5 (`internvl`, the transformers-native checkpoints): tiles + thumbnail (layout:
-`corelens.models.internvl`). Tiny checkpoints: an InternViT tower of 112-pixel tiles, 16 tokens each."""
+`corelens.models.families.internvl.layout`). Tiny checkpoints: an InternViT tower of 112-pixel tiles, 16 tokens each."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Iterable
 import transformers
 
 from corelens.models.effective import effective_images_kwargs
+from corelens.models.families.base import Family, register, released_video_processor
+from corelens.models.families.internvl.layout import internvl_layout
 from corelens.models.families.llava import TOWER_GEOMETRY
-from corelens.models.internvl import internvl_layout
-from corelens.models.registry import Family, FamilyInterface
 from corelens.models.tiny_parts import CHAT_TEMPLATE as QWEN_TEMPLATE
 from corelens.models.tiny_parts import build_tokenizer, qwen2_text
 
@@ -94,25 +94,22 @@ def tiny_processor(tokenizer, *, max_patches: int = 6):
     )
 
 
-def released_video_processor(image_processor):
-    """A video processor with the image processor's size and normalisation."""
-    return transformers.InternVLVideoProcessor(
-        size=image_processor.size, image_mean=image_processor.image_mean, image_std=image_processor.image_std
-    )
-
-
-INTERNVL = FamilyInterface.register(
-    Family(
-        model_type="internvl",
-        config_class="InternVLConfig",
-        model_class="InternVLForConditionalGeneration",
-        processor_class="InternVLProcessor",
+INTERNVL = register(
+    Family.of(
+        "internvl",
+        "InternVL",
         layout=layout,
         geometry=geometry,
         tiny_tokenizer=tiny_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
         released_geometry=(*TOWER_GEOMETRY, "downsample_ratio", "image_seq_length"),
-        released_video_processor=released_video_processor,
+        released_video_processor=released_video_processor("InternVLVideoProcessor"),
+        title="InternVL3 / 3.5",
+        layout_notes=(
+            "tiles + thumbnail in `<img>` blocks, video frames; token order checked through the model's pixel shuffle"
+        ),
+        released="InternVL3-8B-hf",
+        cell_pixels=28,
     )
 )

@@ -1,4 +1,4 @@
-"""LLaVA-1.5 (`llava`), and what the LLaVA families share (layout: `corelens.models.llava`).
+"""LLaVA-1.5 (`llava`), and what the LLaVA families share (layout: `corelens.models.families.llava.layout`).
 
 Tiny checkpoints: a CLIP vision tower of 56-pixel tiles and 14-pixel patches, a projector, a Qwen2 decoder,
 with LLaVA-1.5's conversation format ("USER: <image>\\n... ASSISTANT:").
@@ -10,8 +10,8 @@ from collections.abc import Iterable
 
 import transformers
 
-from corelens.models.llava import llava_layout
-from corelens.models.registry import Family, FamilyInterface
+from corelens.models.families.base import Family, register
+from corelens.models.families.llava.layout import llava_layout
 from corelens.models.tiny_parts import build_tokenizer, qwen2_text
 
 IMAGE_TOKEN = "<image>"
@@ -121,12 +121,10 @@ def tiny_processor(tokenizer, *, side: int = 56, pad: bool = False):
     return llava_tiny_processor("LlavaProcessor", image_processor, tokenizer)
 
 
-LLAVA = FamilyInterface.register(
-    Family(
-        model_type="llava",
-        config_class="LlavaConfig",
-        model_class="LlavaForConditionalGeneration",
-        processor_class="LlavaProcessor",
+LLAVA = register(
+    Family.of(
+        "llava",
+        "Llava",
         layout=layout,
         geometry=patch_geometry,
         tiny_tokenizer=llava_tokenizer,
@@ -134,5 +132,9 @@ LLAVA = FamilyInterface.register(
         tiny_processor=tiny_processor,
         released_geometry=(*TOWER_GEOMETRY,),
         processor_kwargs=None,  # images only
+        title="LLaVA-1.5",
+        layout_notes="pad / resize / centre crop",
+        released="llava-1.5-7b-hf",
+        cell_pixels=14,
     )
 )

@@ -1,22 +1,21 @@
-"""LLaVA-NeXT (`llava_next`): a base view and an any-res grid per image (layout: `corelens.models.llava_next`)."""
+"""LLaVA-NeXT (`llava_next`): a base view and an any-res grid per image (layout: `corelens.models.families.llava_next.layout`)."""
 
 from __future__ import annotations
 
 import transformers
 
+from corelens.models.families.base import register
 from corelens.models.families.llava import (
+    LLAVA,
     TINY_PINPOINTS,
     TOWER_GEOMETRY,
     clip_tower,
     crop_recipe,
     llava_tiny_config,
     llava_tiny_processor,
-    llava_tokenizer,
-    patch_geometry,
     tower,
 )
-from corelens.models.llava_next import llava_next_layout
-from corelens.models.registry import Family, FamilyInterface
+from corelens.models.families.llava_next.layout import llava_next_layout
 
 
 def layout(m, inputs, images: list, frames: list, times: list[float], sample: str | None):
@@ -41,18 +40,17 @@ def tiny_processor(tokenizer, *, side: int = 56):
     return llava_tiny_processor("LlavaNextProcessor", image_processor, tokenizer)
 
 
-LLAVA_NEXT = FamilyInterface.register(
-    Family(
-        model_type="llava_next",
-        config_class="LlavaNextConfig",
-        model_class="LlavaNextForConditionalGeneration",
-        processor_class="LlavaNextProcessor",
+LLAVA_NEXT = register(
+    LLAVA.sibling(
+        "llava_next",
+        "LlavaNext",
         layout=layout,
-        geometry=patch_geometry,
-        tiny_tokenizer=llava_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
         released_geometry=(*TOWER_GEOMETRY, "image_grid_pinpoints"),
-        processor_kwargs=None,  # images only
+        title="LLaVA-NeXT",
+        layout_notes="base view + any-res grid, unpadding, row newlines",
+        released="llava-v1.6-mistral-7b-hf",
+        cell_pixels=14,
     )
 )

@@ -1,12 +1,12 @@
-"""Qwen2-VL (`qwen2_vl`), and what the Qwen-VL families share (their layout: `corelens.models.qwen_vl`)."""
+"""Qwen2-VL (`qwen2_vl`), and what the Qwen-VL families share (their layout: `corelens.models.families.qwen2_vl.layout`)."""
 
 from __future__ import annotations
 
 import transformers
 
 from corelens.models.effective import effective_images_kwargs
-from corelens.models.qwen_vl import qwen_layout
-from corelens.models.registry import Family, FamilyInterface
+from corelens.models.families.base import Family, register
+from corelens.models.families.qwen2_vl.layout import qwen_layout
 from corelens.models.tiny_parts import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer, qwen2_text
 
 
@@ -121,23 +121,34 @@ def tiny_processor(tokenizer, **pixels):
     return qwen_tiny_processor(tokenizer, "Qwen2VLProcessor", "Qwen2VLVideoProcessor", patch=14, **pixels)
 
 
-QWEN2_VL = FamilyInterface.register(
-    Family(
-        model_type="qwen2_vl",
-        config_class="Qwen2VLConfig",
-        model_class="Qwen2VLForConditionalGeneration",
-        processor_class="Qwen2VLProcessor",
+# The Qwen-VL merge geometry; Qwen2.5-VL and Qwen3-VL add theirs to it.
+QWEN_GEOMETRY = (
+    "vision_config.patch_size",
+    "vision_config.spatial_merge_size",
+    "vision_config.temporal_patch_size",
+)
+
+
+def rotary(module: str) -> str:
+    """Return the vision rotary embedding of transformers' `models/<module>/modeling_<module>.py`."""
+    return f"transformers.models.{module}.modeling_{module}.apply_rotary_pos_emb_vision"
+
+
+QWEN2_VL = register(
+    Family.of(
+        "qwen2_vl",
+        "Qwen2VL",
         layout=qwen_layout_of,
         geometry=qwen_geometry,
         tiny_tokenizer=build_tokenizer,
         tiny_config=tiny_config,
         tiny_processor=tiny_processor,
-        released_geometry=(
-            "vision_config.patch_size",
-            "vision_config.spatial_merge_size",
-            "vision_config.temporal_patch_size",
-        ),
+        released_geometry=QWEN_GEOMETRY,
         released_video_processor=qwen_released_video_processor,
-        vision_rotary="transformers.models.qwen2_vl.modeling_qwen2_vl.apply_rotary_pos_emb_vision",
+        vision_rotary=rotary("qwen2_vl"),
+        title="Qwen2-VL",
+        layout_notes="images, video",
+        released="Qwen2-VL-7B-Instruct",
+        cell_pixels=28,
     )
 )
