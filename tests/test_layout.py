@@ -10,7 +10,7 @@ from transformers import AutoProcessor
 
 from corelens.data.sample import Target
 from corelens.layout import Layout, Segment
-from corelens.models.families.qwen2_vl.layout import qwen_layout
+from corelens.models.families.qwen2_vl.tokens import qwen_layout
 from corelens.models.prepare import messages, processor_kwargs
 
 

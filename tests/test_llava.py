@@ -11,7 +11,7 @@ import corelens
 from corelens.data.sample import Sample, Target, Video
 from corelens.errors import UnsupportedModelError
 from corelens.models.families.internvl import TILE as INTERNVL_TILE
-from corelens.models.families.llava.layout import grid_region, llava_layout
+from corelens.models.families.llava.tokens import grid_region, llava_layout
 from corelens.models.prepare import messages, prepare
 from corelens.models.tiny import build_tiny_checkpoint, tiny_processor, tiny_tokenizer
 
@@ -144,7 +144,7 @@ def _processor(family: str, geometry: str):
 @pytest.mark.parametrize("geometry", ["tiny", "released"])
 @pytest.mark.parametrize("sizes", [[(301, 173)], [(173, 301)], [(97, 411), (64, 64)], [(120, 100)]])
 def test_llava_next_layout_matches_the_processor(sizes, geometry):
-    from corelens.models.families.llava_next.layout import llava_next_layout
+    from corelens.models.families.llava_next.tokens import llava_next_layout
 
     processor, tile, patch = _processor("llava_next", geometry)
     per = tile // patch
@@ -209,8 +209,8 @@ def _inside(segment, rgb_of_cell) -> int:
 @pytest.mark.parametrize("geometry", ["tiny", "released"])
 @pytest.mark.parametrize("size", [(301, 173), (120, 100), (56, 150), (173, 301), (76, 76), (1000, 700)])
 def test_onevision_single_image_layout(size, geometry):
-    from corelens.models.families.llava_next.layout import anyres_grid
-    from corelens.models.families.llava_onevision.layout import onevision_layout
+    from corelens.models.families.llava_next.tokens import anyres_grid
+    from corelens.models.families.llava_onevision.tokens import onevision_layout
 
     processor, tile, patch = _processor("llava_onevision", geometry)
     per = tile // patch
@@ -249,7 +249,7 @@ def test_onevision_single_image_layout(size, geometry):
 
 def test_onevision_cells_follow_the_patch_size_not_tile_over_count():
     """SigLIP-so400m-patch14-384: 27 patches of 14 pixels cover 378 of 384 pixels (issue: 14.22 spacing)."""
-    from corelens.models.families.llava_onevision.layout import onevision_layout
+    from corelens.models.families.llava_onevision.tokens import onevision_layout
 
     processor, tile, patch = _processor("llava_onevision", "released")
     text = processor.apply_chat_template(messages(_sample_like(1)), add_generation_prompt=True)
@@ -263,7 +263,7 @@ def test_onevision_cells_follow_the_patch_size_not_tile_over_count():
 
 @pytest.mark.parametrize("geometry", ["tiny", "released"])
 def test_onevision_several_images_are_padded_squares_with_a_newline(geometry):
-    from corelens.models.families.llava_onevision.layout import onevision_layout
+    from corelens.models.families.llava_onevision.tokens import onevision_layout
 
     processor, tile, patch = _processor("llava_onevision", geometry)
     per = tile // patch
@@ -283,7 +283,7 @@ def test_onevision_several_images_are_padded_squares_with_a_newline(geometry):
 
 @pytest.mark.parametrize("geometry", ["tiny", "released"])
 def test_onevision_video_frames_are_pooled_with_one_newline(geometry):
-    from corelens.models.families.llava_onevision.layout import onevision_layout
+    from corelens.models.families.llava_onevision.tokens import onevision_layout
 
     processor, tile, patch = _processor("llava_onevision", geometry)
     per = tile // patch
@@ -310,7 +310,7 @@ def test_onevision_video_frames_are_pooled_with_one_newline(geometry):
 @pytest.mark.parametrize("geometry", ["tiny", "released"])
 @pytest.mark.parametrize("sizes", [[(301, 173)], [(173, 301)], [(97, 411), (64, 64)], [(100, 100)]])
 def test_internvl_layout_matches_the_processor(sizes, geometry):
-    from corelens.models.families.internvl.layout import internvl_layout, tile_grid
+    from corelens.models.families.internvl.tokens import internvl_layout, tile_grid
 
     processor, tile, _ = _processor("internvl", geometry)
     side = int(processor.image_seq_length**0.5)  # tokens per tile side after the pixel shuffle
@@ -336,7 +336,7 @@ def test_internvl_layout_matches_the_processor(sizes, geometry):
 
 def test_internvl_tiles_as_its_processor_does_not_as_its_image_processor_stores():
     """InternVL3-8B-hf stores crop_to_patches = false; InternVLProcessor tiles by default (issue 23)."""
-    from corelens.models.families.internvl.layout import tile_grid
+    from corelens.models.families.internvl.tokens import tile_grid
 
     processor = released_processor("internvl")
     assert processor.image_processor.crop_to_patches is False

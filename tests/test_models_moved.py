@@ -8,14 +8,14 @@ import sys
 import pytest
 
 MOVED = {
-    "corelens.models.qwen_vl": ("corelens.models.families.qwen2_vl.layout", "qwen_layout"),
-    "corelens.models.llava": ("corelens.models.families.llava.layout", "llava_layout"),
-    "corelens.models.llava_next": ("corelens.models.families.llava_next.layout", "llava_next_layout"),
+    "corelens.models.qwen_vl": ("corelens.models.families.qwen2_vl.tokens", "qwen_layout"),
+    "corelens.models.llava": ("corelens.models.families.llava.tokens", "llava_layout"),
+    "corelens.models.llava_next": ("corelens.models.families.llava_next.tokens", "llava_next_layout"),
     "corelens.models.llava_onevision": (
-        "corelens.models.families.llava_onevision.layout",
+        "corelens.models.families.llava_onevision.tokens",
         "onevision_layout",
     ),
-    "corelens.models.internvl": ("corelens.models.families.internvl.layout", "internvl_layout"),
+    "corelens.models.internvl": ("corelens.models.families.internvl.tokens", "internvl_layout"),
     "corelens.models.registry": ("corelens.models.families.base", "FamilyInterface"),
 }
 

@@ -1,5 +1,5 @@
-"""Deprecated alias of `corelens.models.families.llava.layout` (a family is one package now); kept for one release."""
+"""Deprecated alias of `corelens.models.families.llava.tokens` (a family is one package now); kept for one release."""
 
 from corelens.models.moved import alias
 
-__getattr__ = alias(__name__, "corelens.models.families.llava.layout")
+__getattr__ = alias(__name__, "corelens.models.families.llava.tokens")

@@ -1,5 +1,5 @@
-"""Deprecated alias of `corelens.models.families.llava_onevision.layout` (a family is one package now); kept for one release."""
+"""Deprecated alias of `corelens.models.families.llava_onevision.tokens` (a family is one package now); kept for one release."""
 
 from corelens.models.moved import alias
 
-__getattr__ = alias(__name__, "corelens.models.families.llava_onevision.layout")
+__getattr__ = alias(__name__, "corelens.models.families.llava_onevision.tokens")

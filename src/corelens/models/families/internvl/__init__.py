@@ -1,5 +1,5 @@
 """InternVL3 / 3.5 (`internvl`, the transformers-native checkpoints): tiles + thumbnail (layout:
-`corelens.models.families.internvl.layout`). Tiny checkpoints: an InternViT tower of 112-pixel tiles, 16 tokens each."""
+`corelens.models.families.internvl.tokens`). Tiny checkpoints: an InternViT tower of 112-pixel tiles, 16 tokens each."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import transformers
 
 from corelens.models.effective import effective_images_kwargs
 from corelens.models.families.base import Family, register, released_video_processor
-from corelens.models.families.internvl.layout import internvl_layout
+from corelens.models.families.internvl.tokens import internvl_layout
 from corelens.models.families.llava import TOWER_GEOMETRY
 from corelens.models.tiny_parts import CHAT_TEMPLATE as QWEN_TEMPLATE
 from corelens.models.tiny_parts import build_tokenizer, qwen2_text

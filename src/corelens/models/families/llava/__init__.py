@@ -1,4 +1,4 @@
-"""LLaVA-1.5 (`llava`), and what the LLaVA families share (layout: `corelens.models.families.llava.layout`).
+"""LLaVA-1.5 (`llava`), and what the LLaVA families share (layout: `corelens.models.families.llava.tokens`).
 
 Tiny checkpoints: a CLIP vision tower of 56-pixel tiles and 14-pixel patches, a projector, a Qwen2 decoder,
 with LLaVA-1.5's conversation format ("USER: <image>\\n... ASSISTANT:").
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import transformers
 
 from corelens.models.families.base import Family, register
-from corelens.models.families.llava.layout import llava_layout
+from corelens.models.families.llava.tokens import llava_layout
 from corelens.models.tiny_parts import build_tokenizer, qwen2_text
 
 IMAGE_TOKEN = "<image>"

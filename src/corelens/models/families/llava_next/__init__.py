@@ -1,4 +1,4 @@
-"""LLaVA-NeXT (`llava_next`): a base view and an any-res grid per image (layout: `corelens.models.families.llava_next.layout`)."""
+"""LLaVA-NeXT (`llava_next`): a base view and an any-res grid per image (layout: `corelens.models.families.llava_next.tokens`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from corelens.models.families.llava import (
     llava_tiny_processor,
     tower,
 )
-from corelens.models.families.llava_next.layout import llava_next_layout
+from corelens.models.families.llava_next.tokens import llava_next_layout
 
 
 def layout(m, inputs, images: list, frames: list, times: list[float], sample: str | None):

@@ -1,5 +1,5 @@
 """LLaVA-OneVision (`llava_onevision`): any-res with downsampling, multi-image and video (layout:
-`corelens.models.families.llava_onevision.layout`). Tiny checkpoints: a SigLIP tower, all features kept, a video token."""
+`corelens.models.families.llava_onevision.tokens`). Tiny checkpoints: a SigLIP tower, all features kept, a video token."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from corelens.models.families.llava import (
     llava_tiny_config,
     tower,
 )
-from corelens.models.families.llava_onevision.layout import onevision_layout
+from corelens.models.families.llava_onevision.tokens import onevision_layout
 
 TINY_ASPECT = "anyres_max_2"  # OneVision downsamples grids above 2 tiles' worth of features (a 2 x 2 grid)
 

@@ -1,4 +1,4 @@
-"""Qwen2-VL (`qwen2_vl`), and what the Qwen-VL families share (their layout: `corelens.models.families.qwen2_vl.layout`)."""
+"""Qwen2-VL (`qwen2_vl`), and what the Qwen-VL families share (their layout: `corelens.models.families.qwen2_vl.tokens`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import transformers
 
 from corelens.models.effective import effective_images_kwargs
 from corelens.models.families.base import Family, register
-from corelens.models.families.qwen2_vl.layout import qwen_layout
+from corelens.models.families.qwen2_vl.tokens import qwen_layout
 from corelens.models.tiny_parts import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer, qwen2_text
 
 

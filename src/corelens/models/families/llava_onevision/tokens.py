@@ -26,7 +26,7 @@ import torch
 
 from corelens.errors import InputError, UnsupportedModelError
 from corelens.layout import Layout, Segment
-from corelens.models.families.llava_next.layout import (
+from corelens.models.families.llava_next.tokens import (
     anyres_grid,
     bilinear_footprint,
     feature_spans,
