@@ -232,10 +232,14 @@ def gradient_scores(m: Loaded, sample: Sample, prepared: Prepared, answer: torch
 
 
 def estimate_omega(
-    m: Loaded, sample: Sample, settings: OmegaSettings, padding: str = "visual"
+    m: Loaded, sample: Sample, settings: OmegaSettings, padding: str = "visual", prepared: Prepared | None = None
 ) -> tuple[np.ndarray, str]:
-    """Return the estimated Omega of `sample` (sorted token positions) and the model's own answer."""
-    prepared = prepare(m, sample, padding=padding)
+    """Return the estimated Omega of `sample` (sorted token positions) and the model's own answer.
+
+    `prepared` is the sample's prompt as the caller prepared it (without a teacher-forced answer); the
+    occluded and blank copies are prepared here, one per copy.
+    """
+    prepared = prepared if prepared is not None else prepare(m, sample, padding=padding)
     if not prepared.layout.segments:
         raise InputError("the sample has no visual tokens to estimate Omega on", sample=sample.id)
     answer = own_answer(m, prepared, settings.max_new_tokens)

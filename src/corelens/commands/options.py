@@ -1,0 +1,73 @@
+"""A command's options, generated from its experiment's config dataclass (`corelens.runs.config.option`).
+
+`add_config(parser, Config)` adds one option per field, in field order: the flag, help, default, choices,
+action and the argparse `type` named in the field (a function of `corelens.commands.argtypes`, a
+`(factory, *arguments)` tuple such as `("names_of", SETS, "head set")`, or a callable). A field of group
+`"model"` adds the shared model block (`add_model_options`). `config_of(Config, args)` builds the config back
+from the parsed arguments; `context_of(args)` the `RunContext` every run command passes to its experiment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from corelens.commands import argtypes
+from corelens.commands.common import add_model_options, limits_of
+from corelens.runs.config import from_mapping, options
+
+
+def parser_type(spec: Any):
+    """Return the argparse `type` a field names: an argtypes function, a factory call, or the callable itself."""
+    if spec is None or callable(spec):
+        return spec
+    if isinstance(spec, str):
+        return getattr(argtypes, spec)
+    name, *arguments = spec
+    return getattr(argtypes, name)(*arguments)
+
+
+def add_config(parser: argparse.ArgumentParser, config: type) -> None:
+    """Add the options of `config`'s fields to `parser`, in field order."""
+    for f, meta in options(config):
+        if meta["group"] == "model":
+            add_model_options(parser)
+            continue
+        kwargs: dict[str, Any] = {"help": meta["help"]}
+        if meta["action"]:
+            kwargs["action"] = meta["action"]
+        else:
+            kwargs["type"] = parser_type(meta["type"])
+        if meta["choices"] is not None:
+            kwargs["choices"] = meta["choices"]
+        if meta["nargs"]:
+            kwargs["nargs"] = meta["nargs"]
+        if meta["positional"]:
+            parser.add_argument(f.name, **kwargs)
+            continue
+        if meta["required"]:
+            kwargs["required"] = True
+        elif not meta["action"]:
+            kwargs["default"] = f.default
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, *meta["aliases"], dest=f.name, **kwargs)
+
+
+def config_of(config: type, args: argparse.Namespace):
+    """Return the `config` dataclass filled from parsed `args`."""
+    return from_mapping(config, vars(args))
+
+
+def context_of(args: argparse.Namespace, progress: bool = True):
+    """Return the `RunContext` of a run command: --out, --limit, --skip-bad, the resource bounds, sys.argv."""
+    from corelens.runs.context import RunContext
+
+    return RunContext(
+        out=getattr(args, "out", None),
+        argv=sys.argv,
+        progress=progress,
+        skip_bad=getattr(args, "skip_bad", False),
+        limit=getattr(args, "limit", None),
+        limits=limits_of(args),
+    )
