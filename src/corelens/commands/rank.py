@@ -10,7 +10,8 @@ from corelens.commands.options import add_config, config_of, context_of
 
 def run(args: argparse.Namespace) -> None:
     """Rank the heads of a checkpoint on a sample file into a run directory."""
-    from corelens.experiments.rank import RankConfig, run_command
+    from corelens.experiments.configs import RankConfig
+    from corelens.experiments.rank import run_command
 
     ranking = run_command(config_of(RankConfig, args), context_of(args), load_options(args))
     if not main_process():
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
 
 def register(sub) -> None:
     """Add the `rank` parser: its options are `RankConfig`'s fields."""
-    from corelens.experiments.rank import RankConfig
+    from corelens.experiments.configs import RankConfig
 
     r = sub.add_parser("rank", help="rank heads by Retrieval Attention Mass")
     add_config(r, RankConfig)

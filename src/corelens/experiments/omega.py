@@ -232,7 +232,11 @@ def gradient_scores(m: Loaded, sample: Sample, prepared: Prepared, answer: torch
 
 
 def estimate_omega(
-    m: Loaded, sample: Sample, settings: OmegaSettings, padding: str = "visual", prepared: Prepared | None = None
+    m: Loaded,
+    sample: Sample,
+    settings: OmegaSettings,
+    padding: str = "visual",
+    prepared: Prepared | None = None,
 ) -> tuple[np.ndarray, str]:
     """Return the estimated Omega of `sample` (sorted token positions) and the model's own answer.
 

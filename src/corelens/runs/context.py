@@ -71,6 +71,8 @@ class RunContext:
             return None
         return Run(self.out, command, settings, self.argv, dist=self.launch, device=device)
 
-    def drive(self, loop: Loop, samples: Sequence[Sample], run: Run | None, skipped: Sequence = ()) -> list[dict]:
+    def drive(
+        self, loop: Loop, samples: Sequence[Sample], run: Run | None, skipped: Sequence = ()
+    ) -> list[dict]:
         """Run `loop` over `samples` under this context (resume, shard, skip bad input, log); every record."""
         return drive(loop, samples, run=run, skipped=skipped, skip_bad=self.skip_bad, progress=self.progress)

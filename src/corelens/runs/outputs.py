@@ -98,7 +98,12 @@ HYBRID = Outputs(
 )
 SAP = Outputs(
     "sap",
-    {"frame": "sap.parquet", "accuracy": "accuracy.csv", "key_region": "key_region.csv", "priors": "priors.csv"},
+    {
+        "frame": "sap.parquet",
+        "accuracy": "accuracy.csv",
+        "key_region": "key_region.csv",
+        "priors": "priors.csv",
+    },
     {"accuracy": _figure("sap_accuracy.png")},
     summary="accuracy",
 )
