@@ -10,11 +10,12 @@ from the parsed arguments; `context_of(args)` the `RunContext` every run command
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Any
 
 from corelens.commands import argtypes
-from corelens.commands.common import add_model_options, limits_of
+from corelens.commands.common import add_model_options, limits_of, load_options, main_process
 from corelens.runs.config import from_mapping, options
 
 
@@ -34,24 +35,22 @@ def add_config(parser: argparse.ArgumentParser, config: type) -> None:
         if meta["group"] == "model":
             add_model_options(parser)
             continue
+        flag = meta["action"] in ("store_true", "store_false")  # a flag takes no value, so no type
         kwargs: dict[str, Any] = {"help": meta["help"]}
-        if meta["action"]:
-            kwargs["action"] = meta["action"]
-        else:
+        for key in ("action", "choices", "nargs", "metavar"):
+            if meta[key] is not None:
+                kwargs[key] = meta[key]
+        if not flag and meta["type"] is not None:
             kwargs["type"] = parser_type(meta["type"])
-        if meta["choices"] is not None:
-            kwargs["choices"] = meta["choices"]
-        if meta["nargs"]:
-            kwargs["nargs"] = meta["nargs"]
         if meta["positional"]:
             parser.add_argument(f.name, **kwargs)
             continue
         if meta["required"]:
             kwargs["required"] = True
-        elif not meta["action"]:
+        elif not flag:
             kwargs["default"] = f.default
-        flag = meta["flag"] or "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, *meta["aliases"], dest=f.name, **kwargs)
+        name = meta["flag"] or "--" + f.name.replace("_", "-")
+        parser.add_argument(name, *meta["aliases"], dest=f.name, **kwargs)
 
 
 def config_of(config: type, args: argparse.Namespace):
@@ -71,3 +70,30 @@ def context_of(args: argparse.Namespace, progress: bool = True):
         limit=getattr(args, "limit", None),
         limits=limits_of(args),
     )
+
+
+def _named(path: str):
+    """Return the object `module:name` names (imported only when a command is parsed or run)."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def register_experiment(sub, *, name: str, help: str, config: str, run) -> argparse.ArgumentParser:
+    """Add the parser of experiment command `name`: its options are the fields of `config` ("module:Class")."""
+    parser = sub.add_parser(name, help=help)
+    add_config(parser, _named(config))
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show) -> None:
+    """The one command driver: build the config and the run context from `args`, call the experiment's
+    `entry(config, ctx, load_options)` ("module:function"), and on the main process `show(result, config)`.
+
+    Each experiment command is this driver specialised with `functools.partial` (as TransformerLens
+    specialises one generic patching driver): only its config, its entry point and what it prints differ.
+    """
+    cfg = config_of(_named(config), args)
+    result = _named(entry)(cfg, context_of(args), load_options(args))
+    if main_process():
+        show(result, cfg)
