@@ -94,6 +94,7 @@ def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show) -
     specialises one generic patching driver): only its config, its entry point and what it prints differ.
     """
     cfg = config_of(_named(config), args)
-    result = _named(entry)(cfg, context_of(args), load_options(args))
+    loads = load_options(args) if hasattr(args, "revision") else {}  # stability loads no model
+    result = _named(entry)(cfg, context_of(args), loads)
     if main_process():
         show(result, cfg)

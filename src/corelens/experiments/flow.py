@@ -406,7 +406,7 @@ def flow(
     def draw(paths: dict[str, Path]) -> None:
         from corelens.report.geometry import flow_curves
 
-        flow_curves(result.layers, paths["layers"])
+        flow_curves(result.layers, paths["flow_layers"])
 
     tables = {"frame": frame, "table": result.table, "layers": result.layers}
     conclude(run, FLOW, tables, draw=draw, samples=len({r["sample_id"] for r in ok}), skipped=n_skipped)

@@ -568,7 +568,7 @@ def sap(
     def draw(paths: dict[str, Path]) -> None:
         from corelens.report.geometry import sap_accuracy
 
-        sap_accuracy(result.accuracy, paths["accuracy"])
+        sap_accuracy(result.accuracy, paths["sap_accuracy"])
 
     tables = {
         "frame": frame,

@@ -44,8 +44,13 @@ class Outputs:
     files: Mapping[str, str] = field(default_factory=dict)
     summary: str | None = None
 
+    def __post_init__(self) -> None:
+        keys = [*self.tables, *self.figures, *self.files]
+        if len(keys) != len(set(keys)):  # `file(key)` must name one file
+            raise ValueError(f"{self.command}: an output key is declared twice in {keys}")
+
     def file(self, key: str) -> str:
-        """Return the file name of table, figure or file `key`."""
+        """Return the file name of table, figure or file `key` (keys are unique across the three)."""
         for names in (self.tables, self.figures, self.files):
             if key in names:
                 return names[key]
@@ -104,13 +109,13 @@ SAP = Outputs(
         "key_region": "key_region.csv",
         "priors": "priors.csv",
     },
-    {"accuracy": _figure("sap_accuracy.png")},
+    {"sap_accuracy": _figure("sap_accuracy.png")},
     summary="accuracy",
 )
 FLOW = Outputs(
     "flow",
     {"frame": "flow.parquet", "table": "table1.csv", "layers": "layers.csv"},
-    {"layers": _figure("flow_layers.png")},
+    {"flow_layers": _figure("flow_layers.png")},
     summary="table",
 )
 IMPORTANCE = Outputs(
@@ -129,7 +134,12 @@ STABILITY = Outputs(
         "topology": "topology.csv",
         "depth": "depth.csv",
     },
-    files={"curve": "stability_curve.json"},
+    {
+        "spearman_matrix": _figure("spearman.png"),
+        "depth_profile": _figure("depth.png"),
+        "curve": _figure("stability_curve.png"),
+    },
+    {"curve_info": "stability_curve.json", "curve_table": "stability_curve.csv"},
     summary="spearman",
 )
 
