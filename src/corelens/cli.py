@@ -127,25 +127,19 @@ def _nearest_choice(message: str) -> str:
 
 
 def _summary(name: str) -> str | None:
-    """Return the `help=` a command's register() gives its parser, read from its source (not imported)."""
+    """Return the `help=` a command's register() gives its parser, read from its source (not imported): an
+    `add_parser(name, help=...)` call, or an experiment command's `partial(register_experiment, name=...,
+    help=...)` (corelens.commands.options)."""
     origin = importlib.util.find_spec(f"corelens.commands.{name}").origin
     with open(origin, encoding="utf-8") as source:
         tree = ast.parse(source.read(), origin)
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and getattr(node.func, "attr", None) == "add_parser"
-            and node.args
-            and getattr(node.args[0], "value", None) == name
-        ):
-            return next(
-                (
-                    k.value.value
-                    for k in node.keywords
-                    if k.arg == "help" and isinstance(k.value, ast.Constant)
-                ),
-                None,
-            )
+        if not isinstance(node, ast.Call):
+            continue
+        given = {k.arg: k.value.value for k in node.keywords if isinstance(k.value, ast.Constant)}
+        parser_call = getattr(node.func, "attr", None) == "add_parser" and node.args
+        if (parser_call and getattr(node.args[0], "value", None) == name) or given.get("name") == name:
+            return given.get("help")
     return None
 
 

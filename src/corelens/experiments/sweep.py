@@ -1,14 +1,20 @@
-"""The head-set sweeps' settings: `corelens ablate` and `corelens hybrid`, one config each over the options they share.
+"""The head-set sweeps, `corelens ablate` and `corelens hybrid`: their configs and their one tail.
 
 Both sweep head sets drawn from a ranking (top-k, controls drawn until their mean is known, resamples of the
 ranking) and score the answers under each; they differ in what is applied to a set (an ablation operator,
-or hybrid attention's sink and window). Like `corelens.experiments.configs` this imports no torch: the
-commands generate their parsers from these classes.
+or hybrid attention's sink and window). The options they share are declared once here, and so is what
+follows the answers: the per-(set, k) summary with its two-level interval, the summary over ranking
+resamples, the tables and figure written through the declared outputs, and the controls' report.
+Like `corelens.experiments.configs` this module imports no torch at import time: the commands generate their
+parsers from these classes.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from corelens.choices import (
     DENSE_BELOW,
@@ -218,3 +224,114 @@ class HybridConfig:
             "dense_below",
         )
         return {"keeps": self.keep, "sets": _names(self.sets), **{n: getattr(self, n) for n in names}}
+
+
+def summary_table(
+    table,
+    records,
+    names: dict,
+    seed: int = 0,
+    *,
+    key: str = "k",
+    size: str = "k_heads",
+    stopped: dict[tuple[str, str], str] | None = None,
+):
+    """Return one row per (set, k): mean accuracy over draws, their sd, and the interval.
+
+    A set drawn once (top, bottom, or one draw) gets the Wilson interval of its answers; a set drawn several
+    times gets the two-level bootstrap over draws and samples (`draws_interval`), which includes the
+    variation between draws (`sd`). `names` maps each (set, k) row's conditions to their names in records.
+    `draw_width` is the width of the t-interval of the mean over draws (`corelens.metrics.draws`, what
+    `--seeds auto` narrows) and `stopped` why the draws stopped (`stopped`, by (set, k); "" for undrawn sets).
+    `key` / `size` name the k and head-count columns (hybrid.csv: keep, full_heads).
+    """
+    import pandas as pd
+
+    from corelens.experiments.evaluate import interval
+    from corelens.metrics.headsets import SEEDED
+    from corelens.metrics.uncertainty import draws_interval
+
+    rows = []
+    for (kind, k), group in table.groupby(["set", key], sort=False):
+        correct, n = int(group["correct"].sum()), int(group["n"].sum())
+        low, high = interval(correct, n)
+        method = "wilson"
+        if len(group) > 1:
+            conds = [names[(kind, str(k), s)] for s in group["seed"]]
+            got = records[records["condition"].isin(conds)]
+            answers = got.pivot(index="condition", columns="sample", values="correct").dropna(axis=1)
+            if answers.shape[1]:
+                low, high = draws_interval(answers.to_numpy(dtype=float), seed=seed)
+                method = "two-level bootstrap"
+        drawn = kind in SEEDED
+        d_low, d_high = draws.draw_interval(group["accuracy"]) if drawn else (float("nan"),) * 2
+        rows.append(
+            {
+                "set": kind,
+                key: k,
+                size: int(group[size].iloc[0]),
+                "short_by": int(group["short_by"].max()),
+                "seeds": int(group["seed"].notna().sum()) or 1,
+                "accuracy": float(group["accuracy"].mean()),
+                "sd": float(group["accuracy"].std(ddof=1)) if len(group) > 1 else 0.0,
+                "ci_low": low,
+                "ci_high": high,
+                "interval": method,
+                "draw_width": d_high - d_low,
+                "stopped": (stopped or {}).get((kind, str(k)), "fixed" if drawn else ""),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Tail:
+    """What a finished sweep hands to `conclude_sweep`: its outputs, the per-condition `table` and per-answer
+    `records`, the condition names by (set, k, seed), the controls `found` and how they were drawn."""
+
+    outputs: object  # corelens.runs.outputs.Outputs: ABLATE or HYBRID
+    table: object  # pandas.DataFrame, one row per condition
+    records: object  # pandas.DataFrame, one row per (condition, sample)
+    names: dict
+    found: list  # corelens.metrics.draws controls
+    task: str
+    seed: int
+    key: str  # the size column: "k" (ablate) or "keep" (hybrid)
+    size: str  # the head-count column: "k_heads" or "full_heads"
+    control_width: float
+    max_draws: int
+    auto: bool
+
+
+def conclude_sweep(
+    run,
+    tail: Tail,
+    resampled: Iterable | None,
+    *,
+    draw: Callable[[Mapping[str, Path]], None],
+    manifest: Mapping[str, object] | None = None,
+    **finish: object,
+):
+    """The sweeps' tail: the per-(set, k) summary, the summary over ranking resamples (`resampled`: the
+    (k, heads) of each resampled set, None without --rank-resamples), the declared tables and figure, the
+    run's end, and one line per control on stderr. Return (summary, resampled summary or None)."""
+    from corelens.metrics.uncertainty import resampled_summary
+    from corelens.runs.outputs import conclude
+
+    stopped = {(c.kind, c.k): c.stopped for c in tail.found}
+    summary = summary_table(
+        tail.table, tail.records, tail.names, tail.seed, key=tail.key, size=tail.size, stopped=stopped
+    )
+    summary.insert(0, "task", tail.task)
+    over = resampled_summary(tail.table, tail.key, resampled) if resampled is not None else None
+    entries = {**(manifest or {})}
+    entries["controls"] = draws.manifest(tail.found, tail.task, tail.control_width, tail.max_draws, tail.auto)
+    tables = {"records": tail.records, "table": tail.table, "summary": summary, "resampled": over}
+    conclude(run, tail.outputs, tables, draw=draw, manifest=entries, **finish)
+    if run is None or run.dist.main:
+        for c in tail.found:
+            print(
+                f"{tail.outputs.command}: {tail.task}: {c.line(tail.control_width, tail.max_draws)}",
+                file=sys.stderr,
+            )
+    return summary, over
