@@ -24,6 +24,7 @@ from corelens.experiments.overlay import attention_maps, panels
 from corelens.models.loaded import Loaded
 from corelens.report.overlay import token_grid
 from corelens.runs.files import write_text, writer
+from corelens.runs.outputs import RANK
 
 MAX_CELLS = 1024
 PICTURE = 192
@@ -102,6 +103,6 @@ def write_explorer(
     folder = Path(folder)
     with writer(folder / "explorer.npz", root=folder) as f:
         np.savez_compressed(f, **arrays)
-    write_text(folder / "explorer.json", json.dumps({"samples": meta, "top": top, "all_samples": all_samples}),
+    write_text(RANK.path(folder, "explorer"), json.dumps({"samples": meta, "top": top, "all_samples": all_samples}),
                root=folder)  # fmt: skip
     return folder / "explorer.npz", (folder / "explorer.npz").stat().st_size

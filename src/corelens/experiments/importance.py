@@ -43,7 +43,7 @@ from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.runs import current, model_data_settings
 from corelens.runs.context import RunContext
 from corelens.runs.driver import Loop
-from corelens.runs.outputs import IMPORTANCE, conclude
+from corelens.runs.outputs import IMPORTANCE, RANK, conclude
 
 ESTIMATORS = ("exact", "attribution", "both")
 BASE = "base"
@@ -159,7 +159,7 @@ def _matrix(records: pd.DataFrame, column: str) -> np.ndarray | None:
 
 def _ram_matrix(heads: str | Path) -> np.ndarray | None:
     """Return the rank run's (samples, heads) RAM matrix from ram.parquet beside heads.csv, if it is there."""
-    path = Path(heads).parent / "ram.parquet"
+    path = RANK.path(Path(heads).parent, "ram")
     return sample_matrix(read_ram(path)) if path.is_file() else None
 
 

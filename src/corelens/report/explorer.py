@@ -17,6 +17,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from corelens.metrics.ram import read_ram
+from corelens.runs.outputs import RANK
 
 
 def _short(value: float) -> float | None:
@@ -32,9 +33,9 @@ def _number(value: float) -> float | None:
 def _task(run: Path) -> dict | None:
     if not (run / "explorer.npz").is_file():  # rank run made with --explorer 0, or not a rank run
         return None
-    meta = json.loads((run / "explorer.json").read_text())
-    heads = pd.read_csv(run / "heads.csv")
-    ram = read_ram(run / "ram.parquet")
+    meta = json.loads(RANK.path(run, "explorer").read_text())
+    heads = pd.read_csv(RANK.path(run, "heads"))
+    ram = read_ram(RANK.path(run, "ram"))
     arrays = np.load(run / "explorer.npz")
     ram["name"] = "L" + ram["layer"].astype(str) + "H" + ram["head"].astype(str)
     values = ram[["mass", "share", "lift"]].astype(float).map(_short)

@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corelens.runs.driver import LENGTHS  # prompt lengths measured once to balance the ranks
 from corelens.runs.rundir import LOG, MANIFEST, Run, write_json
 
-LENGTHS = "lengths.json"  # prompt lengths measured once to balance the ranks (runs/driver.py)
 FIGURES = "figures"  # the folder of a run's figures
 
 
