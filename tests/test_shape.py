@@ -23,7 +23,7 @@ from corelens.models import prepare as prepare_module
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
 from corelens.runs import Run
-from corelens.runs.config import meta, settings
+from corelens.runs.config import RunOptions, meta, settings
 from corelens.runs.context import RunContext
 from corelens.runs.outputs import OUTPUTS, Outputs, conclude
 
@@ -108,14 +108,18 @@ def test_options_are_the_configs_fields(config):
     parser = Parser(prog="x")
     add_config(parser, config)
     dests = {a.dest for a in parser._actions} - {"help"}
-    model_block = {"model", "revision", "device", "dtype", "device_map", "max_memory", "offload_folder"}
+    blocks = {
+        "model": {"model", "revision", "device", "dtype", "device_map", "max_memory", "offload_folder"},
+        "run": {f.name for f in fields(RunOptions)},
+    }
     names = {f.name for f in fields(config) if meta(f)}
-    assert dests - model_block == names - {"model"}
+    expected = set().union(*(blocks.get(n, {n}) for n in names))
+    assert dests == expected
     required = [f"--{f.name.replace('_', '-')}" for f in fields(config) if meta(f).get("required")]
     given = [v for flag in required for v in (flag, ".")] + (["--model", "m"] if "model" in names else [])
     built = config_of(config, parser.parse_args(given))
     for f in fields(config):
-        if meta(f) and not meta(f)["required"] and not meta(f)["positional"]:
+        if meta(f) and not meta(f)["required"] and not meta(f)["positional"] and not meta(f)["group"]:
             assert getattr(built, f.name) == f.default, f.name
 
 
@@ -149,9 +153,9 @@ def test_run_context_takes_earlier_keywords_and_refuses_others():
 
 
 def test_settings_are_the_setting_fields():
-    keys = settings(AblateConfig())
-    assert "out" not in keys and "max_pixels" not in keys and "heads" not in keys
-    assert {"k", "sets", "op", "limit", "skip_bad"} <= set(keys)
+    keys = settings(ImportanceConfig())
+    assert "out" not in keys and "max_pixels" not in keys and "heads" not in keys and "model" not in keys
+    assert {"op", "keys", "method", "limit", "skip_bad"} <= set(keys)
 
 
 def test_conclude_writes_the_declared_tables_and_figures(tmp_path):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from corelens.commands.common import print_resampled
-from corelens.commands.options import register_experiment, run_experiment
+from corelens.commands.options import experiment_command
 
 
 def show(result, config) -> None:
@@ -18,12 +16,7 @@ def show(result, config) -> None:
     )
 
 
-CONFIG = "corelens.experiments.sweep:AblateConfig"
-run = partial(run_experiment, config=CONFIG, entry="corelens.experiments.ablate:run_command", show=show)
-register = partial(
-    register_experiment,
-    name="ablate",
-    help="ablate top / bottom / random head sets and measure accuracy",
-    config=CONFIG,
-    run=run,
+CONFIG, ENTRY = "corelens.experiments.sweep:AblateConfig", "corelens.experiments.ablate:run_command"
+run, register = experiment_command(
+    "ablate", "ablate top / bottom / random head sets and measure accuracy", CONFIG, ENTRY, show
 )

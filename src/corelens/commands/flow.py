@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from corelens.commands.options import register_experiment, run_experiment
+from corelens.commands.options import experiment_command
 
 
 def show(result, config) -> None:
@@ -14,12 +12,7 @@ def show(result, config) -> None:
     print(f"wrote {config.out}/flow.parquet, table1.csv, layers.csv, manifest.json, figures/flow_layers.png")
 
 
-CONFIG = "corelens.experiments.configs:FlowConfig"
-run = partial(run_experiment, config=CONFIG, entry="corelens.experiments.flow:run_command", show=show)
-register = partial(
-    register_experiment,
-    name="flow",
-    help="RID / MixIG of every attention and FFN module: docs/methods.md#geometry",
-    config=CONFIG,
-    run=run,
+CONFIG, ENTRY = "corelens.experiments.configs:FlowConfig", "corelens.experiments.flow:run_command"
+run, register = experiment_command(
+    "flow", "RID / MixIG of every attention and FFN module: docs/methods.md#geometry", CONFIG, ENTRY, show
 )

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
-from functools import partial
 
 from corelens.commands.common import print_resampled
-from corelens.commands.options import register_experiment, run_experiment
+from corelens.commands.options import experiment_command
 
 
 def show(result, config) -> None:
@@ -30,12 +29,7 @@ def show(result, config) -> None:
     print(f"wrote {config.out}/hybrid.csv, records.parquet, policies.json, figures/hybrid.png")
 
 
-CONFIG = "corelens.experiments.sweep:HybridConfig"
-run = partial(run_experiment, config=CONFIG, entry="corelens.experiments.hybrid:run_command", show=show)
-register = partial(
-    register_experiment,
-    name="hybrid",
-    help="accuracy vs heads kept full under hybrid (full + streaming) attention",
-    config=CONFIG,
-    run=run,
+CONFIG, ENTRY = "corelens.experiments.sweep:HybridConfig", "corelens.experiments.hybrid:run_command"
+run, register = experiment_command(
+    "hybrid", "accuracy vs heads kept full under hybrid (full + streaming) attention", CONFIG, ENTRY, show
 )

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from corelens.commands.options import register_experiment, run_experiment
+from corelens.commands.options import experiment_command
 
 
 def show(result, config) -> None:
@@ -16,12 +14,7 @@ def show(result, config) -> None:
     print(f"wrote {config.out}/importance.csv, summary.json, records.parquet, figures/ram_vs_causal.png")
 
 
-CONFIG = "corelens.experiments.configs:ImportanceConfig"
-run = partial(run_experiment, config=CONFIG, entry="corelens.experiments.importance:run_command", show=show)
-register = partial(
-    register_experiment,
-    name="importance",
-    help="measure each head's causal effect on the answer beside its RAM",
-    config=CONFIG,
-    run=run,
+CONFIG, ENTRY = "corelens.experiments.configs:ImportanceConfig", "corelens.experiments.importance:run_command"
+run, register = experiment_command(
+    "importance", "measure each head's causal effect on the answer beside its RAM", CONFIG, ENTRY, show
 )

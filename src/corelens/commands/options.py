@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from functools import partial
 from typing import Any
 
 from corelens.commands import argtypes
 from corelens.commands.common import add_model_options, limits_of, load_options, main_process
-from corelens.runs.config import from_mapping, options
+from corelens.runs.config import RunOptions, from_mapping, options
 
 
 def parser_type(spec: Any):
@@ -29,12 +30,17 @@ def parser_type(spec: Any):
     return getattr(argtypes, name)(*arguments)
 
 
-def add_config(parser: argparse.ArgumentParser, config: type) -> None:
-    """Add the options of `config`'s fields to `parser`, in field order."""
+def add_config(parser: argparse.ArgumentParser, config: type, helps: dict[str, str] | None = None) -> None:
+    """Add the options of `config`'s fields to `parser`, in field order (`helps`: help lines replaced)."""
     for f, meta in options(config):
         if meta["group"] == "model":
             add_model_options(parser)
             continue
+        if meta["group"] == "run":  # the run context's block; this config words its --limit
+            add_config(parser, RunOptions, {"limit": meta["help"]})
+            continue
+        if helps and f.name in helps:
+            meta = {**meta, "help": helps[f.name]}
         flag = meta["action"] in ("store_true", "store_false")  # a flag takes no value, so no type
         kwargs: dict[str, Any] = {"help": meta["help"]}
         for key in ("action", "choices", "nargs", "metavar"):
@@ -76,6 +82,13 @@ def _named(path: str):
     """Return the object `module:name` names (imported only when a command is parsed or run)."""
     module, name = path.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def experiment_command(name: str, help: str, config: str, entry: str, show):
+    """Return (run, register) of experiment command `name`: the generic driver and parser specialised with
+    `functools.partial` to its config ("module:Class"), entry point ("module:function") and printer."""
+    run = partial(run_experiment, config=config, entry=entry, show=show)
+    return run, partial(register_experiment, name=name, help=help, config=config, run=run)
 
 
 def register_experiment(sub, *, name: str, help: str, config: str, run) -> argparse.ArgumentParser:

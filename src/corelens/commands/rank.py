@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from corelens.commands.options import register_experiment, run_experiment
+from corelens.commands.options import experiment_command
 
 
 def show(ranking, config) -> None:
@@ -21,8 +19,5 @@ def show(ranking, config) -> None:
     print(f"wrote {config.out}/heads.csv, ram.parquet, manifest.json, figures/heads_mass.png")
 
 
-CONFIG = "corelens.experiments.configs:RankConfig"
-run = partial(run_experiment, config=CONFIG, entry="corelens.experiments.rank:run_command", show=show)
-register = partial(
-    register_experiment, name="rank", help="rank heads by Retrieval Attention Mass", config=CONFIG, run=run
-)
+CONFIG, ENTRY = "corelens.experiments.configs:RankConfig", "corelens.experiments.rank:run_command"
+run, register = experiment_command("rank", "rank heads by Retrieval Attention Mass", CONFIG, ENTRY, show)

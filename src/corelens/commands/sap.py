@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from corelens.commands.options import register_experiment, run_experiment
+from corelens.commands.options import experiment_command
 
 
 def show(result, config) -> None:
@@ -19,12 +17,7 @@ def show(result, config) -> None:
     )
 
 
-CONFIG = "corelens.experiments.configs:SapConfig"
-run = partial(run_experiment, config=CONFIG, entry="corelens.experiments.sap:run_command", show=show)
-register = partial(
-    register_experiment,
-    name="sap",
-    help="accuracy with attention priors in place of learned visual attention",
-    config=CONFIG,
-    run=run,
+CONFIG, ENTRY = "corelens.experiments.configs:SapConfig", "corelens.experiments.sap:run_command"
+run, register = experiment_command(
+    "sap", "accuracy with attention priors in place of learned visual attention", CONFIG, ENTRY, show
 )

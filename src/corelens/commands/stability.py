@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from corelens.commands.options import register_experiment, run_experiment
+from corelens.commands.options import experiment_command
 
 
 def show_curve(info: dict, config) -> None:
@@ -36,12 +34,7 @@ def show(result, config) -> None:
     )
 
 
-CONFIG = "corelens.experiments.configs:StabilityConfig"
-run = partial(run_experiment, config=CONFIG, entry="corelens.experiments.stability:run_command", show=show)
-register = partial(
-    register_experiment,
-    name="stability",
-    help="cross-task / cross-model stability of rank runs",
-    config=CONFIG,
-    run=run,
+CONFIG, ENTRY = "corelens.experiments.configs:StabilityConfig", "corelens.experiments.stability:run_command"
+run, register = experiment_command(
+    "stability", "cross-task / cross-model stability of rank runs", CONFIG, ENTRY, show
 )

@@ -27,12 +27,12 @@ from corelens.choices import (
 )
 from corelens.runs.config import (
     data_option,
-    limit_option,
     limits_options,
     model_option,
     option,
     out_option,
     repair_log_option,
+    run_options,
     skip_bad_option,
 )
 from corelens.runs.context import RunContext
@@ -68,11 +68,7 @@ class RankConfig:
     omega_refine: int = option(2, help="occlusion: coarse blocks refined per cell", type=int)
     omega_ratio: float = option(0.5, help="keep cells scoring >= ratio x the best", type=float)
     omega_batch: int = option(8, help="occlusion: occluded copies per forward", type=int)
-    limit: int | None = limit_option()
-    skip_bad: bool = skip_bad_option()
-    repair_log: bool = repair_log_option()
-    max_pixels: int = PIXELS
-    max_pages: int = PAGES
+    run: None = run_options()
     overlays: int = option(2, help="draw top/bottom heads' attention on the first N samples", type=int)
     explorer: int = option(
         0,
@@ -178,11 +174,7 @@ class SapConfig:
     scorer: str = scorer_option()
     max_new_tokens: int = max_new_tokens_option()
     seed: int = option(0, help="seed of the noise prior", type=int)
-    limit: int | None = limit_option()
-    skip_bad: bool = skip_bad_option()
-    repair_log: bool = repair_log_option()
-    max_pixels: int = PIXELS
-    max_pages: int = PAGES
+    run: None = run_options()
 
     def kwargs(self) -> dict:
         """The keyword arguments of `experiments.sap.sap` these settings make."""
@@ -232,11 +224,7 @@ class FlowConfig:
         "delta", help="ε_RoPE between attention outputs Δ (default) or residual states X + Δ", choices=ROPE_ON
     )
     seed: int = option(0, help="seed of the noise baselines", type=int)
-    limit: int | None = limit_option()
-    skip_bad: bool = skip_bad_option()
-    repair_log: bool = repair_log_option()
-    max_pixels: int = PIXELS
-    max_pages: int = PAGES
+    run: None = run_options()
 
     def kwargs(self) -> dict:
         """The keyword arguments of `experiments.flow.flow` these settings make (its `FlowOptions`)."""

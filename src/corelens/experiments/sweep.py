@@ -28,19 +28,15 @@ from corelens.choices import (
     STABLE_P,
 )
 from corelens.experiments.configs import (
-    PAGES,
-    PIXELS,
     data_option,
-    limit_option,
     max_new_tokens_option,
     model_option,
     option,
     out_option,
-    repair_log_option,
     scorer_option,
-    skip_bad_option,
 )
 from corelens.metrics import draws
+from corelens.runs.config import run_options
 
 # The options the head-set sweeps (ablate, hybrid) share, each declared once; `verb` / `what` fill their help.
 
@@ -145,11 +141,7 @@ class AblateConfig:
     )
     scorer: str = scorer_option()
     max_new_tokens: int = max_new_tokens_option()
-    limit: int | None = limit_option()
-    skip_bad: bool = skip_bad_option()
-    repair_log: bool = repair_log_option()
-    max_pixels: int = PIXELS
-    max_pages: int = PAGES
+    run: None = run_options()
 
     def kwargs(self) -> dict:
         """The keyword arguments of `experiments.ablate.sweep` these settings make."""
@@ -205,11 +197,7 @@ class HybridConfig:
     random_from: str = random_from_option()
     scorer: str = scorer_option()
     max_new_tokens: int = max_new_tokens_option()
-    limit: int | None = limit_option("use the first N samples")
-    skip_bad: bool = skip_bad_option()
-    repair_log: bool = repair_log_option()
-    max_pixels: int = PIXELS
-    max_pages: int = PAGES
+    run: None = run_options("use the first N samples")
 
     def kwargs(self) -> dict:
         """The keyword arguments of `experiments.hybrid.curve` these settings make."""

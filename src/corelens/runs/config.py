@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 REQUIRED = dataclasses.MISSING  # an option without a default: required on the command line
@@ -152,6 +153,23 @@ def limits_options() -> tuple[Any, Any]:
         setting=False,
     )
     return pixels, pages
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of the run context that most experiment commands list together, in this order: they set
+    the `RunContext` (`corelens.runs.context`), not the experiment's config."""
+
+    limit: int | None = limit_option()
+    skip_bad: bool = skip_bad_option()
+    repair_log: bool = repair_log_option()
+    max_pixels: int = limits_options()[0]
+    max_pages: int = limits_options()[1]
+
+
+def run_options(limit_help: str = "use the first N good samples") -> Any:
+    """--limit, --skip-bad, --repair-log, --max-pixels and --max-pages (`RunOptions`): one block."""
+    return option(None, group="run", help=limit_help, setting=False)
 
 
 def model_option() -> Any:
