@@ -23,7 +23,7 @@ from corelens.data.sample import Sample, read_samples, task_of
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
-from corelens.experiments.sweep import Tail, conclude_sweep, summary_table
+from corelens.experiments.sweep import Tail, conclude_sweep, run_sweep, summary_table
 from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
 from corelens.metrics import draws, kvheads
 from corelens.metrics.headsets import (
@@ -525,8 +525,5 @@ def sweep_path(
 
 
 def run_command(config, ctx: RunContext, load_options: dict) -> Sweep:
-    """`corelens ablate`: the config's (`AblateConfig`) heads resolved, its model loaded, the sweep run under `ctx`."""
-    from corelens.heads import resolve_heads
-
-    heads = resolve_heads(config.heads)
-    return sweep(load(config.model, **load_options), config.data, heads, ctx=ctx, **config.kwargs())
+    """`corelens ablate`: the generic sweep command (`experiments.sweep.run_sweep`) running `sweep`."""
+    return run_sweep(sweep, config, ctx, load_options)

@@ -35,7 +35,7 @@ from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.ablate import rank_manifest, read_heads, resampled_sets, same_file_warning
 from corelens.experiments.evaluate import interval, score
-from corelens.experiments.sweep import Tail, conclude_sweep
+from corelens.experiments.sweep import Tail, conclude_sweep, run_sweep
 from corelens.metrics import draws
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
 from corelens.metrics.kvheads import expand, granularity_of, group_size, shares
@@ -535,8 +535,5 @@ def curve_path(
 
 
 def run_command(config, ctx: RunContext, load_options: dict) -> HybridCurve:
-    """`corelens hybrid`: the config's (`HybridConfig`) heads resolved, its model loaded, the curve run under `ctx`."""
-    from corelens.heads import resolve_heads
-
-    heads = resolve_heads(config.heads)
-    return curve(load(config.model, **load_options), config.data, heads, ctx=ctx, **config.kwargs())
+    """`corelens hybrid`: the generic sweep command (`experiments.sweep.run_sweep`) running `curve`."""
+    return run_sweep(curve, config, ctx, load_options)

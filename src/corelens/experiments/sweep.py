@@ -323,3 +323,14 @@ def conclude_sweep(
                 file=sys.stderr,
             )
     return summary, over
+
+
+def run_sweep(entry: Callable, config, ctx, load_options: dict):
+    """`corelens ablate` / `corelens hybrid`: resolve the config's heads (a heads.csv, an exported head set or
+    its hub id) before the model loads, load the model, and run `entry` (`ablate.sweep`, `hybrid.curve`) on
+    the config's data under `ctx`."""
+    from corelens.heads import resolve_heads
+    from corelens.models.loaded import load
+
+    heads = resolve_heads(config.heads)
+    return entry(load(config.model, **load_options), config.data, heads, ctx=ctx, **config.kwargs())
