@@ -315,3 +315,11 @@ class StabilityConfig:
         1000, help="posterior draws of each run's means for the Spearman intervals", type=int
     )
     seed: int = option(0, help="seed of the bootstrap and subset draws", type=int)
+
+
+def run_loaded(entry, config, ctx: RunContext, load_options: dict, *args):
+    """An experiment command's run: load the config's model (with `load()`'s `load_options`) and call
+    `entry(model, config.data, *args, ctx=ctx, **config.kwargs())`."""
+    from corelens.models.loaded import load
+
+    return entry(load(config.model, **load_options), config.data, *args, ctx=ctx, **config.kwargs())

@@ -27,6 +27,7 @@ from corelens.capture import LayerStates, ResidualCapture
 from corelens.choices import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError, InputError, OptionError
+from corelens.experiments.configs import run_loaded
 from corelens.metrics.mixing import MIXIG_OF, TME_ROWS, tme
 from corelens.metrics.spectra import FP32_EPS, RANK_RULES, SPECTRUM_METHODS, Spectrum, rid_terms, spectrum
 from corelens.models.loaded import Loaded, load
@@ -426,5 +427,5 @@ def flow_path(
 
 
 def run_command(config, ctx: RunContext, load_options: dict) -> FlowResult:
-    """`corelens flow`: load the config's (`FlowConfig`) model and measure its data under `ctx`."""
-    return flow(load(config.model, **load_options), config.data, ctx=ctx, **config.kwargs())
+    """`corelens flow`: the config's (`FlowConfig`) model loaded, `flow` run on its data under `ctx`."""
+    return run_loaded(flow, config, ctx, load_options)

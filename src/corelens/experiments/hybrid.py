@@ -506,7 +506,7 @@ def curve(
 
         accuracy_vs_kept(
             result,
-            paths["curve"],
+            paths["hybrid"],
             title=f"hybrid attention on {Path(data).name} (S={sink_n}, W={window_n}, median prompt {median:.0f})",
         )
 

@@ -39,6 +39,7 @@ from corelens.choices import PRIORS
 from corelens.choices import SAP_CONTROLS as CONTROLS
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError
+from corelens.experiments.configs import run_loaded
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.experiments.flow import sample_seed
 from corelens.layout import Layout, Segment
@@ -589,5 +590,5 @@ def sap_path(
 
 
 def run_command(config, ctx: RunContext, load_options: dict) -> SapResult:
-    """`corelens sap`: load the config's (`SapConfig`) model and run the sweep on its data under `ctx`."""
-    return sap(load(config.model, **load_options), config.data, ctx=ctx, **config.kwargs())
+    """`corelens sap`: the config's (`SapConfig`) model loaded, `sap` run on its data under `ctx`."""
+    return run_loaded(sap, config, ctx, load_options)

@@ -77,30 +77,18 @@ RANK = Outputs(
     {"explorer": "explorer.json"},
     summary="heads",
 )
-ABLATE = Outputs(
-    "ablate",
-    {
-        "records": "records.parquet",
-        "table": "ablation.csv",
-        "summary": "ablation_summary.csv",
-        "resampled": "resampled.csv",
-    },
-    {"dose_response": _figure("dose_response.png")},
-    {"sets": "headsets.json", "means": "means.npz"},
-    summary="table",
-)
-HYBRID = Outputs(
-    "hybrid",
-    {
-        "records": "records.parquet",
-        "table": "hybrid.csv",
-        "summary": "hybrid_summary.csv",
-        "resampled": "resampled.csv",
-    },
-    {"curve": _figure("hybrid.png")},
-    {"sets": "policies.json"},
-    summary="table",
-)
+
+
+def _sweep(command: str, table: str, figure: str, sets: dict[str, str]) -> Outputs:
+    """The outputs of a head-set sweep (ablate, hybrid): records, the per-condition table, its per-(set, k)
+    summary, the summary over ranking resamples, one figure and the sets swept."""
+    tables = {"records": "records.parquet", "table": f"{table}.csv", "summary": f"{table}_summary.csv"}
+    figures = {figure: _figure(f"{figure}.png")}
+    return Outputs(command, {**tables, "resampled": "resampled.csv"}, figures, sets, summary="table")
+
+
+ABLATE = _sweep("ablate", "ablation", "dose_response", {"sets": "headsets.json", "means": "means.npz"})
+HYBRID = _sweep("hybrid", "hybrid", "hybrid", {"sets": "policies.json"})
 SAP = Outputs(
     "sap",
     {
