@@ -127,25 +127,21 @@ def _nearest_choice(message: str) -> str:
 
 
 def _summary(name: str) -> str | None:
-    """Return the `help=` a command's register() gives its parser, read from its source (not imported)."""
+    """Return the `help=` a command's register() gives its parser, read from its source (not imported): an
+    `add_parser(name, help=...)` call, or an experiment command's `experiment_command(name, help, ...)`
+    (corelens.commands.options)."""
     origin = importlib.util.find_spec(f"corelens.commands.{name}").origin
     with open(origin, encoding="utf-8") as source:
         tree = ast.parse(source.read(), origin)
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and getattr(node.func, "attr", None) == "add_parser"
-            and node.args
-            and getattr(node.args[0], "value", None) == name
-        ):
-            return next(
-                (
-                    k.value.value
-                    for k in node.keywords
-                    if k.arg == "help" and isinstance(k.value, ast.Constant)
-                ),
-                None,
-            )
+        if not isinstance(node, ast.Call):
+            continue
+        given = {k.arg: k.value.value for k in node.keywords if isinstance(k.value, ast.Constant)}
+        first = [getattr(a, "value", None) for a in node.args[:2]]
+        if getattr(node.func, "attr", None) == "add_parser" and first[:1] == [name]:
+            return given.get("help")
+        if getattr(node.func, "id", None) == "experiment_command" and first[:1] == [name]:
+            return first[1] if len(first) > 1 else given.get("help")
     return None
 
 

@@ -157,3 +157,19 @@ token_size = checked(_token_size, "size")
 device = checked(_device, "device")
 device_map = checked(_device_map, "device_map")
 max_memory = checked(_max_memory, "max_memory")
+
+
+def _syntax(what: str) -> Callable[[str], str]:
+    """Return an argparse `type` checking a layer or head set's syntax; its range waits for the model's sizes."""
+
+    def check(text: str) -> str:
+        # Imported here (it imports torch): only a given --layers / --heads is checked, never --help.
+        from corelens.attention import priors
+
+        getattr(priors, f"parse_{what}s")(text, 1 << 20)  # any size: only the syntax can be wrong yet
+        return text
+
+    return checked(check, f"{what}_set")
+
+
+layer_set, head_set = _syntax("layer"), _syntax("head")  # sap's --layers and --heads

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from corelens.choices import RANDOM_FROM, STABLE_P
-from corelens.commands.argtypes import device, device_map, max_memory, positive
+from corelens.commands.argtypes import device, device_map, max_memory
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -50,15 +49,6 @@ def add_model_options(
     p.add_argument("--offload-folder", default=None, help="with a device map that offloads to disk")
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    """Add the options every command that writes a resumable run folder shares: --repair-log."""
-    p.add_argument(
-        "--repair-log",
-        action="store_true",
-        help="drop the damaged lines of the run's logs before resuming (a copy, samples.jsonl.bak-TIME, is kept)",
-    )
-
-
 def load_options(args: argparse.Namespace) -> dict:
     """Return the keyword arguments of `corelens.load` from parsed model options."""
     return {
@@ -78,77 +68,11 @@ def main_process() -> bool:
     return current().main
 
 
-def add_resample_options(p: argparse.ArgumentParser, verb: str) -> None:
-    """Add --stable-p and --rank-resamples (ranking uncertainty, docs/methods.md#ranking-uncertainty) to `p`."""
-    p.add_argument("--stable-p", type=float, default=STABLE_P, help="P(top-k) threshold of the stable set")
-    p.add_argument(
-        "--rank-resamples",
-        type=int,
-        default=0,
-        help=f"also {verb} the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
-    )
-
-
-def add_draw_options(p: argparse.ArgumentParser, what: str) -> None:
-    """Add --seeds (a count or auto), --control-width and --max-draws (docs/methods.md#control-head-sets)."""
-    from corelens.commands.argtypes import checked, positive
-    from corelens.metrics import draws
-
-    p.add_argument(
-        "--seeds",
-        type=checked(draws.seeds_arg, "seeds"),
-        default=draws.AUTO,
-        help=f"draws of {what}: a count, or auto (batches until the mean over draws is known to --control-width)",
-    )
-    p.add_argument(
-        "--control-width",
-        type=checked(draws.width_arg, "width"),
-        default=draws.WIDTH,
-        help="--seeds auto: width of the 95 %% interval of the control's mean accuracy over draws to reach",
-    )
-    p.add_argument(
-        "--max-draws",
-        type=positive,
-        default=draws.MAX_DRAWS,
-        help="--seeds auto: the most draws of one control (it stops there and says so)",
-    )
-
-
 def print_resampled(result, resamples: int) -> None:
     """Print the table of results over ranking resamples, where the run made one."""
     if result.resampled is not None:
         print(f"top-k over {resamples} resamples of the ranking (median, 90 % interval):")
         print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-
-
-def add_granularity(p: argparse.ArgumentParser, verb: str) -> None:
-    """Add `--granularity query|kv` (the unit that --keep / --k count) to a command taking --heads."""
-    p.add_argument(
-        "--granularity",
-        choices=("query", "kv"),
-        default=None,
-        help=f"unit of the heads {verb}: query heads, or KV heads (all their query heads; a query heads.csv "
-        "is then scored per KV head by its members' summed mass); default: the heads.csv's own "
-        "(docs/methods.md#kv-heads)",
-    )
-
-
-def add_limit_options(p: argparse.ArgumentParser) -> None:
-    """Add --max-pixels and --max-pages, the per-sample resource bounds (docs/methods.md#resource-limits)."""
-    from corelens.data.sample import Limits
-
-    p.add_argument(
-        "--max-pixels",
-        type=positive,
-        default=Limits.max_pixels,
-        help=f"refuse (or with --skip-bad skip) an image above N pixels, from its header (default {Limits.max_pixels:,})",
-    )
-    p.add_argument(
-        "--max-pages",
-        type=positive,
-        default=Limits.max_pages,
-        help=f"refuse (or skip) a sample of more than N images / pages / frames (default {Limits.max_pages:,})",
-    )
 
 
 def limits_of(args: argparse.Namespace):
@@ -192,13 +116,3 @@ def check_data(args: argparse.Namespace) -> None:
     needs = _targets_needed(args)
     if needs and not any(sample.targets for sample in samples):
         raise InputError(f"no sample has target boxes ('targets'): {needs}", file=args.data)
-
-
-def add_random_from(parser) -> None:
-    """Add `--random-from all|non-top` (the pool of the random control) to a command's parser."""
-    parser.add_argument(
-        "--random-from",
-        choices=RANDOM_FROM,
-        default="all",
-        help="pool of the random-k control: all heads (docs/methods.md#interventions) or the heads outside the top-k set",
-    )

@@ -29,7 +29,9 @@ def run(args: argparse.Namespace) -> None:
     if effective:
         hs.provenance["effective"] = effective  # headset.json states the asked and the effective shares
     out = hs.save(args.out)
-    wrote = ["headset.json", "heads.csv", "manifest.json", "README.md"]
+    from corelens.heads.artifact import FILE, MANIFEST, TABLE
+
+    wrote = [FILE, TABLE, MANIFEST, "README.md"]
     if "duo" in targets:
         write_duo(hs, out / "duo_attention", sink=args.sink, window=args.window)
         wrote.append("duo_attention/")

@@ -2,37 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
-
-from corelens.commands.argtypes import existing_path, k_list, output_path
+from corelens.commands.options import experiment_command
 
 
-def curve(args: argparse.Namespace) -> None:
-    """Write the stability curve of one rank run into it and print where the top-k settles."""
-    from corelens.experiments.stability import CURVE, curve_of_run
+def show_curve(info: dict, config) -> None:
+    """Print from which n the top-k (and Spearman) settle, and what was written."""
+    from corelens.experiments.stability import CURVE
 
-    _, info = curve_of_run(args.curve, k=args.k, pairs=args.pairs, seed=args.seed, argv=sys.argv)
     half = info["samples"] // 2
     for name, n in info["first_n_at_0.9"].items():
         label = name.replace("jaccard_top", "top-") + (" Jaccard" if name != "spearman" else "")
         print(f"{label} >= 0.9 from n = {n}" if n else f"{label} < 0.9 up to n = {half} (half the samples)")
-    print(f"wrote {args.curve}/{CURVE}.csv, {CURVE}.json, figures/{CURVE}.png")
+    print(f"wrote {config.curve}/{CURVE}.csv, {CURVE}.json, figures/{CURVE}.png")
 
 
-def run(args: argparse.Namespace) -> None:
-    """Compare rank runs and write the stability run directory (or, with --curve, one run's curve)."""
-    from corelens.errors import CorelensError
-    from corelens.experiments.stability import stability
-
-    if args.curve:
-        if args.runs:
-            raise CorelensError("--curve takes one rank run; give no other run directories")
-        return curve(args)
-    if args.out is None:
-        raise CorelensError("--out is required to compare rank runs")
-
-    result = stability(args.runs, args.out, k=args.k, n_boot=args.n_boot, seed=args.seed, argv=sys.argv)
+def show(result, config) -> None:
+    """Print the Spearman pairs, each run's sparsity and the universal heads (or, with --curve, the curve)."""
+    if config.curve:
+        return show_curve(result, config)
     for row in result.spearman.itertuples():
         print(f"{row.a} vs {row.b}: Spearman {row.spearman:.3f} [{row.low:.3f}, {row.high:.3f}]")
     for row in result.topology.itertuples():
@@ -41,36 +28,13 @@ def run(args: argparse.Namespace) -> None:
             f"{row.heads_for_80pct:.1%} hold 80 %; Gini {row.gini:.3f}"
         )
     universal = ", ".join(f"L{layer}H{head}" for layer, head in result.universal) or "none"
-    print(f"universal heads (top-{args.k} of every run): {universal}")
+    print(f"universal heads (top-{config.k} of every run): {universal}")
     print(
-        f"wrote {args.out}/spearman.csv, jaccard.csv, universal.csv, core_set.csv, topology.csv, depth.csv, figures/"
+        f"wrote {config.out}/spearman.csv, jaccard.csv, universal.csv, core_set.csv, topology.csv, depth.csv, figures/"
     )
 
 
-def register(sub) -> None:
-    """Add the `stability` parser."""
-    s = sub.add_parser("stability", help="cross-task / cross-model stability of rank runs")
-    s.add_argument("runs", nargs="*", type=existing_path, help="rank run directories (two or more)")
-    s.add_argument("--out", type=output_path, default=None, help="run directory to write (not with --curve)")
-    s.add_argument(
-        "--curve",
-        type=existing_path,
-        default=None,
-        metavar="RUN",
-        help="write RUN's stability curve into it: top-k Jaccard and Spearman of two disjoint n-sample rankings",
-    )
-    s.add_argument(
-        "--k",
-        type=k_list,
-        default="5%",
-        help="top-k for Jaccard / universal heads / depth: a count or N%% (--curve: a list)",
-    )
-    s.add_argument("--pairs", type=int, default=200, help="--curve: random subset pairs per n")
-    s.add_argument(
-        "--n-boot",
-        type=int,
-        default=1000,
-        help="posterior draws of each run's means for the Spearman intervals",
-    )
-    s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and subset draws")
-    s.set_defaults(func=run)
+CONFIG, ENTRY = "corelens.experiments.configs:StabilityConfig", "corelens.experiments.stability:run_command"
+run, register = experiment_command(
+    "stability", "cross-task / cross-model stability of rank runs", CONFIG, ENTRY, show
+)

@@ -9,7 +9,6 @@ same file (by sha256). `mean` statistics come from a reference file only — by 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -20,10 +19,11 @@ import torch
 from tqdm import tqdm  # reference means
 
 from corelens.attention.interventions import Ablation, HeadMeans, MeanRecorder, ablate
-from corelens.data.sample import Limits, Sample, read_samples, task_of
+from corelens.data.sample import Sample, read_samples, task_of
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import answer, interval, score
+from corelens.experiments.sweep import Tail, conclude_sweep, run_sweep, summary_table
 from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
 from corelens.metrics import draws, kvheads
 from corelens.metrics.headsets import (
@@ -38,11 +38,13 @@ from corelens.metrics.headsets import (
     select,
 )
 from corelens.metrics.ram import read_ram
-from corelens.metrics.uncertainty import RESAMPLED, draws_interval, resampled_summary, resampled_tables
+from corelens.metrics.uncertainty import RESAMPLED, resampled_tables
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import prepare, prompt_length
-from corelens.runs import Run, current, file_hash, model_data_settings, write_json
-from corelens.runs.driver import Loop, drive, ordered
+from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.runs import MANIFEST, file_hash, model_data_settings, write_json
+from corelens.runs.context import RunContext
+from corelens.runs.driver import Loop, ordered
+from corelens.runs.outputs import ABLATE, RANK
 
 BASELINE = "none"
 COLUMNS = [
@@ -73,9 +75,7 @@ def reference_means(
     recorder = MeanRecorder(m)
     with recorder.installed():
         for sample in tqdm(samples, desc="means", unit="sample", disable=not progress):
-            inputs = {
-                k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepare(m, sample).inputs.items()
-            }
+            inputs = prepare(m, sample).to(m.device)
             with torch.no_grad():
                 m.model(**inputs, use_cache=False, logits_to_keep=1)
     info = {"samples": [s.id for s in samples], **(meta or {})}
@@ -151,7 +151,7 @@ def full_heads(
 
 def ranking_data(heads: str | Path) -> pd.DataFrame:
     """Return the per-sample RAM table (`ram.parquet`) of the rank run that wrote `heads`."""
-    path = Path(heads).parent / "ram.parquet"
+    path = RANK.path(Path(heads).parent, "ram")
     if not path.is_file():
         raise CorelensError(f"--rank-resamples needs the rank run's ram.parquet next to {heads}")
     return read_ram(path)
@@ -201,7 +201,7 @@ def heads_settings(heads: str | Path, identified: dict) -> dict:
 
 def rank_manifest(heads: str | Path) -> dict:
     """Return the settings of the rank run that wrote `heads` (empty when its manifest.json is missing)."""
-    path = Path(heads).parent / "manifest.json"
+    path = Path(heads).parent / MANIFEST
     if not path.is_file():
         return {}
     return json.loads(path.read_text()).get("settings", {})
@@ -221,56 +221,7 @@ def same_file_warning(data: str | Path, identified: dict) -> str | None:
     return None
 
 
-def _summary(
-    table: pd.DataFrame,
-    records: pd.DataFrame,
-    names: dict[str, str],
-    seed: int = 0,
-    *,
-    key: str = "k",
-    size: str = "k_heads",
-    stopped: dict[tuple[str, str], str] | None = None,
-) -> pd.DataFrame:
-    """Return one row per (set, k): mean accuracy over draws, their sd, and the interval.
-
-    A set drawn once (top, bottom, or one draw) gets the Wilson interval of its answers; a set drawn several
-    times gets the two-level bootstrap over draws and samples (`draws_interval`), which includes the
-    variation between draws (`sd`). `names` maps each (set, k) row's conditions to their names in records.
-    `draw_width` is the width of the t-interval of the mean over draws (`corelens.metrics.draws`, what
-    `--seeds auto` narrows) and `stopped` why the draws stopped (`stopped`, by (set, k); "" for undrawn sets).
-    `key` / `size` name the k and head-count columns (hybrid.csv: keep, full_heads).
-    """
-    rows = []
-    for (kind, k), group in table.groupby(["set", key], sort=False):
-        correct, n = int(group["correct"].sum()), int(group["n"].sum())
-        low, high = interval(correct, n)
-        method = "wilson"
-        if len(group) > 1:
-            conds = [names[(kind, str(k), s)] for s in group["seed"]]
-            got = records[records["condition"].isin(conds)]
-            answers = got.pivot(index="condition", columns="sample", values="correct").dropna(axis=1)
-            if answers.shape[1]:
-                low, high = draws_interval(answers.to_numpy(dtype=float), seed=seed)
-                method = "two-level bootstrap"
-        drawn = kind in SEEDED
-        d_low, d_high = draws.draw_interval(group["accuracy"]) if drawn else (float("nan"),) * 2
-        rows.append(
-            {
-                "set": kind,
-                key: k,
-                size: int(group[size].iloc[0]),
-                "short_by": int(group["short_by"].max()),
-                "seeds": int(group["seed"].notna().sum()) or 1,
-                "accuracy": float(group["accuracy"].mean()),
-                "sd": float(group["accuracy"].std(ddof=1)) if len(group) > 1 else 0.0,
-                "ci_low": low,
-                "ci_high": high,
-                "interval": method,
-                "draw_width": d_high - d_low,
-                "stopped": (stopped or {}).get((kind, str(k)), "fixed" if drawn else ""),
-            }
-        )
-    return pd.DataFrame(rows)
+_summary = summary_table  # the sweeps' summary, now in corelens.experiments.sweep (hybrid imports it here)
 
 
 def _table(
@@ -336,17 +287,13 @@ def sweep(
     reference: str | Path | None = None,
     scorer: str = "auto",
     max_new_tokens: int = 8,
-    limit: int | None = None,
-    skip_bad: bool = False,
-    limits: Limits | None = None,
-    out: str | Path | None = None,
-    progress: bool = False,
-    argv: list[str] | None = None,
     warn: Callable[[str], None] = default_warn,
     rank_resamples: int = 0,
     resample: bool = True,
     stable_p: float = STABLE_P,
     granularity: str | None = None,
+    ctx: RunContext | None = None,
+    **context,
 ) -> Sweep:
     """Ablate top / bottom / random / layer-matched head sets of `heads` at each k; evaluate on `data`.
 
@@ -359,7 +306,10 @@ def sweep(
     say which, and how wide).
     `granularity` "kv" draws sets of KV heads (k counts them) and ablates all their query heads; None: the
     heads.csv's own granularity (docs/methods.md#kv-heads).
+    `ctx` is the run (`RunContext`: `out`, `skip_bad`, `limit`, `limits`, `progress`, `argv`), whose fields
+    may also be given as keywords.
     """
+    ctx = RunContext.of(ctx, **context)
     ks = parse_k(ks)
     table = read_heads(heads, m, granularity)
     unit, group = kvheads.granularity_of(table), kvheads.group_size(m.num_heads, m.num_kv_heads)
@@ -372,7 +322,7 @@ def sweep(
     seeded = [s for s in sets if s in SEEDED]
     draws.check(seeds, control_width, max_draws)
     auto = seeds == draws.AUTO
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
+    samples, skipped = ctx.read(data)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
         raise InputError(
@@ -404,7 +354,7 @@ def sweep(
             )
 
     run = None
-    if out is not None:
+    if ctx.out is not None:
         settings = {
             **model_data_settings(m, data),
             **heads_settings(heads, identified),
@@ -420,8 +370,8 @@ def sweep(
             "reference_sha256": file_hash(ref_path) if ref_path else None,
             "scorer": scorer,
             "max_new_tokens": max_new_tokens,
-            "limit": limit,
-            "skip_bad": skip_bad,
+            "limit": ctx.limit,
+            "skip_bad": ctx.skip_bad,
         }
         # Recorded only when used, so that runs without them resume as before.
         if rank_resamples:
@@ -432,7 +382,7 @@ def sweep(
             settings["granularity"] = unit
         if auto and seeded:
             settings.update(control_width=control_width, max_draws=max_draws)
-        run = Run(out, "ablate", settings, argv, dist=current(), device=m.device)
+        run = ctx.open("ablate", settings, device=m.device)
         if warning and run.dist.main:
             run.manifest.setdefault("warnings", [])
             if warning not in run.manifest["warnings"]:
@@ -441,7 +391,7 @@ def sweep(
     def record_sets() -> None:
         if run is not None and run.dist.main:
             write_json(
-                run.path / "headsets.json",
+                ABLATE.path(run.path, "sets"),
                 [{"name": c.name, **c.ablation.to_dict()} for c in conds],
                 root=run.path,
             )
@@ -450,7 +400,7 @@ def sweep(
 
     means = None
     if op == "mean":
-        stored = run.path / "means.npz" if run else None
+        stored = ABLATE.path(run.path, "means") if run else None
         if stored is None or (run.dist.main and not stored.is_file()):
             # Bad reference records are left out (listed in the metadata) rather than stopping the sweep.
             refs, bad = read_samples(ref_path, skip_bad=True)
@@ -459,20 +409,19 @@ def sweep(
                 "reference_sha256": file_hash(ref_path),
                 "skipped_lines": [b.line for b in bad],
             }
-            means = reference_means(m, refs, progress=progress, meta=meta)
+            means = reference_means(m, refs, progress=ctx.progress, meta=meta)
             if stored is not None:
                 means.save(stored)
         if stored is not None:
             run.dist.barrier()  # under torchrun rank 0 records the means once; every rank reads them
             means = HeadMeans.load(stored)
 
-    def step(sample: Sample, done: set[str]) -> Iterator[dict]:
+    def step(sample: Sample, done: set[str], prepared: Prepared) -> Iterator[dict]:
         if op == "knockout" and keys == "omega" and not sample.targets:
             # A question kept for scoring without evidence (e.g. MMLongBench-Doc "[]"): no Ω to knock out.
             reason = "no evidence target: knocking out Ω needs one"
             yield {"id": f"skipped|{sample.id}", "status": "skipped", "line": sample.line, "reason": reason}
             return
-        prepared = prepare(m, sample)
         if op == "knockout" and keys == "omega":
             prepared.layout.omega(sample.targets, sample=sample.id)  # bad targets fail here, not mid-sweep
         answers: dict[tuple, str] = {}  # equal head sets share one generation
@@ -502,12 +451,13 @@ def sweep(
         keys=lambda s: [f"{c.name}|{s.id}" for c in conds],
         skip_key=lambda s: f"skipped|{s.id}",
         length=partial(prompt_length, m),
+        prepare=partial(prepare, m),
     )
     have: dict[str, dict] = {}  # records of earlier rounds (a run without --out keeps them only here)
     columns = ["condition", "sample", "task", "prediction", "gold", "correct"]
 
     def evaluate() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
-        got = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+        got = ctx.drive(loop, samples, run, skipped)
         have.update((r["id"], r) for r in got)
         logged = ordered(loop, samples, have.values())
         ok = [r for r in logged if r["status"] == "ok"]
@@ -527,35 +477,37 @@ def sweep(
         logged, records, result_table = evaluate()
         found = draws.controls(result_table, "k", control_width, max_draws, auto)
     names = {(c.kind, c.k, c.seed): c.name for c in conds}
-    stopped = {(c.kind, c.k): c.stopped for c in found}
-    summary = _summary(result_table, records, names, seed, stopped=stopped)
-    summary.insert(0, "task", task)
-    resampled = None
-    if rank_resamples:
-        sets = ((c.k, c.ablation.heads) for c in conds if c.kind == RESAMPLED)
-        resampled = resampled_summary(result_table, "k", sets)
-    if run and not run.dist.main:
-        run.finish()
-    elif run:
-        run.manifest["controls"] = draws.manifest(found, task, control_width, max_draws, auto)
-        run.table(records, "records.parquet")
-        run.table(result_table, "ablation.csv")
-        run.table(summary, "ablation_summary.csv")
-        if resampled is not None:
-            run.table(resampled, "resampled.csv")
+    tail = Tail(
+        ABLATE,
+        result_table,
+        records,
+        names,
+        found,
+        task,
+        seed,
+        "k",
+        "k_heads",
+        control_width,
+        max_draws,
+        auto,
+    )
+    resampled_sets_ = (
+        [(c.k, c.ablation.heads) for c in conds if c.kind == RESAMPLED] if rank_resamples else None
+    )
+
+    def draw(paths: dict[str, Path]) -> None:
         from corelens.report.curves import dose_response
 
         dose_response(
             result_table,
-            run.path / "figures" / "dose_response.png",
+            paths["dose_response"],
             total_heads=len(table),  # the asked rows' total: query or KV heads
             title=f"{op} ablation on {Path(data).name}",
         )
-        n_skipped = sum(1 for r in logged if r["status"] == "skipped")
-        run.finish(samples=len(samples), conditions=len(conds), skipped=n_skipped)
-    if run is None or run.dist.main:
-        for c in found:
-            print(f"ablate: {task}: {c.line(control_width, max_draws)}", file=sys.stderr)
+
+    n_skipped = sum(1 for r in logged if r["status"] == "skipped")
+    finish = {"samples": len(samples), "conditions": len(conds), "skipped": n_skipped}
+    summary, resampled = conclude_sweep(run, tail, resampled_sets_, draw=draw, **finish)
     return Sweep(result_table, summary, records, resampled)
 
 
@@ -570,3 +522,8 @@ def sweep_path(
 ) -> Sweep:
     """Load `model` (with `load()`'s `load_options`) and run an ablation sweep into run directory `out`."""
     return sweep(load(model, **(load_options or {})), data, heads, out=out, **kwargs)
+
+
+def run_command(config, ctx: RunContext, load_options: dict) -> Sweep:
+    """`corelens ablate`: the generic sweep command (`experiments.sweep.run_sweep`) running `sweep`."""
+    return run_sweep(sweep, config, ctx, load_options)

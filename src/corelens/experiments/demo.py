@@ -29,6 +29,7 @@ from corelens.organism import CHECKPOINT
 from corelens.organism.tasks import TASKS, WORDS, generate
 from corelens.report.html import write_report
 from corelens.report.summary import ablation_sentences, hybrid_sentences
+from corelens.runs.outputs import MANIFEST, RANK
 
 ORGANISM_LABEL = "corelens model organism (Qwen2.5-VL, 4 layers x 8 heads, trained from scratch; see CARD.md)"
 RANDOM_LABEL = "tiny randomly initialised Qwen2.5-VL (organism checkpoint missing: rankings are meaningless)"
@@ -70,7 +71,7 @@ def default_model(folder: Path) -> tuple[Path, str]:
 
 def _say(task: str, name: str, run: Path, sentences) -> None:
     """Print a sweep's findings, as the report states them (a difference only where its interval excludes 0)."""
-    manifest = json.loads((run / "manifest.json").read_text())
+    manifest = json.loads((run / MANIFEST).read_text())
     for sentence in sentences(run, manifest):
         print(f"[{task} {name}] {sentence}")
 
@@ -78,7 +79,7 @@ def _say(task: str, name: str, run: Path, sentences) -> None:
 def sweeps(m: Loaded, out: Path, task: str, ranked: Path, n: int) -> dict[str, Path]:
     """Ablate (image, video) or keep full (document) the top / bottom / random heads of `task` on other samples."""
     data = generate(task, out / "data" / f"{task}-eval", n, seed=EVAL_SEED)
-    heads = ranked / "heads.csv"
+    heads = RANK.path(ranked, "heads")
     if task in ABLATE:
         run = out / f"ablate-{task}"
         print(f"[{task} ablate] zeroing the top / bottom / random {ABLATE[task]} heads on {n} other samples")

@@ -108,7 +108,7 @@ def answer(
     """Return the model's greedy answer to `sample` (new tokens only, special tokens dropped)."""
     # A caller answering one sample under many interventions prepares it once and passes `prepared`.
     prepared = prepared if prepared is not None else prepare(m, sample, blank=blank)
-    inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
+    inputs = prepared.to(m.device)
     with torch.no_grad():
         out = m.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     new = out[0, inputs["input_ids"].shape[1] :]

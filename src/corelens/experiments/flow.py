@@ -25,14 +25,17 @@ import torch
 
 from corelens.capture import LayerStates, ResidualCapture
 from corelens.choices import BASELINES, DEFAULT_ALPHA, POSITION_SETS, REFERENCES, ROPE_ON
-from corelens.data.sample import Limits, Sample, read_samples
+from corelens.data.sample import Sample
 from corelens.errors import CorelensError, InputError, OptionError
+from corelens.experiments.loading import run_loaded
 from corelens.metrics.mixing import MIXIG_OF, TME_ROWS, tme
 from corelens.metrics.spectra import FP32_EPS, RANK_RULES, SPECTRUM_METHODS, Spectrum, rid_terms, spectrum
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import prepare, prompt_length
-from corelens.runs import Run, current, model_data_settings
-from corelens.runs.driver import Loop, drive
+from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.runs import model_data_settings
+from corelens.runs.context import RunContext
+from corelens.runs.driver import Loop
+from corelens.runs.outputs import FLOW, conclude
 
 METRIC_COLUMNS = (
     "rid",
@@ -212,13 +215,18 @@ def _positions(prepared, which: str) -> torch.Tensor | None:
 
 
 def measure_flow(
-    m: Loaded, sample: Sample, baseline: str = "none", opts: FlowOptions | None = None
+    m: Loaded,
+    sample: Sample,
+    baseline: str = "none",
+    opts: FlowOptions | None = None,
+    prepared: Prepared | None = None,
 ) -> tuple[list[dict], int]:
-    """Return (rows, measured tokens): one row per layer and module ('attn', 'ffn', and 'rope' = ε_RoPE)."""
+    """Return (rows, measured tokens): one row per layer and module ('attn', 'ffn', and 'rope' = ε_RoPE);
+    `prepared` is the sample as the driver prepared it (prepared here when not given)."""
     opts = opts or FlowOptions()
     if baseline not in BASELINES:
         raise OptionError(f"unknown baseline {baseline!r}; expected one of {BASELINES}")
-    prepared = prepare(m, sample)
+    prepared = prepared if prepared is not None else prepare(m, sample)
     try:
         positions = _positions(prepared, opts.positions)
     except InputError as err:
@@ -254,9 +262,8 @@ def measure_flow(
         attn_delta=noise_delta(seed) if baseline == "noise-delta" else None,
         norope=opts.rope and baseline == "none",
     )
-    inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     with torch.no_grad(), capture:
-        m.model(**inputs, use_cache=False, logits_to_keep=1)
+        m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
     tokens = prepared.seq_len if positions is None else len(positions)
     return rows, tokens
 
@@ -352,49 +359,43 @@ def flow(
     *,
     baselines: Sequence[str] = BASELINES,
     options: FlowOptions | None = None,
-    limit: int | None = None,
-    out: str | Path | None = None,
-    skip_bad: bool = False,
-    limits: Limits | None = None,
-    progress: bool = False,
-    argv: list[str] | None = None,
+    ctx: RunContext | None = None,
+    **context,
 ) -> FlowResult:
-    """Measure every decoder module of `m` on the samples of `data` under `baselines`; with `out`, a run dir."""
+    """Measure every decoder module of `m` on the samples of `data` under `baselines`; with `ctx.out`, a run
+    dir. `ctx` is the run (`RunContext`); its fields may also be given as keywords (`out=`, `skip_bad=`, ...)."""
+    ctx = RunContext.of(ctx, **context)
     opts = options or FlowOptions()
     opts.check()
     for b in baselines:
         if b not in BASELINES:
             raise CorelensError(f"unknown baseline {b!r}; expected one of {BASELINES}")
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
+    samples, skipped = ctx.read(data)
     run = None
-    if out is not None:
+    if ctx.out is not None:
         settings = {
             **model_data_settings(m, data),
             "baselines": list(baselines),
-            "limit": limit,
-            "skip_bad": skip_bad,
+            "limit": ctx.limit,
+            "skip_bad": ctx.skip_bad,
             **asdict(opts),
         }
-        run = Run(out, "flow", settings, argv, dist=current(), device=m.device)
+        run = ctx.open("flow", settings, device=m.device)
     logged: dict[str, dict] = {}  # every record once (read-time skips come back with each baseline)
     for i, baseline in enumerate(baselines):
         # One loop per baseline: noise-qkv replaces the weights once around all of its samples.
-        def step(sample: Sample, done: set[str], baseline: str = baseline) -> list[dict]:
-            rows, tokens = measure_flow(m, sample, baseline, opts)
+        def step(sample: Sample, done: set[str], prepared: Prepared, baseline: str = baseline) -> list[dict]:
+            rows, tokens = measure_flow(m, sample, baseline, opts, prepared)
             return [_record(sample, baseline, rows, tokens)]
 
         key = partial(_key, baseline)
         keys = partial(_keys, key)
-        loop = Loop(f"flow {baseline}", step, keys=keys, skip_key=key, length=partial(prompt_length, m))
+        length = partial(prompt_length, m)
+        loop = Loop(
+            f"flow {baseline}", step, keys=keys, skip_key=key, length=length, prepare=partial(prepare, m)
+        )
         with noised_qkv(m, opts.seed) if baseline == "noise-qkv" else _nothing():
-            records = drive(
-                loop,
-                samples,
-                run=run,
-                skipped=skipped if i == 0 else (),
-                skip_bad=skip_bad,
-                progress=progress,
-            )
+            records = ctx.drive(loop, samples, run, skipped if i == 0 else ())
         logged.update((r["id"], r) for r in records)
     ok = sorted(
         (r for r in logged.values() if r.get("status") == "ok"), key=lambda r: BASELINES.index(r["baseline"])
@@ -402,16 +403,14 @@ def flow(
     n_skipped = sum(1 for r in logged.values() if r.get("status") == "skipped")
     frame = flow_frame(ok)
     result = FlowResult(frame, table1(frame, opts), layer_means(frame))
-    if run is not None and not run.dist.main:
-        run.finish()
-    elif run is not None:
-        run.table(frame, "flow.parquet")
-        run.table(result.table, "table1.csv")
-        run.table(result.layers, "layers.csv")
+
+    def draw(paths: dict[str, Path]) -> None:
         from corelens.report.geometry import flow_curves
 
-        flow_curves(result.layers, run.path / "figures" / "flow_layers.png")
-        run.finish(samples=len({r["sample_id"] for r in ok}), skipped=n_skipped)
+        flow_curves(result.layers, paths["flow_layers"])
+
+    tables = {"frame": frame, "table": result.table, "layers": result.layers}
+    conclude(run, FLOW, tables, draw=draw, samples=len({r["sample_id"] for r in ok}), skipped=n_skipped)
     return result
 
 
@@ -425,3 +424,8 @@ def flow_path(
 ) -> FlowResult:
     """Load `model` (with `load()`'s `load_options`) and run `flow` on `data` into run directory `out`."""
     return flow(load(model, **(load_options or {})), data, out=out, **kwargs)
+
+
+def run_command(config, ctx: RunContext, load_options: dict) -> FlowResult:
+    """`corelens flow`: the config's (`FlowConfig`) model loaded, `flow` run on its data under `ctx`."""
+    return run_loaded(flow, config, ctx, load_options)

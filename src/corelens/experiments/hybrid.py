@@ -18,7 +18,6 @@ is logged before the next starts.
 from __future__ import annotations
 
 import statistics
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,19 +30,22 @@ import torch
 from corelens.attention.hybrid import DECODES, HybridPolicy, hybrid
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
 from corelens.choices import ADAPTIVE, HYBRID_SET_KINDS
-from corelens.data.sample import Limits, Sample, read_samples, task_of
+from corelens.data.sample import Sample, task_of
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.ablate import _summary, rank_manifest, read_heads, resampled_sets, same_file_warning
+from corelens.experiments.ablate import rank_manifest, read_heads, resampled_sets, same_file_warning
 from corelens.experiments.evaluate import interval, score
+from corelens.experiments.sweep import Tail, conclude_sweep, run_sweep
 from corelens.metrics import draws
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
 from corelens.metrics.kvheads import expand, granularity_of, group_size, shares
-from corelens.metrics.uncertainty import RESAMPLED, resampled_summary
+from corelens.metrics.uncertainty import RESAMPLED
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
-from corelens.runs import Run, current, file_hash, model_data_settings, write_json
-from corelens.runs.driver import Loop, drive, ordered, prompt_lengths
+from corelens.runs import file_hash, model_data_settings, write_json
+from corelens.runs.context import RunContext
+from corelens.runs.driver import Loop, ordered, prompt_lengths
+from corelens.runs.outputs import HYBRID
 
 DENSE = "dense"
 SETS = ("top", "random", "bottom")
@@ -137,7 +139,7 @@ def conditions(
 
 
 def _inputs(m: Loaded, prepared: Prepared) -> dict:
-    return {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
+    return prepared.to(m.device)
 
 
 def generate_answer(
@@ -284,12 +286,6 @@ def curve(
     decode: str = "full",
     scorer: str = "auto",
     max_new_tokens: int = 8,
-    limit: int | None = None,
-    skip_bad: bool = False,
-    limits: Limits | None = None,
-    out: str | Path | None = None,
-    progress: bool = False,
-    argv: list[str] | None = None,
     warn: Callable[[str], None] = default_warn,
     rank_resamples: int = 0,
     resample: bool = True,
@@ -297,6 +293,8 @@ def curve(
     granularity: str | None = None,
     kernel: str = "auto",
     dense_below: float | None = DENSE_BELOW,
+    ctx: RunContext | None = None,
+    **context,
 ) -> HybridCurve:
     """Evaluate `data` under hybrid attention with top / random / bottom full sets of `heads` at each kept share.
 
@@ -309,7 +307,10 @@ def curve(
     `seeds`, `control_width`, `max_draws`: the draws of random / layer-matched sets, seeded for the data's task
     (`task_of`), as in `corelens.experiments.ablate.sweep`; `hybrid_summary.csv` holds each set's mean over
     draws with the two-level interval.
+    `ctx` is the run (`RunContext`: `out`, `skip_bad`, `limit`, `limits`, `progress`, `argv`), whose fields
+    may also be given as keywords.
     """
+    ctx = RunContext.of(ctx, **context)
     keeps = parse_k(keeps)
     if decode not in DECODES:
         raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
@@ -329,7 +330,7 @@ def curve(
     warning = same_file_warning(data, identified)
     if warning:
         warn(warning)
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
+    samples, skipped = ctx.read(data)
     missing = [s.id for s in samples if s.answer is None]
     if missing:
         raise InputError(
@@ -338,9 +339,8 @@ def curve(
     task = task_of(samples, data)
     drawn_kinds = [s for s in sets if s in SEEDED]
 
-    dist = current()
     run = None
-    if out is not None:
+    if ctx.out is not None:
         settings = {
             **model_data_settings(m, data),
             "heads": str(Path(heads).resolve()),
@@ -357,8 +357,8 @@ def curve(
             "decode": decode,
             "scorer": scorer,
             "max_new_tokens": max_new_tokens,
-            "limit": limit,
-            "skip_bad": skip_bad,
+            "limit": ctx.limit,
+            "skip_bad": ctx.skip_bad,
         }
         # Recorded only when used, so that runs without them resume as before.
         if rank_resamples:
@@ -371,7 +371,7 @@ def curve(
             settings.update(kernel=kernel, dense_below=dense_below)
         if auto and drawn_kinds:
             settings.update(control_width=control_width, max_draws=max_draws)
-        run = Run(out, "hybrid", settings, argv, dist=dist, device=m.device)
+        run = ctx.open("hybrid", settings, device=m.device)
     # S and W may be shares of the median prompt: measure every prompt once (over all ranks, cached in the run).
     measured = prompt_lengths(samples, partial(prompt_length, m), run)
     lengths = [n for n in measured.values() if n is not None]
@@ -398,7 +398,7 @@ def curve(
             run.manifest["warnings"] = sorted(set(run.manifest.get("warnings", [])) | {warning})
         run.manifest["task"] = task
         write_json(
-            run.path / "policies.json",
+            HYBRID.path(run.path, "sets"),
             [
                 {"name": c.name, **(c.policy.to_dict() if c.policy else {}), "adaptive": c.adaptive}
                 for c in conds
@@ -408,8 +408,7 @@ def curve(
 
     record_policies()
 
-    def step(sample: Sample, done: set[str]) -> Iterator[dict]:
-        p = prepare(m, sample)
+    def step(sample: Sample, done: set[str], p: Prepared) -> Iterator[dict]:
         answers: dict[tuple | None, tuple[str, float, Counter]] = {}  # equal full sets share one generation
         for c in conds:
             if f"{c.name}|{sample.id}" in done or f"{c.name}|{sample.id}" in have:
@@ -450,12 +449,13 @@ def curve(
         keys=lambda s: [f"{c.name}|{s.id}" for c in conds],
         skip_key=lambda s: f"skipped|{s.id}",
         length=lambda s: measured[s.id] or 0,
+        prepare=partial(prepare, m),
     )
     have: dict[str, dict] = {}  # records of earlier rounds (a run without --out keeps them only here)
     columns = ["condition", "sample", "task", "tokens", "prediction", "gold", "correct", "saved"]
 
     def evaluate() -> tuple[list[dict], list[dict], pd.DataFrame, pd.DataFrame]:
-        got = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+        got = ctx.drive(loop, samples, run, skipped)
         have.update((r["id"], r) for r in got)
         logged = ordered(loop, samples, have.values())
         ok = [r for r in logged if r.get("status") == "ok"]
@@ -483,40 +483,36 @@ def curve(
         logged, ok, records, result = evaluate()
         found = draws.controls(result, "keep", control_width, max_draws, auto)
     names = {(c.kind, c.keep, c.seed): c.name for c in conds}
-    stopped = {(c.kind, c.k): c.stopped for c in found}
-    summary = _summary(result, records, names, seed, key="keep", size="full_heads", stopped=stopped)
-    summary.insert(0, "task", task)
-    resampled = None
-    if rank_resamples:
-        sets = ((c.keep, c.policy.full) for c in conds if c.kind == RESAMPLED)
-        resampled = resampled_summary(result, "keep", sets)
-    if run and not run.dist.main:
-        run.finish()
-    elif run:
-        totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
-        run.manifest["prefill"] = {
-            "kernel": kernel,
-            "dense_below": dense_below,
-            "layer_prefills": dict(totals),
-        }
-        run.manifest["controls"] = draws.manifest(found, task, control_width, max_draws, auto)
-        run.table(records, "records.parquet")
-        run.table(result, "hybrid.csv")
-        run.table(summary, "hybrid_summary.csv")
-        if resampled is not None:
-            run.table(resampled, "resampled.csv")
+    tail = Tail(
+        HYBRID,
+        result,
+        records,
+        names,
+        found,
+        task,
+        seed,
+        "keep",
+        "full_heads",
+        control_width,
+        max_draws,
+        auto,
+    )
+    over = [(c.keep, c.policy.full) for c in conds if c.kind == RESAMPLED] if rank_resamples else None
+    totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
+    prefill = {"kernel": kernel, "dense_below": dense_below, "layer_prefills": dict(totals)}
+
+    def draw(paths: dict[str, Path]) -> None:
         from corelens.report.hybrid import accuracy_vs_kept
 
         accuracy_vs_kept(
             result,
-            run.path / "figures" / "hybrid.png",
+            paths["hybrid"],
             title=f"hybrid attention on {Path(data).name} (S={sink_n}, W={window_n}, median prompt {median:.0f})",
         )
-        skips = sum(1 for r in logged if r.get("status") == "skipped")
-        run.finish(samples=len(samples), conditions=len(conds), skipped=skips)
-    if run is None or run.dist.main:
-        for c in found:
-            print(f"hybrid: {task}: {c.line(control_width, max_draws)}", file=sys.stderr)
+
+    skips = sum(1 for r in logged if r.get("status") == "skipped")
+    finish = {"samples": len(samples), "conditions": len(conds), "skipped": skips}
+    summary, resampled = conclude_sweep(run, tail, over, draw=draw, manifest={"prefill": prefill}, **finish)
     return HybridCurve(result, records, sink_n, window_n, median, resampled, summary)
 
 
@@ -536,3 +532,8 @@ def curve_path(
 ) -> HybridCurve:
     """Load `model` (with `load()`'s `load_options`) and run the hybrid accuracy curve into run directory `out`."""
     return curve(load(model, **(load_options or {})), data, heads, out=out, **kwargs)
+
+
+def run_command(config, ctx: RunContext, load_options: dict) -> HybridCurve:
+    """`corelens hybrid`: the generic sweep command (`experiments.sweep.run_sweep`) running `curve`."""
+    return run_sweep(curve, config, ctx, load_options)

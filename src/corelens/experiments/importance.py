@@ -29,7 +29,7 @@ import torch
 
 from corelens.attention.attribution import GATED_OPS, HeadGate
 from corelens.attention.interventions import Ablation, ablate
-from corelens.data.sample import Limits, Sample, read_samples
+from corelens.data.sample import Sample
 from corelens.errors import InputError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.ablate import heads_settings, rank_manifest, read_heads, same_file_warning
@@ -40,8 +40,10 @@ from corelens.metrics.ram import read_ram
 from corelens.metrics.stability import sample_matrix
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
-from corelens.runs import Run, current, model_data_settings, write_json
-from corelens.runs.driver import Loop, drive
+from corelens.runs import current, model_data_settings
+from corelens.runs.context import RunContext
+from corelens.runs.driver import Loop
+from corelens.runs.outputs import IMPORTANCE, RANK, conclude
 
 ESTIMATORS = ("exact", "attribution", "both")
 BASE = "base"
@@ -49,10 +51,6 @@ RECORD_COLUMNS = [
     "sample", "task", "layer", "head", "logp_base", "logp", "drop_logp", "correct_base", "correct",
     "drop_acc", "attribution", "prediction_base", "prediction", "gold",
 ]  # fmt: skip
-
-
-def _device_inputs(m: Loaded, prepared: Prepared) -> dict:
-    return {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
 
 
 def answer_logp(m: Loaded, forced: Prepared) -> torch.Tensor:
@@ -63,7 +61,7 @@ def answer_logp(m: Loaded, forced: Prepared) -> torch.Tensor:
     """
     rows = forced.answer_rows
     keep = forced.seq_len - int(rows[0]) + 1  # the row before the first answer token, through the last
-    inputs = _device_inputs(m, forced)
+    inputs = forced.to(m.device)
     logits = m.model(**inputs, use_cache=False, logits_to_keep=keep).logits[0, :-1].double()
     ids = inputs["input_ids"][0, torch.as_tensor(rows, device=inputs["input_ids"].device)]
     return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, None].to(logits.device)).sum()
@@ -161,7 +159,7 @@ def _matrix(records: pd.DataFrame, column: str) -> np.ndarray | None:
 
 def _ram_matrix(heads: str | Path) -> np.ndarray | None:
     """Return the rank run's (samples, heads) RAM matrix from ram.parquet beside heads.csv, if it is there."""
-    path = Path(heads).parent / "ram.parquet"
+    path = RANK.path(Path(heads).parent, "ram")
     return sample_matrix(read_ram(path)) if path.is_file() else None
 
 
@@ -175,22 +173,20 @@ def measure(
     method: str = "both",
     scorer: str = "auto",
     max_new_tokens: int = 8,
-    limit: int | None = None,
-    skip_bad: bool = False,
-    limits: Limits | None = None,
     allow_same_data: bool = False,
     draws: int = 1000,
     seed: int = 0,
-    out: str | Path | None = None,
-    progress: bool = False,
-    argv: list[str] | None = None,
     warn: Callable[[str], None] = default_warn,
+    ctx: RunContext | None = None,
+    **context,
 ) -> dict:
     """Measure every head's single-head effect on `data`; return {"table", "records", "summary"}.
 
-    With `out`, a resumable run directory: samples.jsonl, records.parquet, importance.csv, summary.json and
-    figures/ram_vs_causal.png.
+    With `ctx.out`, a resumable run directory: samples.jsonl, records.parquet, importance.csv, summary.json
+    and figures/ram_vs_causal.png. `ctx` is the run (`RunContext`); its fields may also be given as keywords
+    (`out=`, `skip_bad=`, `limit=`, ...).
     """
+    ctx = RunContext.of(ctx, **context)
     if op not in GATED_OPS:
         raise OptionError(f"--op must be one of {GATED_OPS} (single-head effects), got {op!r}")
     if method not in ESTIMATORS:
@@ -204,12 +200,12 @@ def measure(
             file=str(heads),
         )
     warning = _same_data(data, heads, allow_same_data, warn)
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
+    samples, skipped = ctx.read(data)
     _check_samples(samples, data, op, keys)
     exact, gradient = method in ("exact", "both"), method in ("attribution", "both")
 
     run = None
-    if out is not None:
+    if ctx.out is not None:
         identified = rank_manifest(heads)
         settings = {
             **model_data_settings(m, data),
@@ -219,16 +215,15 @@ def measure(
             "method": method,
             "scorer": scorer,
             "max_new_tokens": max_new_tokens,
-            "limit": limit,
-            "skip_bad": skip_bad,
+            "limit": ctx.limit,
+            "skip_bad": ctx.skip_bad,
         }
-        run = Run(out, "importance", settings, argv, dist=current(), device=m.device)
+        run = ctx.open("importance", settings, device=m.device)
         if warning and run.dist.main and warning not in run.manifest.setdefault("warnings", []):
             run.manifest["warnings"].append(warning)
 
-    def step(sample: Sample, done: set[str]) -> Iterator[dict]:
-        prepared = prepare(m, sample)
-        forced = prepare(m, sample, answer=sample.answer)
+    def step(sample: Sample, done: set[str], both: tuple[Prepared, Prepared]) -> Iterator[dict]:
+        prepared, forced = both  # the prompt, and the prompt with the gold answer teacher-forced
         blocked = blocked_positions(sample, forced, op, keys)  # bad Omega fails here, before any record
 
         def measured(ablation: Ablation | None) -> tuple[float, str, bool]:
@@ -269,8 +264,9 @@ def measure(
         keys=lambda s: [f"{BASE}|{s.id}", *(head_key(h, s.id) for h in grid if exact)],
         skip_key=lambda s: f"skipped|{s.id}",
         length=partial(prompt_length, m),
+        prepare=lambda s: (prepare(m, s), prepare(m, s, answer=s.answer)),
     )
-    logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+    logged = ctx.drive(loop, samples, run, skipped)
     records = _records(logged, grid)
     logp, acc, estimate = (_matrix(records, c) for c in ("drop_logp", "drop_acc", "attribution"))
     result = importance_table(table, logp, acc, estimate, draws=draws, seed=seed)
@@ -287,17 +283,15 @@ def measure(
     few = few_samples(summary["samples"], "importance table", "intervals")
     if few and (run is None or run.dist.main):  # once, not by every rank
         warn(few)
-    if run and not run.dist.main:
-        run.finish()
-    elif run:
-        run.table(records, "records.parquet")
-        run.table(result, "importance.csv")
-        write_json(run.path / "summary.json", summary, root=run.path)
+
+    def draw(paths: dict[str, Path]) -> None:
         from corelens.report.importance import ram_vs_causal
 
-        ram_vs_causal(result, run.path / "figures" / "ram_vs_causal.png", summary, title=Path(data).name)
-        n_skipped = sum(1 for r in logged if r["status"] == "skipped")
-        run.finish(samples=summary["samples"], skipped=n_skipped)
+        ram_vs_causal(result, paths["ram_vs_causal"], summary, title=Path(data).name)
+
+    tables = {"records": records, "table": result, "summary": summary}
+    n_skipped = sum(1 for r in logged if r["status"] == "skipped")
+    conclude(run, IMPORTANCE, tables, draw=draw, samples=summary["samples"], skipped=n_skipped)
     return {"table": result, "records": records, "summary": summary}
 
 
@@ -335,3 +329,16 @@ def measure_path(
     if current().main:
         print(sentence(result["summary"]), file=sys.stderr)
     return result
+
+
+def run_command(config, ctx: RunContext, load_options: dict) -> dict:
+    """`corelens importance`: measure the config's (`ImportanceConfig`) model on its data under `ctx`."""
+    return measure_path(
+        config.model,
+        config.data,
+        config.heads,
+        ctx.out,
+        ctx=ctx,
+        load_options=load_options,
+        **config.kwargs(),
+    )

@@ -55,12 +55,13 @@ class OmegaSettings:
 
 
 def _device_inputs(m: Loaded, inputs: dict) -> dict:
+    """A batch of inputs (not one `Prepared`, whose `to` moves its own) on the model's device."""
     return {k: v.to(m.device) if hasattr(v, "to") else v for k, v in inputs.items()}
 
 
 def own_answer(m: Loaded, prepared: Prepared, max_new_tokens: int = 8) -> torch.Tensor:
     """Return the token ids of the model's greedy answer, up to its first special token (at least one id)."""
-    inputs = _device_inputs(m, prepared.inputs)
+    inputs = prepared.to(m.device)
     with torch.no_grad():
         out = m.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     new = out[0, inputs["input_ids"].shape[1] :].cpu()
@@ -130,7 +131,7 @@ def first_layer_input(m: Loaded, prepared: Prepared) -> torch.Tensor:
     handle = decoder_layers(m)[0].register_forward_pre_hook(keep, with_kwargs=True)
     try:
         with torch.no_grad():
-            m.model(**_device_inputs(m, prepared.inputs), use_cache=False, logits_to_keep=1)
+            m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
     finally:
         handle.remove()
     return seen["x"]
@@ -232,10 +233,18 @@ def gradient_scores(m: Loaded, sample: Sample, prepared: Prepared, answer: torch
 
 
 def estimate_omega(
-    m: Loaded, sample: Sample, settings: OmegaSettings, padding: str = "visual"
+    m: Loaded,
+    sample: Sample,
+    settings: OmegaSettings,
+    padding: str = "visual",
+    prepared: Prepared | None = None,
 ) -> tuple[np.ndarray, str]:
-    """Return the estimated Omega of `sample` (sorted token positions) and the model's own answer."""
-    prepared = prepare(m, sample, padding=padding)
+    """Return the estimated Omega of `sample` (sorted token positions) and the model's own answer.
+
+    `prepared` is the sample's prompt as the caller prepared it (without a teacher-forced answer); the
+    occluded and blank copies are prepared here, one per copy.
+    """
+    prepared = prepared if prepared is not None else prepare(m, sample, padding=padding)
     if not prepared.layout.segments:
         raise InputError("the sample has no visual tokens to estimate Omega on", sample=sample.id)
     answer = own_answer(m, prepared, settings.max_new_tokens)

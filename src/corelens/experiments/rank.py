@@ -7,7 +7,7 @@ view, tile, thumbnail, page, frame group: `Layout.views()`), the head's mass on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -16,18 +16,21 @@ import pandas as pd
 import torch
 
 from corelens.attention import RamProbe, activate
-from corelens.data.sample import Limits, Sample, read_samples
+from corelens.data.sample import Sample
 from corelens.errors import InputError, warn
+from corelens.experiments.configs import RankConfig
 from corelens.experiments.omega import OmegaSettings, estimate_omega
 from corelens.metrics.headsets import k_count, parse_k
-from corelens.metrics.kvheads import DEFAULT_RULE, check_granularity, group_size, kv_frame, mark_kv
+from corelens.metrics.kvheads import check_granularity, group_size, kv_frame, mark_kv
 from corelens.metrics.posterior import few_samples
 from corelens.metrics.ram import head_table, sample_frame, top_heads
 from corelens.metrics.uncertainty import bootstrap_heads, uncertain_heads
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import prepare, prompt_length
-from corelens.runs import Run, current, model_data_settings
-from corelens.runs.driver import Loop, drive
+from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.runs import Run
+from corelens.runs.context import RunContext
+from corelens.runs.driver import Loop
+from corelens.runs.outputs import RANK, conclude
 
 
 @dataclass
@@ -56,6 +59,7 @@ def measure_sample(
     rule: str = "any",
     padding: str = "visual",
     omega: np.ndarray | None = None,
+    prepared: Prepared | None = None,
 ) -> SampleRam:
     """Return the RAM of every (layer, query head) for one sample, from a single probed forward.
 
@@ -74,7 +78,7 @@ def measure_sample(
         >>> r.mass[0].round(2).tolist()  # layer 0: heads 5 and 7 put half their attention on Ω
         [0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.15, 0.5]
     """
-    prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None, padding=padding)
+    prepared = prepared if prepared is not None else prepare_for(m, sample, query, padding)
     if query == "answer" and sample.answer is None:
         raise InputError(
             "query 'answer' needs an answer", file=sample.source, line=sample.line, sample=sample.id
@@ -95,9 +99,8 @@ def measure_sample(
         prepared.seq_len,
         views=[torch.from_numpy(tokens) for _, tokens in views],
     )
-    inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     with torch.no_grad(), activate(m.layer_modules(), probe):
-        m.model(**inputs, use_cache=False, logits_to_keep=1)
+        m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
     mass = probe.mass.double().numpy()
     vis = probe.visual_mass.double().numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -151,39 +154,56 @@ def _record(sample: Sample, result: SampleRam) -> dict:
     }
 
 
+# rank()'s keyword arguments of earlier releases, and those it names differently from the command line.
+_ALIASES = {"ks": "k", "boot_seed": "seed"}
+_CONTEXT = ("out", "argv", "progress", "skip_bad", "limit", "limits")
+
+
+def rank_config(config: RankConfig | None, options: dict) -> tuple[RankConfig, dict]:
+    """Return `config` (the Python defaults: no overlays) amended by `rank()`'s keyword `options`, and the
+    options that belong to the run context. `omega` may be an `OmegaSettings` (the causal estimator's)."""
+    base = config if config is not None else RankConfig(overlays=0)
+    context = {k: options.pop(k) for k in _CONTEXT if k in options}
+    fields = {_ALIASES.get(k, k): v for k, v in options.items()}
+    omega = fields.get("omega")
+    if isinstance(omega, OmegaSettings):
+        fields.update(
+            omega="causal",
+            estimator=omega.estimator,
+            omega_grid=omega.grid,
+            omega_refine=omega.refine,
+            omega_ratio=omega.ratio,
+            omega_batch=omega.batch,
+        )
+    elif omega is None and "omega" in fields:
+        fields["omega"] = "targets"
+    return replace(base, **fields), context
+
+
+def prepare_for(m: Loaded, sample: Sample, query: str = "question", padding: str = "visual") -> Prepared:
+    """Prepare `sample` as RAM measures it: the answer appended for `query="answer"` (teacher forcing)."""
+    return prepare(m, sample, answer=sample.answer if query == "answer" else None, padding=padding)
+
+
 def rank(
-    m: Loaded,
-    data: str | Path,
-    *,
-    query: str = "question",
-    rule: str = "any",
-    padding: str = "visual",
-    limit: int | None = None,
-    out: str | Path | None = None,
-    skip_bad: bool = False,
-    limits: Limits | None = None,
-    progress: bool = False,
-    overlays: int = 0,
-    explorer: int = 0,
-    ks: str | list[str] | None = "1%,5%,10%",
-    n_boot: int = 1000,
-    boot_seed: int = 0,
-    argv: list[str] | None = None,
-    omega: OmegaSettings | None = None,
-    granularity: str = "query",
-    kv_rule: str = DEFAULT_RULE,
+    m: Loaded, data: str | Path, config: RankConfig | None = None, *, ctx: RunContext | None = None, **options
 ) -> Ranking:
-    """Rank the heads of `m` by RAM over the samples of `data`; with `out`, write a resumable run dir.
+    """Rank the heads of `m` by RAM over the samples of `data`; with an output folder, write a resumable run.
+
+    `config` holds the settings (`RankConfig`: those of `corelens rank`), `ctx` the run (`RunContext`: the
+    output folder `out`, `skip_bad`, `limit`, `limits`, `progress`, `argv`). Keyword `options` set either,
+    by their names here or by earlier releases' (`ks` for `k`, `boot_seed` for `seed`; `omega` an
+    `OmegaSettings`); without a config, rank() draws no overlays.
 
     The head table also carries `n_boot` seeded bootstrap intervals of each head's mass and rank and its
-    probability of being in the top-k for each of `ks` (counts or shares; column `p_top{k}`; None: none).
+    probability of being in the top-k for each of `k` (counts or shares; column `p_top{k}`; None: none).
     `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples;
     `explorer` > 0 stores the head explorer's attention maps of the first `explorer` ranked samples.
     Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
-    `omega` (an `OmegaSettings`) estimates each sample's Omega from the model instead of its targets
+    `omega="causal"` estimates each sample's Omega from the model instead of its targets
     (`--omega causal`, docs/methods.md#causal-omega): samples need no targets.
     `granularity="kv"` ranks KV heads, each scored by `kv_rule` ("sum", "mean" or "max") over its query
-    heads' RAM (docs/methods.md#kv-heads); `ks` then count KV heads. Like `ks`, the granularity is
+    heads' RAM (docs/methods.md#kv-heads); `k` then counts KV heads. Like `k`, the granularity is
     post-processing of the logged samples: a resumed run may ask for the other one.
 
     Examples:
@@ -199,92 +219,115 @@ def rank(
         >>> len(kv.heads), kv.top(1), kv.heads["query_heads"][0]  # KV head 1 of layer 0 holds heads 4-7
         (8, [(0, 1)], '4 5 6 7')
     """
-    check_granularity(granularity)
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
-    run = None
-    if out is not None:
-        settings = {
-            **model_data_settings(m, data),
-            "query": query,
-            "rule": rule,
-            "padding": padding,
-            "limit": limit,
-            "skip_bad": skip_bad,
-            "seed": 0,
-            "omega": {"source": "causal", **omega.to_json()} if omega else {"source": "targets"},
-        }
-        run = Run(out, "rank", settings, argv, dist=current(), device=m.device)
+    cfg, context = rank_config(config, dict(options))
+    ctx = RunContext.of(ctx, **context)
+    check_granularity(cfg.granularity)
+    samples, skipped = ctx.read(data)
+    run = ctx.open("rank", cfg.settings(m, data, ctx), device=m.device)
+    omega = cfg.omega_settings
+    query, rule, padding = cfg.query, cfg.rule, cfg.padding
 
-    def step(sample: Sample, done: set[str]) -> list[dict]:
+    def step(sample: Sample, done: set[str], prepared: Prepared) -> list[dict]:
         if omega is not None:
-            tokens, _ = estimate_omega(m, sample, omega, padding)
+            # The driver's prompt is Ω's own unless the answer was appended to it (--query answer).
+            tokens, _ = estimate_omega(m, sample, omega, padding, None if query == "answer" else prepared)
             if not len(tokens):
                 reason = "estimated Ω is empty: no visual cell lowers the answer's log-probability"
                 return [{"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}]
-            return [_record(sample, measure_sample(m, sample, query, rule, padding, omega=tokens))]
+            return [_record(sample, measure_sample(m, sample, query, rule, padding, tokens, prepared))]
         if not sample.targets:
             # A question kept for scoring without evidence (MMLongBench-Doc "[]"): RAM needs Ω.
             reason = "no evidence target: RAM needs Ω"
             return [{"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}]
-        return [_record(sample, measure_sample(m, sample, query, rule, padding))]
+        return [_record(sample, measure_sample(m, sample, query, rule, padding, prepared=prepared))]
 
-    loop = Loop("rank", step, length=partial(prompt_length, m))
-    logged = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+    loop = Loop(
+        "rank",
+        step,
+        length=partial(prompt_length, m),
+        prepare=lambda sample: prepare_for(m, sample, query, padding),
+    )
+    logged = ctx.drive(loop, samples, run, skipped)
     records = [r for r in logged if r["status"] == "ok"]
+    ranking, uncertainty, group = _tables(m, records, cfg)
+    message = few_samples(len(records))
+    if message and ctx.main:
+        warn(message)  # below the size tests/test_calibration.py checks the intervals at
+    if run is None or not run.dist.main:
+        conclude(run, RANK, {})
+        return ranking
+
+    def draw(paths: dict[str, Path]) -> None:
+        _figures(m, ranking, samples, records, run, cfg, ctx, uncertainty, group, paths)
+
+    manifest = {"uncertainty": uncertainty} if uncertainty else {}
+    manifest["granularity"] = {
+        "granularity": cfg.granularity,
+        "kv_rule": cfg.kv_rule if cfg.granularity == "kv" else None,
+        "query_heads_per_kv_head": group,
+        "ranked_heads": len(ranking.heads),
+    }
+    skipped_n = sum(1 for r in logged if r["status"] == "skipped")
+    tables = {"ram": ranking.ram, "heads": ranking.heads}
+    conclude(run, RANK, tables, draw=draw, manifest=manifest, samples=len(records), skipped=skipped_n)
+    return ranking
+
+
+def _tables(m: Loaded, records: list[dict], cfg: RankConfig) -> tuple[Ranking, dict | None, int]:
+    """Return the ranking of the logged `records` (per query or KV head, with the bootstrap columns), the
+    manifest's uncertainty entry (None without `k`) and the query heads per KV head."""
     ranking = _ranking(records)
     # The table ranked: per query head, or per KV head with the rule applied to each sample's members.
     group = group_size(m.num_heads, m.num_kv_heads)
-    scored = kv_frame(ranking.ram, group, kv_rule) if granularity == "kv" else ranking.ram
-    if granularity == "kv":
+    kv = cfg.granularity == "kv"
+    scored = kv_frame(ranking.ram, group, cfg.kv_rule) if kv else ranking.ram
+    if kv:
         ranking = Ranking(ranking.ram, mark_kv(head_table(scored), group), "kv", ranking.heads)
     uncertainty = None
-    if ks is not None and len(ranking.heads):
+    if cfg.k is not None and len(ranking.heads):
         # Post-processing of the logged samples, not a run setting: a resume may ask for other k values.
-        ks = parse_k(ks)
+        ks = parse_k(cfg.k)
         counts = sorted({k_count(k, len(ranking.heads)) for k in ks})
-        table = bootstrap_heads(scored, counts, n_boot=n_boot, seed=boot_seed)
-        ranking.heads = mark_kv(table, group) if granularity == "kv" else table
-        uncertainty = {"k": ks, "counts": counts, "n_boot": n_boot, "seed": boot_seed}
-    message = few_samples(len(records))
-    if message and (run is None or run.dist.main):
-        warn(message)  # below the size tests/test_calibration.py checks the intervals at
-    if run is None or not run.dist.main:
-        if run is not None:
-            run.finish()
-        return ranking
-    run.table(ranking.ram, "ram.parquet")
-    run.table(ranking.heads, "heads.csv")
+        table = bootstrap_heads(scored, counts, n_boot=cfg.n_boot, seed=cfg.seed)
+        ranking.heads = mark_kv(table, group) if kv else table
+        uncertainty = {"k": ks, "counts": counts, "n_boot": cfg.n_boot, "seed": cfg.seed}
+    return ranking, uncertainty, group
+
+
+def _figures(
+    m: Loaded,
+    ranking: Ranking,
+    samples: list[Sample],
+    records: list[dict],
+    run: Run,
+    cfg: RankConfig,
+    ctx: RunContext,
+    uncertainty: dict | None,
+    group: int,
+    paths: dict[str, Path],
+) -> None:
+    """Draw the head heatmap, and the overlays and explorer maps the config asks for."""
     from corelens.report.heatmap import head_heatmap
 
-    kv_title = f", KV heads: {kv_rule} of {group} query heads" if granularity == "kv" else ""
+    kv_title = f", KV heads: {cfg.kv_rule} of {group} query heads" if cfg.granularity == "kv" else ""
     head_heatmap(
         ranking.heads,
-        run.path / "figures" / "heads_mass.png",
-        title=f"Mean RAM ({query} queries{kv_title})",
+        paths["heads_mass"],
+        title=f"Mean RAM ({cfg.query} queries{kv_title})",
         marked=uncertain_heads(ranking.heads) if uncertainty else None,
     )
     # Overlays and the explorer draw query heads' attention maps: they read the query-head table.
     by_query = ranking.heads if ranking.query_table is None else ranking.query_table
-    if overlays > 0:
+    if cfg.overlays > 0:
         from corelens.report.overlay import write_overlays
 
         ranked = {r["id"] for r in records}
-        chosen = [s for s in samples if s.id in ranked][:overlays]
-        if progress:  # a figure of heads x pictures: seconds without another line
+        chosen = [s for s in samples if s.id in ranked][: cfg.overlays]
+        if ctx.progress:  # a figure of heads x pictures: seconds without another line
             print(f"drawing the attention overlays of {len(chosen)} sample(s)", flush=True)
-        write_overlays(m, chosen, by_query, run.path / "figures", query=query)
-    if explorer > 0:
-        _explorer(m, samples, records, by_query, run, explorer, query)
-    if uncertainty:
-        run.manifest["uncertainty"] = uncertainty
-    run.manifest["granularity"] = {
-        "granularity": granularity,
-        "kv_rule": kv_rule if granularity == "kv" else None,
-        "query_heads_per_kv_head": group,
-        "ranked_heads": len(ranking.heads),
-    }
-    run.finish(samples=len(records), skipped=sum(1 for r in logged if r["status"] == "skipped"))
-    return ranking
+        write_overlays(m, chosen, by_query, run.path / "figures", query=cfg.query)
+    if cfg.explorer > 0:
+        _explorer(m, samples, records, by_query, run, cfg.explorer, cfg.query)
 
 
 def _explorer(
@@ -312,3 +355,8 @@ def rank_path(
 ) -> Ranking:
     """Load `model` (with `load()`'s `load_options`: device, dtype, device_map, ...) and rank into `out`."""
     return rank(load(model, **(load_options or {})), data, out=out, **kwargs)
+
+
+def run_command(config: RankConfig, ctx: RunContext, load_options: dict) -> Ranking:
+    """`corelens rank`: load the config's model and rank its data under `ctx`."""
+    return rank(load(config.model, **load_options), config.data, config, ctx=ctx)

@@ -37,15 +37,18 @@ from corelens.attention import RamProbe, activate
 from corelens.attention.priors import CONVENTIONS, SapHook, parse_heads, parse_layers
 from corelens.choices import PRIORS
 from corelens.choices import SAP_CONTROLS as CONTROLS
-from corelens.data.sample import Limits, Sample, load_images, load_video, read_samples
+from corelens.data.sample import Sample, load_images, load_video
 from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError
 from corelens.experiments.evaluate import answer, interval, score
 from corelens.experiments.flow import sample_seed
+from corelens.experiments.loading import run_loaded
 from corelens.layout import Layout, Segment
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
-from corelens.runs import Run, current, model_data_settings
-from corelens.runs.driver import Loop, drive
+from corelens.runs import model_data_settings
+from corelens.runs.context import RunContext
+from corelens.runs.driver import Loop
+from corelens.runs.outputs import SAP, conclude
 
 TEMPERED = ("key", "complexity")  # priors that are a softmax of values in [0, 1]: the temperature applies
 _VIS_CHUNK = 1 << 24  # score elements materialised at once in the vision-attention prior
@@ -286,9 +289,8 @@ def key_region(m: Loaded, sample: Sample, prepared: Prepared | None = None) -> t
         torch.from_numpy(visual),
         prepared.seq_len,
     )
-    inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     with torch.no_grad(), activate(m.layer_modules(), probe):
-        m.model(**inputs, use_cache=False, logits_to_keep=1)
+        m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
     mass, vis = probe.mass.double().numpy(), probe.visual_mass.double().numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(vis > 0, mass / vis, np.nan)
@@ -338,16 +340,18 @@ def measure_sample(
     max_new_tokens: int = 8,
     seed: int = 0,
     temperature: float = 1.0,
+    prepared: Prepared | None = None,
 ) -> dict:
     """Return one sample's record: vanilla answer, key-region ratio, area prior, answers per condition.
 
-    `prior_omega` holds each prior's mass on Ω and `prior_spread` its largest / smallest weight.
+    `prior_omega` holds each prior's mass on Ω and `prior_spread` its largest / smallest weight; `prepared`
+    is the sample as the driver prepared it (prepared here when not given).
     """
     if sample.answer is None:
         raise InputError(
             "SAP needs an answer to score", file=sample.source, line=sample.line, sample=sample.id
         )
-    prepared = prepare(m, sample)
+    prepared = prepared if prepared is not None else prepare(m, sample)
     vanilla = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
     ratio, area = key_region(m, sample, prepared) if sample.targets else (float("nan"), float("nan"))
     priors: dict[str, np.ndarray | None] = {}
@@ -506,14 +510,14 @@ def sap(
     scorer: str = "auto",
     max_new_tokens: int = 8,
     seed: int = 0,
-    limit: int | None = None,
-    out: str | Path | None = None,
-    skip_bad: bool = False,
-    limits: Limits | None = None,
-    progress: bool = False,
-    argv: list[str] | None = None,
+    ctx: RunContext | None = None,
+    **context,
 ) -> SapResult:
-    """Evaluate `m` on `data` unmodified and under each (prior, layer set); with `out`, write a run dir."""
+    """Evaluate `m` on `data` unmodified and under each (prior, layer set); with `ctx.out`, write a run dir.
+
+    `ctx` is the run (`RunContext`); its fields may also be given as keywords (`out=`, `skip_bad=`, ...).
+    """
+    ctx = RunContext.of(ctx, **context)
     for p in priors:
         if p not in PRIORS + CONTROLS:
             raise CorelensError(f"unknown prior {p!r}; expected one of {PRIORS + CONTROLS}")
@@ -525,9 +529,9 @@ def sap(
         parse_layers(spec, m.num_layers)  # fail before any sample runs
     parse_heads(heads, m.num_heads)
     conditions = [Condition(p, spec, heads, convention) for p in priors for spec in layers]
-    samples, skipped = read_samples(data, skip_bad=skip_bad, limit=limit, limits=limits)
+    samples, skipped = ctx.read(data)
     run = None
-    if out is not None:
+    if ctx.out is not None:
         settings = {
             **model_data_settings(m, data),
             "priors": list(priors),
@@ -537,13 +541,13 @@ def sap(
             "prior_temperature": prior_temperature,
             "scorer": scorer,
             "max_new_tokens": max_new_tokens,
-            "limit": limit,
-            "skip_bad": skip_bad,
+            "limit": ctx.limit,
+            "skip_bad": ctx.skip_bad,
             "seed": seed,
         }
-        run = Run(out, "sap", settings, argv, dist=current(), device=m.device)
+        run = ctx.open("sap", settings, device=m.device)
 
-    def step(sample: Sample, done: set[str]) -> list[dict]:
+    def step(sample: Sample, done: set[str], prepared: Prepared) -> list[dict]:
         record = measure_sample(
             m,
             sample,
@@ -552,25 +556,29 @@ def sap(
             max_new_tokens=max_new_tokens,
             seed=seed,
             temperature=prior_temperature,
+            prepared=prepared,
         )
         return [record]
 
-    loop = Loop("sap", step, length=partial(prompt_length, m))
-    records = drive(loop, samples, run=run, skipped=skipped, skip_bad=skip_bad, progress=progress)
+    loop = Loop("sap", step, length=partial(prompt_length, m), prepare=partial(prepare, m))
+    records = ctx.drive(loop, samples, run, skipped)
     ok = [r for r in records if r.get("status") == "ok"]
     frame = sap_frame(ok, conditions)
     result = SapResult(frame, accuracy_table(frame), key_region_table(ok), prior_table(ok, prior_temperature))
-    if run is not None and not run.dist.main:
-        run.finish()
-    elif run is not None:
-        run.table(frame, "sap.parquet")
-        run.table(result.accuracy, "accuracy.csv")
-        run.table(result.key_region, "key_region.csv")
-        run.table(result.priors, "priors.csv")
+
+    def draw(paths: dict[str, Path]) -> None:
         from corelens.report.geometry import sap_accuracy
 
-        sap_accuracy(result.accuracy, run.path / "figures" / "sap_accuracy.png")
-        run.finish(samples=len(ok), skipped=sum(1 for r in records if r.get("status") == "skipped"))
+        sap_accuracy(result.accuracy, paths["sap_accuracy"])
+
+    tables = {
+        "frame": frame,
+        "accuracy": result.accuracy,
+        "key_region": result.key_region,
+        "priors": result.priors,
+    }
+    n_skipped = sum(1 for r in records if r.get("status") == "skipped")
+    conclude(run, SAP, tables, draw=draw, samples=len(ok), skipped=n_skipped)
     return result
 
 
@@ -579,3 +587,8 @@ def sap_path(
 ) -> SapResult:
     """Load `model` (with `load()`'s `load_options`) and run the SAP sweep on `data` into run directory `out`."""
     return sap(load(model, **(load_options or {})), data, out=out, **kwargs)
+
+
+def run_command(config, ctx: RunContext, load_options: dict) -> SapResult:
+    """`corelens sap`: the config's (`SapConfig`) model loaded, `sap` run on its data under `ctx`."""
+    return run_loaded(sap, config, ctx, load_options)

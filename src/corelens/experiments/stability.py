@@ -26,8 +26,9 @@ from corelens.metrics.stability import (
 )
 from corelens.metrics.topology import depth_profile, sparsity
 from corelens.metrics.uncertainty import first_n, stability_curve
-from corelens.runs import Run, file_hash, write_json
+from corelens.runs import MANIFEST, Run, file_hash, write_json
 from corelens.runs.files import write_text
+from corelens.runs.outputs import RANK, STABILITY, conclude
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Stability:
 def read_rank_run(path: str | Path) -> tuple[pd.DataFrame, dict]:
     """Return the long RAM table and the manifest of a finished `corelens rank` run directory."""
     path = Path(path)
-    table, manifest = path / "ram.parquet", path / "manifest.json"
+    table, manifest = RANK.path(path, "ram"), path / MANIFEST
     for needed in (table, manifest):
         if not needed.is_file():
             raise CorelensError(f"{path} is not a finished rank run: {needed.name} is missing")
@@ -107,7 +108,7 @@ def stability(
     labels = run_labels(paths, rams)
     settings = {
         "runs": [str(p.resolve()) for p in paths],
-        "ram_sha256": [file_hash(p / "ram.parquet") for p in paths],
+        "ram_sha256": [file_hash(RANK.path(p, "ram")) for p in paths],
         "k": k,
         "n_boot": n_boot,
         "seed": seed,
@@ -118,21 +119,26 @@ def stability(
     message = few_samples(fewest, "smallest run compared", "Spearman intervals", SPEARMAN_CALIBRATED_FROM)
     if message:
         warn(message)  # below the size tests/test_calibration.py checks the Spearman interval at
-    run.table(result.spearman, "spearman.csv")
-    run.table(result.jaccard, "jaccard.csv")
-    run.table(pd.DataFrame(result.universal, columns=["layer", "head"]), "universal.csv")
-    run.table(result.core_set, "core_set.csv")
-    run.table(result.topology, "topology.csv")
-    run.table(result.depth, "depth.csv")
-    from corelens.report.topology import depth_figure, spearman_figure
 
-    spearman_figure(result.spearman, result.labels, run.path / "figures" / "spearman.png")
-    depth_figure(result.depth, run.path / "figures" / "depth.png")
-    run.finish(labels=labels, universal=len(result.universal))
+    def draw(paths: dict[str, Path]) -> None:
+        from corelens.report.topology import depth_figure, spearman_figure
+
+        spearman_figure(result.spearman, result.labels, paths["spearman_matrix"])
+        depth_figure(result.depth, paths["depth_profile"])
+
+    tables = {
+        "spearman": result.spearman,
+        "jaccard": result.jaccard,
+        "universal": pd.DataFrame(result.universal, columns=["layer", "head"]),
+        "core_set": result.core_set,
+        "topology": result.topology,
+        "depth": result.depth,
+    }
+    conclude(run, STABILITY, tables, draw=draw, labels=labels, universal=len(result.universal))
     return result
 
 
-CURVE = "stability_curve"
+CURVE = Path(STABILITY.file("curve_info")).stem  # stability_curve: its .csv, .json and figure
 
 
 def curve_summary(curve: pd.DataFrame, at: float = 0.9) -> dict[str, int | None]:
@@ -154,19 +160,31 @@ def curve_of_run(
     counts = sorted({k_count(item, heads) for item in parse_k(k)})
     curve = stability_curve(ram, counts, pairs=pairs, seed=seed)
     summary = curve_summary(curve)
-    write_text(path / f"{CURVE}.csv", curve.to_csv(index=False), root=path)
+    write_text(STABILITY.path(path, "curve_table"), curve.to_csv(index=False), root=path)
     info = {
         "k": k,
         "counts": counts,
         "pairs": pairs,
         "seed": seed,
         "samples": int(ram["sample_id"].nunique()),
-        "ram_sha256": file_hash(path / "ram.parquet"),
+        "ram_sha256": file_hash(RANK.path(path, "ram")),
         "first_n_at_0.9": summary,
         "argv": argv,
     }
-    write_json(path / f"{CURVE}.json", info, root=path)
+    write_json(STABILITY.path(path, "curve_info"), info, root=path)
     from corelens.report.uncertainty import curve_figure
 
-    curve_figure(curve, path / "figures" / f"{CURVE}.png", title=f"{path.name}: {info['samples']} samples")
+    curve_figure(curve, STABILITY.path(path, "curve"), title=f"{path.name}: {info['samples']} samples")
     return curve, info
+
+
+def run_command(config, ctx, load_options: dict) -> Stability | dict:
+    """`corelens stability`: compare the config's (`StabilityConfig`) rank runs into `ctx.out`, or with
+    `curve`, write that run's stability curve into it (returns the curve's information)."""
+    if config.curve:
+        if config.runs:
+            raise CorelensError("--curve takes one rank run; give no other run directories")
+        return curve_of_run(config.curve, k=config.k, pairs=config.pairs, seed=config.seed, argv=ctx.argv)[1]
+    if ctx.out is None:
+        raise CorelensError("--out is required to compare rank runs")
+    return stability(config.runs, ctx.out, k=config.k, n_boot=config.n_boot, seed=config.seed, argv=ctx.argv)

@@ -32,6 +32,11 @@ class Prepared:
     question_rows: np.ndarray
     answer_rows: np.ndarray  # empty unless teacher-forced
 
+    def to(self, device) -> dict:
+        """Return the model inputs on `device` (tensors moved; other values, such as lists of frame times, as
+        they are): what `m.model(**prepared.to(m.device))` and `generate` take."""
+        return {k: v.to(device) if hasattr(v, "to") else v for k, v in self.inputs.items()}
+
     @property
     def seq_len(self) -> int:
         """Return the number of tokens in the inputs."""

@@ -21,6 +21,7 @@ from markupsafe import Markup
 
 from corelens.metrics.ram import read_ram
 from corelens.runs.files import write_text, writer
+from corelens.runs.outputs import RANK
 
 if TYPE_CHECKING:
     from corelens.data.sample import Sample
@@ -118,7 +119,7 @@ def write_explorer(
     folder = Path(folder)
     with writer(folder / "explorer.npz", root=folder) as f:
         np.savez_compressed(f, **arrays)
-    write_text(folder / "explorer.json", json.dumps({"samples": meta, "top": top, "all_samples": all_samples}),
+    write_text(RANK.path(folder, "explorer"), json.dumps({"samples": meta, "top": top, "all_samples": all_samples}),
                root=folder)  # fmt: skip
     return folder / "explorer.npz", (folder / "explorer.npz").stat().st_size
 
@@ -136,9 +137,9 @@ def _number(value: float) -> float | None:
 def _task(run: Path) -> dict | None:
     if not (run / "explorer.npz").is_file():  # rank run made with --explorer 0, or not a rank run
         return None
-    meta = json.loads((run / "explorer.json").read_text())
-    heads = pd.read_csv(run / "heads.csv")
-    ram = read_ram(run / "ram.parquet")
+    meta = json.loads(RANK.path(run, "explorer").read_text())
+    heads = pd.read_csv(RANK.path(run, "heads"))
+    ram = read_ram(RANK.path(run, "ram"))
     arrays = np.load(run / "explorer.npz")
     ram["name"] = "L" + ram["layer"].astype(str) + "H" + ram["head"].astype(str)
     values = ram[["mass", "share", "lift"]].astype(float).map(_short)

@@ -31,6 +31,7 @@ from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
 from corelens.report.summary import MISSING, anchor, shared_settings, shown_setting, summary_section
+from corelens.runs.outputs import FIGURES, MANIFEST, RANK, STABILITY
 
 MAX_ROWS = 12
 STYLE = """
@@ -55,9 +56,9 @@ window.addEventListener('load', function () {
 
 
 def _manifest(run: Path) -> dict:
-    path = run / "manifest.json"
+    path = run / MANIFEST
     if not path.is_file():
-        raise CorelensError(f"{run} is not a corelens run directory: manifest.json is missing")
+        raise CorelensError(f"{run} is not a corelens run directory: {MANIFEST} is missing")
     return json.loads(path.read_text())
 
 
@@ -127,7 +128,7 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
     meta = {k: v for k, v in meta.items() if k not in (shared or {})}
     parts = [Markup("<h2>{} <small>({})</small></h2>").format(run.name, manifest.get("command"))]
     parts.append(Markup("<details><summary>manifest</summary>{}</details>").format(_definition_list(meta)))
-    heads = run / "heads.csv"
+    heads = RANK.path(run, "heads")
     if manifest.get("command") == "rank" and heads.is_file():
         stats = sparsity(pd.read_csv(heads))
         parts.append(
@@ -135,11 +136,11 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
                 "<p>Sparsity: {:.1%} of heads hold 50 % of the mass, {:.1%} hold 80 %; Gini {:.3f}.</p>"
             ).format(stats["heads_for_50pct"], stats["heads_for_80pct"], stats["gini"])
         )
-    curve = run / "stability_curve.json"
+    curve = STABILITY.path(run, "curve_info")
     if curve.is_file():
         parts.append(_curve_sentence(json.loads(curve.read_text())))
     parts += [_table(p) for p in sorted(run.glob("*.csv"))]
-    parts += [_figure(p, run) for p in sorted((run / "figures").glob("**/*.png"))]
+    parts += [_figure(p, run) for p in sorted((run / FIGURES).glob("**/*.png"))]
     return Markup("<section id='{}'>{}</section>").format(anchor(run), Markup("\n").join(parts))
 
 

@@ -147,9 +147,8 @@ def attention_maps(
     """Return the prepared prompt and, per head, the mean attention of the `query` rows over every key."""
     prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None)
     probe = KeyMapProbe(heads, torch.from_numpy(prepared.rows(query)), prepared.seq_len)
-    inputs = {k: v.to(m.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     with torch.no_grad(), activate(m.layer_modules(), probe):
-        m.model(**inputs, use_cache=False, logits_to_keep=1)
+        m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
     return prepared, {head: values.double().numpy() for head, values in probe.maps.items()}
 
 

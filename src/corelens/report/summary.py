@@ -28,6 +28,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from corelens.metrics.topology import sparsity
+from corelens.runs.outputs import ABLATE, FLOW, HYBRID, IMPORTANCE, OUTPUTS, RANK, SAP, STABILITY
 
 TOP = 3
 MISSING = "—"
@@ -189,7 +190,7 @@ def _named(rows: pd.DataFrame, count: int) -> str:
 
 
 def _rank(run: Path, manifest: dict) -> Markup:
-    heads = pd.read_csv(run / "heads.csv").sort_values("rank")
+    heads = pd.read_csv(RANK.path(run, "heads")).sort_values("rank")
     best = ", ".join(
         f"L{int(r.layer)}H{int(r['head'])} {pct(r.mass)} (lift {number(r.lift, 1)}×)"
         for _, r in heads.head(TOP).iterrows()
@@ -209,7 +210,7 @@ def _rank(run: Path, manifest: dict) -> Markup:
 
 
 def _stability(run: Path, manifest: dict) -> Markup:
-    rows = pd.read_csv(run / "spearman.csv")
+    rows = pd.read_csv(STABILITY.path(run, "spearman"))
     said = []
     for _, r in rows.iterrows():
         text = Markup("{}–{} {} [{}, {}]").format(
@@ -234,8 +235,8 @@ def _ablate(run: Path, manifest: dict) -> Markup:
 
 def ablation_sentences(run: Path, manifest: dict) -> list[str]:
     """Return an ablation run's findings, one sentence per size of the top set (plain text, smallest first)."""
-    table = pd.read_csv(run / "ablation.csv")
-    summary = _read(run / "ablation_summary.csv")
+    table = pd.read_csv(ABLATE.path(run, "table"))
+    summary = _read(ABLATE.path(run, "summary"))
     none = table[table["set"] == "none"]
     base = _estimate(none) if len(none) else None
     op = str(_column(table, "op", "zero").iloc[0]) if len(table) else "zero"
@@ -272,7 +273,7 @@ def _hybrid(run: Path, manifest: dict) -> Markup:
 
 def hybrid_sentences(run: Path, manifest: dict) -> list[str]:
     """Return a hybrid run's findings, one sentence per kept share of the top set (plain text, smallest first)."""
-    table = pd.read_csv(run / "hybrid.csv")
+    table = pd.read_csv(HYBRID.path(run, "table"))
     dense_rows = table[table["set"] == "dense"]
     dense = _estimate(dense_rows) if len(dense_rows) else None
     data = _data_name(manifest)
@@ -321,7 +322,7 @@ def _items(run: Path, sentences: list[str], empty: str) -> Markup:
 
 
 def _flow(run: Path, manifest: dict) -> Markup:
-    table = pd.read_csv(run / "table1.csv")
+    table = pd.read_csv(FLOW.path(run, "table"))
     said = Markup("; ").join(
         Markup("{}: RID {}, MixIG {}").format(r.row, number(r.rid, 3), number(r.mixig, 3))
         for _, r in table.iterrows()
@@ -330,7 +331,7 @@ def _flow(run: Path, manifest: dict) -> Markup:
 
 
 def _sap(run: Path, manifest: dict) -> Markup:
-    table = pd.read_csv(run / "accuracy.csv")
+    table = pd.read_csv(SAP.path(run, "accuracy"))
     conditions = {str(r.condition): _estimate(table.loc[[i]]) for i, r in table.iterrows()}
     vanilla = conditions.get("vanilla")
     said = []
@@ -344,7 +345,8 @@ def _sap(run: Path, manifest: dict) -> Markup:
 
 def _importance(run: Path, manifest: dict) -> Markup:
     """RAM against causal importance (`corelens importance`): their Spearman, its interval, who disagrees."""
-    info = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+    path = IMPORTANCE.path(run, "summary")
+    info = json.loads(path.read_text()) if path.is_file() else {}
     rho, low, high = info.get("spearman"), info.get("low"), info.get("high")
     text = Markup("{}: on {}, RAM and causal importance ({} of one head, {} drop of the answer's log p) agree with "
                   "Spearman {} [{}, {}]").format(
@@ -369,14 +371,16 @@ def _importance(run: Path, manifest: dict) -> Markup:
 
 
 FINDINGS = {
-    "rank": ("heads.csv", _rank),
-    "stability": ("spearman.csv", _stability),
-    "ablate": ("ablation.csv", _ablate),
-    "hybrid": ("hybrid.csv", _hybrid),
-    "flow": ("table1.csv", _flow),
-    "sap": ("accuracy.csv", _sap),
-    "importance": ("importance.csv", _importance),
+    "rank": _rank,
+    "stability": _stability,
+    "ablate": _ablate,
+    "hybrid": _hybrid,
+    "flow": _flow,
+    "sap": _sap,
+    "importance": _importance,
 }
+"""The sentence of each command's finding; which table it needs is the command's declared summary table
+(`corelens.runs.outputs.OUTPUTS`)."""
 
 LEGEND = (
     "Accuracies and shares in percent, 95 % intervals in brackets, — where a value is missing. A difference "
@@ -397,8 +401,11 @@ def summary_section(runs: list[Path], manifests: list[dict]) -> Markup:
     ]
     items = []
     for run, manifest in zip(runs, manifests):
-        table, finding = FINDINGS.get(manifest.get("command"), (None, None))
-        if finding is not None and (run / table).is_file():  # an unfinished run has no table yet
+        command = manifest.get("command")
+        finding, outputs = FINDINGS.get(command), OUTPUTS.get(command)
+        if (
+            finding is not None and (run / outputs.summary_file).is_file()
+        ):  # an unfinished run has no table yet
             items.append(Markup("<li>{}</li>").format(finding(run, manifest)))
     head = Markup("<p>Model: {}. Samples per run: {}.</p><p class='legend'>{}</p>").format(
         ", ".join(models) or "not recorded", Markup(", ").join(counts) or "not recorded", LEGEND

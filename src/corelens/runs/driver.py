@@ -59,7 +59,9 @@ class Loop:
     """What an experiment does with one sample.
 
     `step(sample, done)` yields the records (dicts with a unique "id" and a "status") of `sample` whose ids
-    are not in `done`; `keys(sample)` lists the ids a finished sample has, in output order; `skip_key(sample)`
+    are not in `done`; with `prepare` set, the driver prepares each sample it runs once (`prepare(sample)`,
+    e.g. `models.prepare.prepare` with the experiment's options) and calls `step(sample, done, prepared)`, so
+    that no consumer inside the step prepares the sample again; `keys(sample)` lists the ids a finished sample has, in output order; `skip_key(sample)`
     is the id of the record that says the sample was skipped as bad input; `length(sample)` is its prompt
     length in tokens, which balances the ranks' shares (None: equal counts).
     """
@@ -69,6 +71,13 @@ class Loop:
     keys: Callable[[Sample], Sequence[str]] = _own_id
     skip_key: Callable[[Sample], str] = _sample_id
     length: Callable[[Sample], int] | None = None
+    prepare: Callable[[Sample], object] | None = None
+
+    def run(self, sample: Sample, done: set[str]) -> Iterable[dict]:
+        """Return the step's records of `sample`, prepared once here when the loop prepares."""
+        if self.prepare is None:
+            return self.step(sample, done)
+        return self.step(sample, done, self.prepare(sample))
 
     def finished(self, sample: Sample, done: set[str]) -> bool:
         """Return True when `sample` needs no more work (every record logged, or skipped)."""
@@ -150,7 +159,7 @@ def drive(
     for sample in tqdm(mine, desc=label, unit="sample", disable=not progress or not dist.main):
         t0 = time.perf_counter()
         try:
-            for record in loop.step(sample, done):
+            for record in loop.run(sample, done):
                 log(record)
         except Exception as err:
             # Bad input is an InputError (one line at the CLI); with skip_bad any failure of one sample

@@ -1,0 +1,113 @@
+"""A command's options, generated from its experiment's config dataclass (`corelens.runs.fields.option`).
+
+`add_config(parser, Config)` adds one option per field, in field order: the flag, help, default, choices,
+action and the argparse `type` named in the field (a function of `corelens.commands.argtypes`, a
+`(factory, *arguments)` tuple such as `("names_of", SETS, "head set")`, or a callable). A field of group
+`"model"` adds the shared model block (`add_model_options`). `config_of(Config, args)` builds the config back
+from the parsed arguments; `context_of(args)` the `RunContext` every run command passes to its experiment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from functools import partial
+from typing import Any
+
+from corelens.commands import argtypes
+from corelens.commands.common import add_model_options, limits_of, load_options, main_process
+from corelens.runs.fields import RunOptions, from_mapping, options
+
+
+def parser_type(spec: Any):
+    """Return the argparse `type` a field names: an argtypes function, a factory call, or the callable itself."""
+    if spec is None or callable(spec):
+        return spec
+    if isinstance(spec, str):
+        return getattr(argtypes, spec)
+    name, *arguments = spec
+    return getattr(argtypes, name)(*arguments)
+
+
+def add_config(parser: argparse.ArgumentParser, config: type, helps: dict[str, str] | None = None) -> None:
+    """Add the options of `config`'s fields to `parser`, in field order (`helps`: help lines replaced)."""
+    for f, meta in options(config):
+        if meta["group"] == "model":
+            add_model_options(parser)
+            continue
+        if meta["group"] == "run":  # the run context's block; this config words its --limit
+            add_config(parser, RunOptions, {"limit": meta["help"]})
+            continue
+        if helps and f.name in helps:
+            meta = {**meta, "help": helps[f.name]}
+        flag = meta["action"] in ("store_true", "store_false")  # a flag takes no value, so no type
+        kwargs: dict[str, Any] = {"help": meta["help"]}
+        for key in ("action", "choices", "nargs", "metavar"):
+            if meta[key] is not None:
+                kwargs[key] = meta[key]
+        if not flag and meta["type"] is not None:
+            kwargs["type"] = parser_type(meta["type"])
+        if meta["positional"]:
+            parser.add_argument(f.name, **kwargs)
+            continue
+        if meta["required"]:
+            kwargs["required"] = True
+        elif not flag:
+            kwargs["default"] = f.default
+        name = meta["flag"] or "--" + f.name.replace("_", "-")
+        parser.add_argument(name, *meta["aliases"], dest=f.name, **kwargs)
+
+
+def config_of(config: type, args: argparse.Namespace):
+    """Return the `config` dataclass filled from parsed `args`."""
+    return from_mapping(config, vars(args))
+
+
+def context_of(args: argparse.Namespace, progress: bool = True):
+    """Return the `RunContext` of a run command: --out, --limit, --skip-bad, the resource bounds, sys.argv."""
+    from corelens.runs.context import RunContext
+
+    return RunContext(
+        out=getattr(args, "out", None),
+        argv=sys.argv,
+        progress=progress,
+        skip_bad=getattr(args, "skip_bad", False),
+        limit=getattr(args, "limit", None),
+        limits=limits_of(args),
+    )
+
+
+def _named(path: str):
+    """Return the object `module:name` names (imported only when a command is parsed or run)."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def experiment_command(name: str, help: str, config: str, entry: str, show):
+    """Return (run, register) of experiment command `name`: the generic driver and parser specialised with
+    `functools.partial` to its config ("module:Class"), entry point ("module:function") and printer."""
+    run = partial(run_experiment, config=config, entry=entry, show=show)
+    return run, partial(register_experiment, name=name, help=help, config=config, run=run)
+
+
+def register_experiment(sub, *, name: str, help: str, config: str, run) -> argparse.ArgumentParser:
+    """Add the parser of experiment command `name`: its options are the fields of `config` ("module:Class")."""
+    parser = sub.add_parser(name, help=help)
+    add_config(parser, _named(config))
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show) -> None:
+    """The one command driver: build the config and the run context from `args`, call the experiment's
+    `entry(config, ctx, load_options)` ("module:function"), and on the main process `show(result, config)`.
+
+    Each experiment command is this driver specialised with `functools.partial` (as TransformerLens
+    specialises one generic patching driver): only its config, its entry point and what it prints differ.
+    """
+    cfg = config_of(_named(config), args)
+    loads = load_options(args) if hasattr(args, "revision") else {}  # stability loads no model
+    result = _named(entry)(cfg, context_of(args), loads)
+    if main_process():
+        show(result, cfg)

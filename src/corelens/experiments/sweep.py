@@ -1,0 +1,336 @@
+"""The head-set sweeps, `corelens ablate` and `corelens hybrid`: their configs and their one tail.
+
+Both sweep head sets drawn from a ranking (top-k, controls drawn until their mean is known, resamples of the
+ranking) and score the answers under each; they differ in what is applied to a set (an ablation operator,
+or hybrid attention's sink and window). The options they share are declared once here, and so is what
+follows the answers: the per-(set, k) summary with its two-level interval, the summary over ranking
+resamples, the tables and figure written through the declared outputs, and the controls' report.
+Like `corelens.experiments.configs` this module imports no torch at import time: the commands generate their
+parsers from these classes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from corelens.choices import (
+    DENSE_BELOW,
+    HYBRID_SET_KINDS,
+    KERNELS,
+    KEY_SETS,
+    OPS,
+    OPTIONAL,
+    RANDOM_FROM,
+    SETS,
+    STABLE_P,
+)
+from corelens.experiments.configs import (
+    data_option,
+    max_new_tokens_option,
+    model_option,
+    option,
+    out_option,
+    scorer_option,
+)
+from corelens.metrics import draws
+from corelens.runs.fields import run_options
+
+# The options the head-set sweeps (ablate, hybrid) share, each declared once; `verb` / `what` fill their help.
+
+EVAL_DATA = "samples to evaluate on (JSONL, with answers)"
+
+
+def heads_option() -> object:
+    """--heads: the ranking whose sets are swept."""
+    return option(
+        help="heads.csv of a rank run, an exported head-set folder or its hub id (found on other data)",
+        setting=False,
+    )
+
+
+def stable_p_option() -> object:
+    """--stable-p: the stable set's P(top-k) threshold."""
+    return option(STABLE_P, help="P(top-k) threshold of the stable set", type=float)
+
+
+def resamples_option(verb: str) -> object:
+    """--rank-resamples: also sweep the top-k of R bootstrap resamples of the ranking."""
+    return option(
+        0,
+        help=f"also {verb} the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
+        type=int,
+    )
+
+
+def granularity_option(verb: str) -> object:
+    """--granularity: the unit that --k / --keep count."""
+    return option(
+        None,
+        help=f"unit of the heads {verb}: query heads, or KV heads (all their query heads; a query heads.csv "
+        "is then scored per KV head by its members' summed mass); default: the heads.csv's own "
+        "(docs/methods.md#kv-heads)",
+        choices=("query", "kv"),
+    )
+
+
+def draw_options(what: str) -> tuple[object, object, object]:
+    """--seeds, --control-width and --max-draws (docs/methods.md#control-head-sets)."""
+    seeds = option(
+        draws.AUTO,
+        help=f"draws of {what}: a count, or auto (batches until the mean over draws is known to --control-width)",
+        type=("checked", draws.seeds_arg, "seeds"),
+    )
+    width = option(
+        draws.WIDTH,
+        help="--seeds auto: width of the 95 %% interval of the control's mean accuracy over draws to reach",
+        type=("checked", draws.width_arg, "width"),
+    )
+    most = option(
+        draws.MAX_DRAWS,
+        help="--seeds auto: the most draws of one control (it stops there and says so)",
+        type="positive",
+    )
+    return seeds, width, most
+
+
+def random_from_option() -> object:
+    """--random-from: the pool of the random control."""
+    return option(
+        "all",
+        help="pool of the random-k control: all heads (docs/methods.md#interventions) or the heads outside the top-k set",
+        choices=RANDOM_FROM,
+    )
+
+
+def _names(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+_SEEDS, _WIDTH, _MOST = draw_options("each random / layer-matched set")
+
+
+@dataclass(frozen=True)
+class AblateConfig:
+    """The settings of `corelens ablate` (docs/usage.md#causal-ablation)."""
+
+    model: str = model_option()
+    data: str = data_option(EVAL_DATA)
+    heads: str = heads_option()
+    out: str = out_option()
+    k: str = option("1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8", type="k_list")
+    sets: str = option(
+        ",".join(SETS),
+        help=f"comma-separated, of {', '.join(SETS + OPTIONAL)} (stable: heads with P(top-k) >= --stable-p)",
+        type=("names_of", SETS + OPTIONAL, "head set"),
+    )
+    stable_p: float = stable_p_option()
+    rank_resamples: int = resamples_option("ablate")
+    granularity: str | None = granularity_option("ablated")
+    op: str = option("zero", help="operator: docs/methods.md#interventions", choices=OPS)
+    keys: str = option("visual", help="knockout key set", choices=KEY_SETS)
+    seeds: object = _SEEDS
+    control_width: float = _WIDTH
+    max_draws: int = _MOST
+    seed: int = option(0, help="base seed of the random draws", type=int)
+    random_from: str = random_from_option()
+    reference: str | None = option(
+        None, help="op mean: reference samples (default: the rank run's data)", type="samples_path"
+    )
+    scorer: str = scorer_option()
+    max_new_tokens: int = max_new_tokens_option()
+    run: None = run_options()
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of `experiments.ablate.sweep` these settings make."""
+        names = ("op", "keys", "seeds", "control_width", "max_draws", "seed", "random_from", "reference")
+        names += ("scorer", "max_new_tokens", "rank_resamples", "stable_p", "granularity")
+        return {"ks": self.k, "sets": _names(self.sets), **{n: getattr(self, n) for n in names}}
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """The settings of `corelens hybrid` (docs/usage.md#core-guided-hybrid-attention)."""
+
+    model: str = model_option()
+    data: str = data_option(EVAL_DATA)
+    heads: str = heads_option()
+    out: str = out_option()
+    keep: str = option("5%,10%,20%,50%", help="shares (or counts) of heads kept full", type="k_list")
+    sets: str = option(
+        "top,random,bottom",
+        help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p), "
+        "adaptive (the top set's count per layer, the heads chosen per prompt)",
+        type=("names_of", HYBRID_SET_KINDS, "head set"),
+    )
+    stable_p: float = stable_p_option()
+    rank_resamples: int = resamples_option("keep full")
+    sink: str = option(
+        "128", help="sink tokens S: a count, or a share of the median prompt (5%%)", type="token_size"
+    )
+    window: str = option(
+        "1024", help="window W: a count, or a share of the median prompt (25%%)", type="token_size"
+    )
+    decode: str = option(
+        "full",
+        help="decoding after the hybrid prefill: full attention (the paper) or the streaming pattern",
+        choices=("full", "stream"),
+    )
+    granularity: str | None = granularity_option("kept full")
+    kernel: str = option(
+        "auto",
+        help="prefill kernel of the streaming heads (auto: flex on CUDA, blocked on the CPU; docs/methods.md#hybrid)",
+        choices=KERNELS,
+    )
+    dense_below: float = option(
+        DENSE_BELOW,
+        help="the partitioned kernel's crossover: a layer whose head set's ideal speed-up is below it runs every "
+        "head dense, as stock attention (0: never; the default is not yet measured on a GPU)",
+        type=float,
+    )
+    seeds: object = _SEEDS
+    control_width: float = _WIDTH
+    max_draws: int = _MOST
+    seed: int = option(0, help="base seed of the random draws", type=int)
+    random_from: str = random_from_option()
+    scorer: str = scorer_option()
+    max_new_tokens: int = max_new_tokens_option()
+    run: None = run_options("use the first N samples")
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of `experiments.hybrid.curve` these settings make."""
+        names = ("seeds", "control_width", "max_draws", "seed", "random_from", "sink", "window", "decode")
+        names += (
+            "scorer",
+            "max_new_tokens",
+            "rank_resamples",
+            "stable_p",
+            "granularity",
+            "kernel",
+            "dense_below",
+        )
+        return {"keeps": self.keep, "sets": _names(self.sets), **{n: getattr(self, n) for n in names}}
+
+
+def summary_table(
+    table,
+    records,
+    names: dict,
+    seed: int = 0,
+    *,
+    key: str = "k",
+    size: str = "k_heads",
+    stopped: dict[tuple[str, str], str] | None = None,
+):
+    """Return one row per (set, k): mean accuracy over draws, their sd, and the interval.
+
+    A set drawn once (top, bottom, or one draw) gets the Wilson interval of its answers; a set drawn several
+    times gets the two-level bootstrap over draws and samples (`draws_interval`), which includes the
+    variation between draws (`sd`). `names` maps each (set, k) row's conditions to their names in records.
+    `draw_width` is the width of the t-interval of the mean over draws (`corelens.metrics.draws`, what
+    `--seeds auto` narrows) and `stopped` why the draws stopped (`stopped`, by (set, k); "" for undrawn sets).
+    `key` / `size` name the k and head-count columns (hybrid.csv: keep, full_heads).
+    """
+    import pandas as pd
+
+    from corelens.experiments.evaluate import interval
+    from corelens.metrics.headsets import SEEDED
+    from corelens.metrics.uncertainty import draws_interval
+
+    rows = []
+    for (kind, k), group in table.groupby(["set", key], sort=False):
+        correct, n = int(group["correct"].sum()), int(group["n"].sum())
+        low, high = interval(correct, n)
+        method = "wilson"
+        if len(group) > 1:
+            conds = [names[(kind, str(k), s)] for s in group["seed"]]
+            got = records[records["condition"].isin(conds)]
+            answers = got.pivot(index="condition", columns="sample", values="correct").dropna(axis=1)
+            if answers.shape[1]:
+                low, high = draws_interval(answers.to_numpy(dtype=float), seed=seed)
+                method = "two-level bootstrap"
+        drawn = kind in SEEDED
+        d_low, d_high = draws.draw_interval(group["accuracy"]) if drawn else (float("nan"),) * 2
+        rows.append(
+            {
+                "set": kind,
+                key: k,
+                size: int(group[size].iloc[0]),
+                "short_by": int(group["short_by"].max()),
+                "seeds": int(group["seed"].notna().sum()) or 1,
+                "accuracy": float(group["accuracy"].mean()),
+                "sd": float(group["accuracy"].std(ddof=1)) if len(group) > 1 else 0.0,
+                "ci_low": low,
+                "ci_high": high,
+                "interval": method,
+                "draw_width": d_high - d_low,
+                "stopped": (stopped or {}).get((kind, str(k)), "fixed" if drawn else ""),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Tail:
+    """What a finished sweep hands to `conclude_sweep`: its outputs, the per-condition `table` and per-answer
+    `records`, the condition names by (set, k, seed), the controls `found` and how they were drawn."""
+
+    outputs: object  # corelens.runs.outputs.Outputs: ABLATE or HYBRID
+    table: object  # pandas.DataFrame, one row per condition
+    records: object  # pandas.DataFrame, one row per (condition, sample)
+    names: dict
+    found: list  # corelens.metrics.draws controls
+    task: str
+    seed: int
+    key: str  # the size column: "k" (ablate) or "keep" (hybrid)
+    size: str  # the head-count column: "k_heads" or "full_heads"
+    control_width: float
+    max_draws: int
+    auto: bool
+
+
+def conclude_sweep(
+    run,
+    tail: Tail,
+    resampled: Iterable | None,
+    *,
+    draw: Callable[[Mapping[str, Path]], None],
+    manifest: Mapping[str, object] | None = None,
+    **finish: object,
+):
+    """The sweeps' tail: the per-(set, k) summary, the summary over ranking resamples (`resampled`: the
+    (k, heads) of each resampled set, None without --rank-resamples), the declared tables and figure, the
+    run's end, and one line per control on stderr. Return (summary, resampled summary or None)."""
+    from corelens.metrics.uncertainty import resampled_summary
+    from corelens.runs.outputs import conclude
+
+    stopped = {(c.kind, c.k): c.stopped for c in tail.found}
+    summary = summary_table(
+        tail.table, tail.records, tail.names, tail.seed, key=tail.key, size=tail.size, stopped=stopped
+    )
+    summary.insert(0, "task", tail.task)
+    over = resampled_summary(tail.table, tail.key, resampled) if resampled is not None else None
+    entries = {**(manifest or {})}
+    entries["controls"] = draws.manifest(tail.found, tail.task, tail.control_width, tail.max_draws, tail.auto)
+    tables = {"records": tail.records, "table": tail.table, "summary": summary, "resampled": over}
+    conclude(run, tail.outputs, tables, draw=draw, manifest=entries, **finish)
+    if run is None or run.dist.main:
+        for c in tail.found:
+            print(
+                f"{tail.outputs.command}: {tail.task}: {c.line(tail.control_width, tail.max_draws)}",
+                file=sys.stderr,
+            )
+    return summary, over
+
+
+def run_sweep(entry: Callable, config, ctx, load_options: dict):
+    """`corelens ablate` / `corelens hybrid`: resolve the config's heads (a heads.csv, an exported head set or
+    its hub id) before the model loads, load the model, and run `entry` (`ablate.sweep`, `hybrid.curve`) on
+    the config's data under `ctx`."""
+    from corelens.heads import resolve_heads
+    from corelens.models.loaded import load
+
+    heads = resolve_heads(config.heads)
+    return entry(load(config.model, **load_options), config.data, heads, ctx=ctx, **config.kwargs())
