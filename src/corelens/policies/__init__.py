@@ -1,0 +1,41 @@
+"""Policies: what is applied to a model while it answers, one small registered class per intervention.
+
+`POLICIES` maps each registered name to its class: `zero`, `mean`, `uniform`, `knockout` (head operators),
+`hybrid`, `adaptive-hybrid` and `sap`. `Policy.from_dict(d)` / `from_json` build any of them from JSON (the
+dict carries `name`); `with policy.applied(m, prepared): ...` applies one; `answer(m, prepared, policy)` is
+the greedy answer under one. A new policy is one file: docs/extending/policy.md.
+"""
+
+from corelens.policies.base import POLICIES, Applied, Policy, PolicyInterface, answer, context_of, register
+from corelens.policies.heads import HeadsHook, HeadsPolicy
+from corelens.policies.zero import ZeroHeads
+from corelens.policies.mean import MeanHeads
+from corelens.policies.uniform import UniformHeads
+from corelens.policies.knockout import KnockoutHeads
+from corelens.policies.hybrid import HybridAttention
+from corelens.policies.adaptive import AdaptiveHybrid
+from corelens.policies.priors import PRIOR_CLASSES, Prior, build_prior, register_prior
+from corelens.policies.sap import SharedPrior
+
+__all__ = [
+    "POLICIES",
+    "PRIOR_CLASSES",
+    "AdaptiveHybrid",
+    "Applied",
+    "HeadsHook",
+    "HeadsPolicy",
+    "HybridAttention",
+    "KnockoutHeads",
+    "MeanHeads",
+    "Policy",
+    "PolicyInterface",
+    "Prior",
+    "SharedPrior",
+    "UniformHeads",
+    "ZeroHeads",
+    "answer",
+    "build_prior",
+    "context_of",
+    "register",
+    "register_prior",
+]
