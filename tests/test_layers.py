@@ -23,6 +23,9 @@ LAYERS = (
     ("commands", "integrations"),
     # bench: the measurements behind `corelens bench` (kernels, models, the organism), experiments of their own.
     ("experiments", "bench"),
+    # policies: what is applied while answering (one registered class per intervention) and the one
+    # `answer` under a policy, used by experiments, integrations and the Python API.
+    ("policies",),
     # The middle: attention (the registered attention function), models (loading registers it), report.
     # heads: the head-set artifact (records the model it came from, via models.hub).
     # capture: hooks on a loaded model's decoder layers, read by experiments.

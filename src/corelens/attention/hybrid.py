@@ -448,7 +448,7 @@ def hybrid(
         ('green <|im_end|>', 0.57)
     """
     session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel, decode, dense_below)
-    with activate(session.modules, session.hook), watch() if watch else nullcontext():
+    with activate(session.modules, session.hook):
         session.active = True
         try:
             yield session

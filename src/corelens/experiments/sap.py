@@ -53,6 +53,7 @@ from corelens.policies.priors import (  # noqa: F401  (the priors' public names,
 from corelens.runs import Run, current, model_data_settings
 from corelens.runs.driver import Loop, drive
 
+
 def key_region(m: Loaded, sample: Sample, prepared: Prepared | None = None) -> tuple[float, float]:
     """Return (key-region ratio Σ_Ω A / Σ_V A at the answer position, averaged over layers and heads, |Ω|/|V|)."""
     prepared = prepared or prepare(m, sample)

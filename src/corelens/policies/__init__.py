@@ -6,16 +6,16 @@ dict carries `name`); `with policy.applied(m, prepared): ...` applies one; `answ
 the greedy answer under one. A new policy is one file: docs/extending/policy.md.
 """
 
+from corelens.policies.adaptive import AdaptiveHybrid
 from corelens.policies.base import POLICIES, Applied, Policy, PolicyInterface, answer, context_of, register
 from corelens.policies.heads import HeadsHook, HeadsPolicy
-from corelens.policies.zero import ZeroHeads
-from corelens.policies.mean import MeanHeads
-from corelens.policies.uniform import UniformHeads
-from corelens.policies.knockout import KnockoutHeads
 from corelens.policies.hybrid import HybridAttention
-from corelens.policies.adaptive import AdaptiveHybrid
+from corelens.policies.knockout import KnockoutHeads
+from corelens.policies.mean import MeanHeads
 from corelens.policies.priors import PRIOR_CLASSES, Prior, build_prior, register_prior
 from corelens.policies.sap import SharedPrior
+from corelens.policies.uniform import UniformHeads
+from corelens.policies.zero import ZeroHeads
 
 __all__ = [
     "POLICIES",

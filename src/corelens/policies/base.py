@@ -87,7 +87,9 @@ def layer_modules(model: Any) -> list[tuple[int, torch.nn.Module]]:
     return list(enumerate(decoder_attention_modules(model)))
 
 
-def context_of(prepared: Prepared | None, sample: Sample | None = None, rule: str = "any") -> AttentionContext:
+def context_of(
+    prepared: Prepared | None, sample: Sample | None = None, rule: str = "any"
+) -> AttentionContext:
     """Return the attention context of a prepared prompt; Omega (from `sample`'s targets) only when read."""
     if prepared is None:
         return None
@@ -159,7 +161,9 @@ class Policy:
         known = {f.name for f in fields(target) if f.init}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise OptionError(f"policy {name!r}: unknown field(s) {unknown}; expected some of {sorted(known)}")
+            raise OptionError(
+                f"policy {name!r}: unknown field(s) {unknown}; expected some of {sorted(known)}"
+            )
         return target(**data)
 
     @classmethod

@@ -32,7 +32,9 @@ from corelens.policies.base import POLICIES, Policy, context_of, layer_modules
 
 def deprecated(old: str, new: str) -> None:
     """Warn that `old` is replaced by `new` and goes in the next release."""
-    warnings.warn(f"{old} is deprecated and will be removed in the next release: use {new}", DeprecationWarning, 3)
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release: use {new}", DeprecationWarning, 3
+    )
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,9 @@ class Ablation:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        deprecated("corelens.Ablation", "corelens.policies.ZeroHeads / MeanHeads / UniformHeads / KnockoutHeads")
+        deprecated(
+            "corelens.Ablation", "corelens.policies.ZeroHeads / MeanHeads / UniformHeads / KnockoutHeads"
+        )
         object.__setattr__(self, "heads", tuple(sorted({(int(lh[0]), int(lh[1])) for lh in self.heads})))
         if self.op not in OPS:
             raise OptionError(f"unknown ablation op {self.op!r}; expected one of {OPS}")
@@ -56,7 +60,9 @@ class Ablation:
 
     def policy(self, means: Any = None) -> Policy:
         """Return the policy this ablation is."""
-        extra = {"keys": self.keys} if self.op == "knockout" else {"means": means} if self.op == "mean" else {}
+        extra = (
+            {"keys": self.keys} if self.op == "knockout" else {"means": means} if self.op == "mean" else {}
+        )
         return POLICIES[self.op](self.heads, self.label, self.seed, dict(self.meta), **extra)
 
     def to_dict(self) -> dict:
@@ -84,7 +90,9 @@ def ablation_policy(data: dict, means: Any = None) -> Policy:
     if data["op"] == "mean":
         extra["means"] = means
     heads = tuple(tuple(h) for h in data["heads"])
-    return POLICIES[data["op"]](heads, data.get("label", ""), data.get("seed"), dict(data.get("meta", {})), **extra)
+    return POLICIES[data["op"]](
+        heads, data.get("label", ""), data.get("seed"), dict(data.get("meta", {})), **extra
+    )
 
 
 def _past_length(kwargs: dict) -> int:
@@ -155,7 +163,9 @@ def ablate(
     means: Any = None,
 ) -> Iterator[Ablator]:
     """Deprecated: `with policy.applied(m, prepared)` of a `ZeroHeads` / ... policy."""
-    deprecated("corelens.ablate", "`with corelens.policies.ZeroHeads(heads).applied(m, prepared)` (or MeanHeads...)")
+    deprecated(
+        "corelens.ablate", "`with corelens.policies.ZeroHeads(heads).applied(m, prepared)` (or MeanHeads...)"
+    )
     if isinstance(heads, Ablation):
         op, keys, pairs = heads.op, heads.keys, heads.heads
     else:
@@ -163,9 +173,9 @@ def ablate(
     if op not in OPS:
         raise OptionError(f"unknown ablation op {op!r}; expected one of {OPS}")
     policy = ablation_policy({"heads": pairs, "op": op, "keys": keys}, means)
-    with ids_context(m) if op in ("mean", "knockout") else attention_context(None):
-        with policy.applied(m) as on:
-            yield Ablator(policy, on.hooks)
+    positions = ids_context(m) if op in ("mean", "knockout") else attention_context(None)
+    with positions, policy.applied(m) as on:
+        yield Ablator(policy, on.hooks)
 
 
 @contextmanager
@@ -185,10 +195,14 @@ def hybrid(
     dense_below: Any = "default",
 ) -> Iterator[Any]:
     """Deprecated: `with HybridAttention(...).applied(m, prepared)` (or `AdaptiveHybrid`); yields the session."""
-    deprecated("corelens.hybrid", "`with corelens.policies.HybridAttention(full, sink, window).applied(m, prepared)`")
+    deprecated(
+        "corelens.hybrid", "`with corelens.policies.HybridAttention(full, sink, window).applied(m, prepared)`"
+    )
     if not (isinstance(full, str) and full == "adaptive"):
         options = {} if dense_below == "default" else {"dense_below": dense_below}
-        with hybrid_session(m, full, sink=sink, window=window, keep=keep, kernel=kernel, decode=decode, **options) as h:
+        with hybrid_session(
+            m, full, sink=sink, window=window, keep=keep, kernel=kernel, decode=decode, **options
+        ) as h:
             yield h
         return
     if budget is None:

@@ -337,4 +337,3 @@ def build_prior(
     if (kind, seed, temperature) not in memo:
         memo[(kind, seed, temperature)] = prior.values(m, sample, prepared, seed, temperature)
     return memo[(kind, seed, temperature)]
-
