@@ -3,8 +3,12 @@
 `POLICIES` maps each registered name to its class: `zero`, `mean`, `uniform`, `knockout` (head operators),
 `hybrid`, `adaptive-hybrid` and `sap`. `Policy.from_dict(d)` / `from_json` build any of them from JSON (the
 dict carries `name`); `with policy.applied(m, prepared): ...` applies one; `answer(m, prepared, policy)` is
-the greedy answer under one. A new policy is one file: docs/extending/policy.md.
+the greedy answer under one. A new policy is one file in this folder (imported, so registered, with the
+package; docs/extending/policy.md).
 """
+
+import importlib as _importlib
+import pkgutil as _pkgutil
 
 from corelens.policies.adaptive import AdaptiveHybrid
 from corelens.policies.base import POLICIES, Applied, Policy, PolicyInterface, answer, context_of, register
@@ -16,6 +20,10 @@ from corelens.policies.priors import PRIOR_CLASSES, Prior, build_prior, register
 from corelens.policies.sap import SharedPrior
 from corelens.policies.uniform import UniformHeads
 from corelens.policies.zero import ZeroHeads
+
+# Every module of this folder registers its policies on import: a new file needs no line here.
+for _module in _pkgutil.iter_modules(__path__):
+    _importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "POLICIES",

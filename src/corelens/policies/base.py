@@ -87,6 +87,14 @@ def layer_modules(model: Any) -> list[tuple[int, torch.nn.Module]]:
     return list(enumerate(decoder_attention_modules(model)))
 
 
+def model_shape(model: Any) -> tuple[int, int]:
+    """Return (decoder layers, query heads per layer) of a `Loaded` model or a bare transformers model."""
+    if hasattr(model, "num_layers"):
+        return model.num_layers, model.num_heads
+    config = model.config.get_text_config()
+    return config.num_hidden_layers, config.num_attention_heads
+
+
 def context_of(
     prepared: Prepared | None, sample: Sample | None = None, rule: str = "any"
 ) -> AttentionContext:

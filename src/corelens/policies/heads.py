@@ -13,7 +13,7 @@ import torch
 
 from corelens.attention.dispatch import AttentionHook
 from corelens.errors import CorelensError
-from corelens.policies.base import Policy
+from corelens.policies.base import Policy, model_shape
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class HeadsPolicy(Policy):
 
     def by_layer(self, model: Any) -> dict[int, torch.Tensor]:
         """Return {layer: its heads as a long tensor}, after checking every head against the model's shape."""
-        layers, heads = model.num_layers, model.num_heads
+        layers, heads = model_shape(model)
         out: dict[int, list[int]] = {}
         for layer, head in self.heads:
             if not (0 <= layer < layers and 0 <= head < heads):

@@ -14,7 +14,7 @@ from corelens.attention.context import needs
 from corelens.attention.dispatch import AttentionCall
 from corelens.attention.interventions import HeadMeans
 from corelens.errors import CorelensError
-from corelens.policies.base import Policy, register
+from corelens.policies.base import Policy, model_shape, register
 from corelens.policies.heads import HeadsHook, HeadsPolicy
 
 
@@ -63,7 +63,7 @@ class MeanHeads(HeadsPolicy):
         if self.means is None:
             raise CorelensError("op 'mean' needs reference statistics (HeadMeans or a means.npz path)")
         means = self.means if isinstance(self.means, HeadMeans) else HeadMeans.load(self.means)
-        expected = (model.num_layers, model.num_heads)
+        expected = model_shape(model)
         if means.text.shape[:2] != expected:
             raise CorelensError(
                 f"mean statistics are for {means.text.shape[:2]} (layers, heads), the model has {expected}"
