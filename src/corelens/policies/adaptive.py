@@ -31,6 +31,10 @@ class AdaptiveHybrid(SessionPolicy):
     kernel: str = "auto"
     signal: Any = None  # a layers x heads table (or DataFrame) replacing the measured signal
 
+    def __post_init__(self) -> None:
+        if self.full is not None:  # sorted pairs, whatever the container (JSON gives lists)
+            object.__setattr__(self, "full", HybridPolicy(self.full, self.sink, self.window).full)
+
     def session(self, model: Any) -> Hybrid:
         """Return a new adaptive session on `model`."""
         prior = None if self.full is None else HybridPolicy(self.full, self.sink, self.window)
