@@ -86,9 +86,13 @@ def test_a_forward_without_context_is_refused(setup):
         KnockoutHeads(CORE).applied(m),
     ):
         m.model(**p.inputs)
-    with pytest.raises(cl.CorelensError, match="needs the sample's Omega"), torch.no_grad():
-        with KnockoutHeads(CORE, keys="omega").applied(m, p):  # no sample: no targets to take Omega from
-            m.model(**p.inputs)
+    omega = KnockoutHeads(CORE, keys="omega")  # applied without the sample: no targets to take Omega from
+    with (
+        pytest.raises(cl.CorelensError, match="needs the sample's Omega"),
+        torch.no_grad(),
+        omega.applied(m, p),
+    ):
+        m.model(**p.inputs)
 
 
 def test_deprecated_names_warn_and_still_work(setup):
