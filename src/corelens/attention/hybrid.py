@@ -36,11 +36,12 @@ from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, ac
 from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer, decode_attention
 from corelens.attention.kernels.dense import masked_attention, policy_allowed
 from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
+from corelens.attention.schema import HYBRID_FORMAT, HybridPolicyFile, validate
 from corelens.errors import CorelensError, OptionError
 from corelens.metrics import kvheads
 from corelens.metrics.headsets import SEEDED, k_count, select
 
-FORMAT = "corelens.hybrid-policy/1"
+FORMAT = HYBRID_FORMAT
 DEFAULT_SINK = 128
 DEFAULT_WINDOW = 1024
 DECODES = ("full", "stream")
@@ -157,8 +158,6 @@ class HybridPolicy:
     @classmethod
     def load(cls, path: str | Path) -> HybridPolicy:
         """Read a policy written by `save`; a malformed one is one line naming the file and the field."""
-        from corelens.attention.schema import HybridPolicyFile, validate
-
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError, RecursionError) as err:
