@@ -48,6 +48,9 @@ class PolicyInterface(MutableMapping):
             raise OptionError(f"unknown {self.what} {key!r}; expected one of {', '.join(self)}")
         return self._global_mapping[key]
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._local_mapping or key in self._global_mapping
+
     def __setitem__(self, key: str, value: type[Policy]) -> None:
         self._local_mapping[key] = value
 
