@@ -108,6 +108,6 @@ def read_policy(path: str | Path, means: str | None = None) -> Policy:
         except (TypeError, ValueError) as err:
             raise CorelensError(f"{where}: not a valid {data['name']!r} policy ({err})") from None
     raise CorelensError(
-        f"policy={path}: not a registered policy (name: {', '.join(POLICIES)}), a hybrid policy "
-        f"({HYBRID_FORMAT}), an ablation (heads + op) or a SAP prior (prior + layers)"
+        f"policy={path}: not a hybrid policy ({HYBRID_FORMAT}), a registered policy (name: "
+        f"{', '.join(POLICIES)}), an ablation (heads + op) or a SAP prior (prior + layers)"
     )
