@@ -12,12 +12,13 @@ from helpers import noise_image
 
 import corelens
 from corelens.attention import RamProbe, activate
-from corelens.attention.interventions import Ablation, HeadMeans
+from corelens.attention.interventions import HeadMeans
 from corelens.data.sample import Sample, Target
 from corelens.experiments.ablate import reference_means
 from corelens.metrics.headsets import head_sets, k_count, select
 from corelens.models.prepare import prepare
 from corelens.models.tiny import ALL_FAMILIES
+from corelens.policies.legacy import Ablation
 
 HEADS = [(0, 1), (1, 0), (1, 3)]
 GEN = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}

@@ -133,22 +133,16 @@ def fake_setup(tmp_path_factory):
 @pytest.fixture
 def fake_answers(monkeypatch):
     """Answer right unless the ablated set holds a CRITICAL head: a draw's accuracy is 1, or 0 (known spread)."""
-    import contextlib
 
     import corelens.experiments.ablate as experiment
 
     state = {"heads": (), "calls": 0}
 
-    @contextlib.contextmanager
-    def fake_ablate(m, ablation, means=None):
-        state["heads"] = ablation.heads
-        yield type("Ab", (), {"for_sample": lambda self, *a: contextlib.nullcontext()})()
-
-    def fake_answer(m, sample, **kw):
+    def fake_answer(m, prepared, policy, *, sample, **kw):
+        state["heads"] = policy.heads
         state["calls"] += 1
         return "wrong" if any(h in CRITICAL for h in state["heads"]) else sample.answer
 
-    monkeypatch.setattr(experiment, "ablate", fake_ablate)
     monkeypatch.setattr(experiment, "answer", fake_answer)
     return state
 

@@ -17,7 +17,7 @@ from transformers import AutoModelForImageTextToText
 
 from corelens.errors import UnsupportedModelError
 from corelens.models.families import FAMILIES, family_of
-from corelens.models.families.base import FIELDS, Family, FamilyInterface
+from corelens.models.families.family import FIELDS, Family, FamilyInterface
 from corelens.models.tiny import ALL_FAMILIES, tiny_config, tiny_processor, tiny_tokenizer
 
 REQUIRED = tuple(f.name for f in fields(Family) if f.default is MISSING)
@@ -93,7 +93,7 @@ def test_released_geometry_names_config_fields(name):
 
 def test_the_docs_family_table_and_the_readme_list_are_the_registry():
     """docs/families.md's table and the README's list of families are generated from the registry."""
-    from corelens.models.families.base import family_list, family_table
+    from corelens.models.families.family import family_list, family_table
 
     root = Path(__file__).resolve().parents[1]
     table = family_table(FAMILIES)

@@ -9,10 +9,10 @@ import torch
 import corelens
 from corelens.attention import RamProbe, activate
 from corelens.attention.dispatch import AttentionHook
-from corelens.attention.interventions import Ablation, Ablator
 from corelens.attention.priors import SapHook
 from corelens.capture import _NoRope
 from corelens.errors import CorelensError
+from corelens.policies import POLICIES
 
 HEADS = [(0, 1), (1, 2)]  # ablated heads
 FULL = [(0, 0), (1, 3)]  # hybrid full heads
@@ -131,7 +131,7 @@ def test_ram_probe_under_an_ablation_reads_the_ablated_attention(model, op, prob
 
 
 def _ablator(m, op):
-    return Ablator(m, Ablation(tuple(HEADS), op))
+    return POLICIES[op](tuple(HEADS)).hooks(m, None)[0]
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,13 @@ from scipy import stats
 
 import corelens
 from corelens.attention.attribution import HeadGate
-from corelens.attention.interventions import Ablation, ablate
 from corelens.data.sample import load_images
 from corelens.experiments.importance import answer_logp, attribution, blocked_positions
 from corelens.metrics.importance import agreement, importance_table
 from corelens.models.prepare import messages, prepare
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
+from corelens.policies.legacy import Ablation, ablate
 
 MODEL = str(organism_path())
 

@@ -107,3 +107,30 @@ def test_arguments_the_press_would_overwrite_are_refused(setup, given, named):
         CorePress(heads=setup["folder"], **given)
     assert str(err.value).startswith(f"CorePress: {named} is not taken") and "\n" not in str(err.value)
     CorePress(heads=setup["folder"], head_compression_ratio=0.0)  # the default is no overwrite
+
+
+def test_any_registered_policy_is_a_press(setup, tmp_path):
+    """`PolicyPress` takes a policy by name and fields, as JSON text or a JSON file: the same hooks as applying it."""
+    from corelens.integrations.kvpress import PolicyPress
+    from corelens.policies import ZeroHeads
+
+    m, inputs = setup["m"], setup["inputs"]
+    policy = ZeroHeads([(0, 1), (2, 3)])
+    (tmp_path / "zero.json").write_text(policy.to_json())
+
+    def logits(press=None):
+        with torch.no_grad():
+            if press is None:
+                return m.model(**inputs).logits
+            with press(m.model):  # the bare transformers model, as kvpress takes it
+                return m.model(**inputs).logits
+
+    with torch.no_grad(), policy.applied(m):
+        want = m.model(**inputs).logits
+    assert not torch.equal(want, logits())  # the heads change the output
+    for press in (PolicyPress("zero", heads=[[0, 1], [2, 3]]), PolicyPress(policy.to_json()),
+                  PolicyPress(str(tmp_path / "zero.json")), PolicyPress(policy)):  # fmt: skip
+        assert press.policy == policy
+        assert torch.equal(logits(press), want)
+    with pytest.raises(CorelensError, match="unknown policy"):
+        PolicyPress("erase")

@@ -32,6 +32,9 @@ LAYERS = (
     ("commands", "integrations"),
     # bench: the measurements behind `corelens bench` (kernels, models, the organism), experiments of their own.
     ("experiments", "bench"),
+    # policies: what is applied while answering (one registered class per intervention) and the one
+    # `answer` under a policy, used by experiments, integrations and the Python API.
+    ("policies",),
     # The middle: attention (the registered attention function), models (loading registers it), report.
     # heads: the head-set artifact (records the model it came from, via models.hub).
     # capture: hooks on a loaded model's decoder layers, read by experiments.
@@ -50,8 +53,6 @@ RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 # order (the last imports the first), at least one import of each inside a function: removed by issue 30's
 # policies / registry changes (the coordinator empties this set when they are merged).
 KNOWN_CYCLES = {
-    ("corelens.attention.adaptive", "corelens.attention.hybrid"),
-    ("corelens.attention.hybrid", "corelens.attention.schema"),
     ("corelens.heads.artifact", "corelens.heads.schema"),
 }
 

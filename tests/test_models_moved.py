@@ -16,7 +16,7 @@ MOVED = {
         "onevision_layout",
     ),
     "corelens.models.internvl": ("corelens.models.families.internvl.tokens", "internvl_layout"),
-    "corelens.models.registry": ("corelens.models.families.base", "FamilyInterface"),
+    "corelens.models.registry": ("corelens.models.families.family", "FamilyInterface"),
 }
 
 

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 from corelens.attention.hybrid import HybridPolicy
-from corelens.attention.interventions import Ablation
 from corelens.attention.schema import AblationFile, HybridPolicyFile, validate
 from corelens.heads.schema import schemas
+from corelens.policies import KnockoutHeads
+from corelens.policies.legacy import ablation_policy
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
 
@@ -24,5 +25,6 @@ def test_committed_schemas_equal_the_generated_ones():
 def test_what_corelens_writes_validates():
     policy = HybridPolicy(((0, 1), (2, 3)), 4, 8, {"keep": 2})
     assert validate(HybridPolicyFile, policy.to_dict(), "p.json").full == [(0, 1), (2, 3)]
-    ablation = Ablation(((0, 1),), "knockout", "omega", label="top/1", seed=3)
-    assert Ablation.from_dict(validate(AblationFile, ablation.to_dict(), "a.json").model_dump()) == ablation
+    ablation = {"heads": [[0, 1]], "op": "knockout", "keys": "omega", "label": "top/1", "seed": 3, "meta": {}}
+    got = ablation_policy(validate(AblationFile, ablation, "a.json").model_dump())
+    assert got == KnockoutHeads(((0, 1),), "top/1", 3, keys="omega")

@@ -11,17 +11,22 @@ __version__ = _version("corelens")  # one source: pyproject.toml, as installed
 # The public API, each name imported from its module on first use (PEP 562), so that `import corelens` and
 # the command line's parser (`corelens --help`, an argument error) do not pay for torch and transformers.
 _EXPORTS = {
-    "Ablation": "corelens.attention.interventions",
+    "Ablation": "corelens.policies.legacy",  # deprecated: corelens.policies' head operators
+    "AttentionHook": "corelens.attention.dispatch",
     "CorelensError": "corelens.errors",
     "HeadSet": "corelens.heads",
     "InputError": "corelens.errors",
     "Loaded": "corelens.models",
     "OptionError": "corelens.errors",
+    "POLICIES": "corelens.policies",
+    "Policy": "corelens.policies",
     "Ranking": "corelens.experiments.rank",
     "Sample": "corelens.data",
     "UnsupportedModelError": "corelens.errors",
-    "ablate": "corelens.attention.interventions",
-    "hybrid": "corelens.attention.hybrid",
+    "ablate": "corelens.policies.legacy",  # deprecated: `with policy.applied(m, prepared)`
+    "activate": "corelens.attention.dispatch",
+    "answer": "corelens.policies",
+    "hybrid": "corelens.policies.legacy",  # deprecated: HybridAttention / AdaptiveHybrid
     "load": "corelens.models",
     "measure_sample": "corelens.experiments.rank",
     "prepare": "corelens.models.prepare",
@@ -29,16 +34,21 @@ _EXPORTS = {
     "read_samples": "corelens.data",
 }
 __all__ = [
+    "POLICIES",
     "Ablation",
+    "AttentionHook",
     "CorelensError",
     "HeadSet",
     "InputError",
     "Loaded",
     "OptionError",
+    "Policy",
     "Ranking",
     "Sample",
     "UnsupportedModelError",
     "ablate",
+    "activate",
+    "answer",
     "hybrid",
     "load",
     "measure_sample",
@@ -48,14 +58,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
-    from corelens.attention.hybrid import hybrid
-    from corelens.attention.interventions import Ablation, ablate
+    from corelens.attention.dispatch import AttentionHook, activate
     from corelens.data import Sample, read_samples
     from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError
     from corelens.experiments.rank import Ranking, measure_sample, rank
     from corelens.heads import HeadSet
     from corelens.models import Loaded, load
     from corelens.models.prepare import prepare
+    from corelens.policies import POLICIES, Policy, answer
+    from corelens.policies.legacy import Ablation, ablate, hybrid
 
 
 def __getattr__(name: str):

@@ -1,6 +1,6 @@
 """Input-adaptive hybrid attention (docs/methods.md#adaptive-hybrid): the full heads chosen per prompt.
 
-`hybrid(m, full="adaptive", budget=F, prior=heads.csv)` keeps, in each layer l, as many full heads as the
+`AdaptiveHybrid(budget=F, full=<the fixed set>)` (`corelens.policies`) keeps, in each layer l, as many full heads as the
 fixed CoRe policy at the same budget keeps there (`quota_l`; `prior` may also be that fixed `HybridPolicy`;
 without `prior`, round(F x H) per layer). Which
 ones is decided during the prefill itself, layer by layer, just before the layer's attention runs: the
@@ -13,8 +13,6 @@ exactly the fixed policy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -24,6 +22,7 @@ import torch
 from corelens.attention.dispatch import AttentionCall, Kernel
 from corelens.attention.hybrid import Hybrid, HybridHook, HybridPolicy
 from corelens.attention.probes import row_probabilities
+from corelens.attention.prompt_context import needs
 from corelens.errors import CorelensError
 
 
@@ -43,32 +42,11 @@ def quotas(layers: int, heads: int, budget: float, prior: Any = None) -> torch.T
 class AdaptiveHook(HybridHook):
     """The hybrid hook, with each layer's full heads chosen from the prompt just before its prefill."""
 
-    def __init__(self, session: Hybrid, quota: torch.Tensor, rows: int, signal: torch.Tensor | None, m: Any):
+    def __init__(self, session: Hybrid, quota: torch.Tensor, rows: int, signal: torch.Tensor | None):
         super().__init__(session)
         self.quota, self.rows, self.signal = quota, rows, signal
-        model = m.model if hasattr(m, "layer_modules") else m
-        config = model.config
-        ids = [getattr(config, name, None) for name in ("image_token_id", "video_token_id")]
-        self._token_ids = torch.tensor([i for i in ids if i is not None], dtype=torch.long)
-        self._embedding = model.get_input_embeddings()
-        self.visual: torch.Tensor | None = None
         self.chosen: list[torch.Tensor] = []  # per prefill, the (layers, heads) full table it chose
         self.signals: dict[int, dict[int, torch.Tensor]] = {}  # per prefill and layer, the measured signal
-
-    @contextmanager
-    def watching(self) -> Iterator[None]:
-        """Watch the token ids of every forward inside the block (the signal needs the visual positions)."""
-        handle = self._embedding.register_forward_pre_hook(self.on_ids)
-        try:
-            yield
-        finally:
-            handle.remove()
-
-    def on_ids(self, module: torch.nn.Module, args: tuple) -> None:
-        """Keep the visual-token positions of the current forward (a (batch, len) id lookup)."""
-        ids = args[0] if args else None
-        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
-            self.visual = torch.isin(ids, self._token_ids.to(ids.device))
 
     def measure(self, call: AttentionCall) -> torch.Tensor:
         """Return (heads,) mean attention mass of the last `rows` prompt rows on the visual tokens."""
@@ -77,11 +55,10 @@ class AdaptiveHook(HybridHook):
             raise CorelensError(
                 "adaptive hybrid attention chooses heads per prompt: run one prompt at a time"
             )
-        if self.visual is None or self.visual.shape[1] != n:
-            raise CorelensError("adaptive hybrid attention could not see the prompt's token ids")
+        visual = needs(call.context, "adaptive hybrid attention").visual_mask(0, n, 1, call.query.device)[0]
         rows = torch.arange(max(n - self.rows, 0), n)
         probs = row_probabilities(call, rows)[0]  # (heads, rows, n): the RAM probe's rows, no N x N
-        return probs[..., self.visual[0].to(probs.device)].sum(dim=-1).mean(dim=-1)
+        return probs[..., visual.to(probs.device)].sum(dim=-1).mean(dim=-1)
 
     def attend(self, call: AttentionCall, inner: Kernel) -> Kernel:
         """At a prefill call, choose this layer's full heads; then choose the hybrid kernel."""
@@ -145,7 +122,7 @@ def adaptive_session(
             raise CorelensError(
                 f"the signal must be {session.layers} x {session.heads}, got {tuple(table.shape)}"
             )
-    session.hook = AdaptiveHook(session, quota, rows, table, m)
+    session.hook = AdaptiveHook(session, quota, rows, table)
     session.policy = HybridPolicy(
         (), sink, window, {"kind": "adaptive", "budget": budget, "quota": quota.tolist()}
     )

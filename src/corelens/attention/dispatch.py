@@ -37,6 +37,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from corelens.attention.prompt_context import AttentionContext, current_context
 from corelens.errors import CorelensError
 
 NAME = "corelens"
@@ -56,6 +57,9 @@ class AttentionCall:
     attention_mask: torch.Tensor | None  # None means plain causal
     scaling: float
     kwargs: dict = field(default_factory=dict)
+    # What the prepared prompt knows (visual / Omega positions, query rows, prompt length); None outside
+    # `attention_context` (corelens.attention.prompt_context).
+    context: AttentionContext | None = None
 
     @property
     def groups(self) -> int:
@@ -78,6 +82,8 @@ class AttentionHook:
     # "scores" for a probe that recomputes attention rows from the queries and keys with the stock causal
     # pattern (the RAM probe, key maps): it would misreport a head whose pattern another hook changes.
     reads: str = "output"
+    # The decoder layers a policy activates the hook on (`corelens.policies`); None: every layer.
+    layers: tuple[int, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -143,7 +149,9 @@ def corelens_attention(
     layer, hooks = entry
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    call = AttentionCall(module, layer, query, key, value, attention_mask, scaling, dict(kwargs))
+    call = AttentionCall(
+        module, layer, query, key, value, attention_mask, scaling, dict(kwargs), current_context()
+    )
     # By kind, in the order of ORDER (stable within a kind: outer first); the module docstring says why.
     ordered = sorted(hooks, key=lambda h: ORDER.index(h.kind))
     for hook in ordered:

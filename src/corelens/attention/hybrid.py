@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -36,11 +36,12 @@ from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, ac
 from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer, decode_attention
 from corelens.attention.kernels.dense import last_rows_allowed, masked_attention, policy_allowed
 from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
+from corelens.attention.schema import HYBRID_FORMAT, HybridPolicyFile, validate
 from corelens.errors import CorelensError, OptionError
 from corelens.metrics import kvheads
 from corelens.metrics.headsets import SEEDED, k_count, select
 
-FORMAT = "corelens.hybrid-policy/1"
+FORMAT = HYBRID_FORMAT
 DEFAULT_SINK = 128
 DEFAULT_WINDOW = 1024
 DECODES = ("full", "stream")
@@ -157,8 +158,6 @@ class HybridPolicy:
     @classmethod
     def load(cls, path: str | Path) -> HybridPolicy:
         """Read a policy written by `save`; a malformed one is one line naming the file and the field."""
-        from corelens.attention.schema import HybridPolicyFile, validate
-
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError, RecursionError) as err:
@@ -408,10 +407,6 @@ def hybrid(
     keep: int | float | str | None = None,
     kernel: str = "auto",
     decode: str = "full",
-    budget: float | None = None,
-    prior: Any = None,
-    signal: Any = None,
-    rows: int = 16,
     dense_below: float | None = kernels.DENSE_BELOW,
 ) -> Iterator[Hybrid]:
     """Run `m` with hybrid attention inside the block: `full` heads keep causal attention, the rest stream.
@@ -423,9 +418,7 @@ def hybrid(
     is below it runs every head dense (`h.stats["prefill:dense"]` counts them; None: never).
     `decode`: "full" (every head attends to every cached key after the hybrid prefill, as in the paper) or
     "stream" (the streaming heads keep their pattern in decoding; `h.cache()` then trims their KV heads).
-    `full="adaptive"` chooses the full heads per prompt during the prefill (`corelens.attention.adaptive`):
-    `budget` F in (0, 1], per-layer counts from `prior` (a heads table) or round(F x H), the signal from the
-    last `rows` prompt rows, or the given `signal` table (layers x heads).
+    The full heads chosen per prompt: `corelens.policies.AdaptiveHybrid` (`corelens.attention.adaptive`).
 
     Examples:
         >>> import corelens as cl
@@ -447,26 +440,8 @@ def hybrid(
         ...     answer(cache=h.cache()), round(h.cache_report()["saved_fraction"], 2)  # 57 % of the cache freed
         ('green <|im_end|>', 0.57)
     """
-    if isinstance(full, str) and full == "adaptive":
-        from corelens.attention.adaptive import adaptive_session
-
-        if budget is None:
-            raise CorelensError("full='adaptive' needs a budget: the share of heads kept full, in (0, 1]")
-        session = adaptive_session(
-            m,
-            budget,
-            prior=prior,
-            signal=signal,
-            rows=rows,
-            sink=DEFAULT_SINK if sink is None else sink,
-            window=DEFAULT_WINDOW if window is None else window,
-            kernel=kernel,
-            decode=decode,
-        )
-    else:
-        session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel, decode, dense_below)
-    watch = getattr(session.hook, "watching", None)  # the adaptive hook reads the prompt's token ids
-    with activate(session.modules, session.hook), watch() if watch else nullcontext():
+    session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel, decode, dense_below)
+    with activate(session.modules, session.hook):
         session.active = True
         try:
             yield session

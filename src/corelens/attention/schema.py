@@ -18,9 +18,10 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from corelens.attention.hybrid import FORMAT as HYBRID_FORMAT
-from corelens.attention.interventions import KEY_SETS, OPS
+from corelens.choices import KEY_SETS, OPS
 from corelens.errors import CorelensError
+
+HYBRID_FORMAT = "corelens.hybrid-policy/1"  # `HybridPolicy`'s file format (corelens.attention.hybrid.FORMAT)
 
 Index = Annotated[int, Field(strict=True, ge=0)]  # a layer or head index: an integer >= 0, not 1.0 or true
 Pair = tuple[Index, Index]

@@ -17,7 +17,7 @@ default, `--device cuda --dtype bfloat16` for a GPU table, every time taken afte
   bytes kept); each layer's registered attention call is timed inside the forward and held against the
   kernel time of the same heads (``in_model_over_kernel``), and the torch.compile frames compiled during the
   timed repeats are counted (``compiles_timed``, ``prefill_compiles_timed``).
-- **adaptive** (``--adaptive``): the same prefill under `hybrid(m, full="adaptive", prior=<the fixed policy>)`,
+- **adaptive** (``--adaptive``): the same prefill under `AdaptiveHybrid(budget, <the fixed set>)`,
   which keeps the fixed policy's count of full heads in each layer and chooses which per prompt from the
   last 16 rows' attention mass on the visual tokens (docs/methods.md#adaptive-hybrid). The prompt then holds
   a visual block (an image-token id from position 16 to N − 64), so that the signal has something to measure.
@@ -471,6 +471,8 @@ def prefill_times(
     `layer_kernel_seconds`; `prefill_compiles_timed` counts the torch.compile frames compiled meanwhile.
     """
     from corelens.attention.hybrid import HybridPolicy, hybrid
+    from corelens.attention.prompt_context import AttentionContext, attention_context
+    from corelens.policies import AdaptiveHybrid
 
     granularities = list(granularities or [granularity])
     main = granularity if granularity in granularities else granularities[0]
@@ -514,11 +516,12 @@ def prefill_times(
         model.set_attn_implementation("corelens")
         policy = policies[name]
         budget = policy.fraction(layers, heads)
-        with hybrid(
-            model, full="adaptive", budget=budget, prior=policy, sink=sink, window=window, kernel=kernel
-        ) as h:
+        adaptive = AdaptiveHybrid(budget, policy.full, sink, window, kernel=kernel)
+        # The signal reads the visual positions from the context: the image block of `with_visual_block`.
+        visual = AttentionContext((x[0] == model.config.image_token_id).nonzero().flatten())
+        with attention_context(visual), adaptive.applied(model) as on:
             y = model(input_ids=x, use_cache=False).last_hidden_state
-        return y, dict(h.stats)
+        return y, dict(on.hooks[0].session.stats)
 
     runs = {f"hybrid:{name}": (hybrid_forward, name) for name in policies}
     if adaptive:

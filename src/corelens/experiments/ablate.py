@@ -18,11 +18,12 @@ import pandas as pd
 import torch
 from tqdm import tqdm  # reference means
 
-from corelens.attention.interventions import Ablation, HeadMeans, MeanRecorder, ablate
+from corelens.attention.interventions import HeadMeans, MeanRecorder
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.data.sample import Sample, read_samples, task_of
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.evaluate import answer, interval, score
+from corelens.experiments.evaluate import interval, score
 from corelens.experiments.sweep import Tail, conclude_sweep, run_sweep, summary_table
 from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
 from corelens.metrics import draws, kvheads
@@ -41,6 +42,7 @@ from corelens.metrics.ram import read_ram
 from corelens.metrics.uncertainty import RESAMPLED, resampled_tables
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.policies import POLICIES, HeadsPolicy, answer
 from corelens.runs import MANIFEST, file_hash, model_data_settings, write_json
 from corelens.runs.context import RunContext
 from corelens.runs.driver import Loop, ordered
@@ -75,8 +77,9 @@ def reference_means(
     recorder = MeanRecorder(m)
     with recorder.installed():
         for sample in tqdm(samples, desc="means", unit="sample", disable=not progress):
-            inputs = prepare(m, sample).to(m.device)
-            with torch.no_grad():
+            prepared = prepare(m, sample)
+            inputs = prepared.to(m.device)
+            with torch.no_grad(), attention_context(AttentionContext.of(prepared)):
                 m.model(**inputs, use_cache=False, logits_to_keep=1)
     info = {"samples": [s.id for s in samples], **(meta or {})}
     return recorder.result(info)
@@ -91,20 +94,32 @@ class Condition:
     k: str
     count: int
     seed: int | None
-    ablation: Ablation
+    policy: HeadsPolicy  # the operator's policy (op `mean`: its statistics are given at answer time)
     overlap: int = 0
     short_by: int = 0  # heads the set lacks to reach `count` (a layer-matched layer ran out of other heads)
 
     @classmethod
     def of(cls, hs: HeadSet, op: str, keys: str) -> Condition:
         """Return the condition ablating head set `hs` with `op`."""
-        ablation = Ablation(hs.heads, op, keys, label=hs.name, seed=hs.seed)
-        return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, ablation, hs.overlap, hs.short_by)
+        policy = operator_policy(op, keys, hs.heads, label=hs.name, seed=hs.seed)
+        return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, policy, hs.overlap, hs.short_by)
+
+    def record(self, op: str, keys: str) -> dict:
+        """Return the condition as headsets.json lists it (name, heads, op, keys, label, seed, meta)."""
+        p = self.policy
+        heads = [list(h) for h in p.heads]
+        return {"name": self.name, "heads": heads, "op": op, "keys": keys, "label": p.label, "seed": p.seed,
+                "meta": p.meta}  # fmt: skip
+
+
+def operator_policy(op: str, keys: str, heads, **data) -> HeadsPolicy:
+    """Return the policy of operator `op` (knockout: of key set `keys`) on `heads`."""
+    return POLICIES[op](heads, **data, **({"keys": keys} if op == "knockout" else {}))
 
 
 def conditions(sets: Sequence[HeadSet], op: str, keys: str) -> list[Condition]:
     """Return the baseline followed by one condition per head set."""
-    base = Condition(BASELINE, BASELINE, "0", 0, None, Ablation((), op, keys, label=BASELINE))
+    base = Condition(BASELINE, BASELINE, "0", 0, None, operator_policy(op, keys, (), label=BASELINE))
     return [base, *(Condition.of(hs, op, keys) for hs in sets)]
 
 
@@ -250,9 +265,9 @@ def _table(
                 "overlap": c.overlap,
                 "short_by": c.short_by,
                 "granularity": unit,
-                "query_heads": len(c.ablation.heads),
-                "kv_heads": len(kvheads.kv_heads_of(c.ablation.heads, group)),
-                "heads": label(c.ablation.heads),
+                "query_heads": len(c.policy.heads),
+                "kv_heads": len(kvheads.kv_heads_of(c.policy.heads, group)),
+                "heads": label(c.policy.heads),
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -392,7 +407,7 @@ def sweep(
         if run is not None and run.dist.main:
             write_json(
                 ABLATE.path(run.path, "sets"),
-                [{"name": c.name, **c.ablation.to_dict()} for c in conds],
+                [c.record(op, keys) for c in conds],
                 root=run.path,
             )
 
@@ -428,12 +443,12 @@ def sweep(
         for c in conds:
             if f"{c.name}|{sample.id}" in done or f"{c.name}|{sample.id}" in have:
                 continue
-            if c.ablation.heads not in answers:
-                with ablate(m, c.ablation, means=means) as ab, ab.for_sample(sample, prepared):
-                    answers[c.ablation.heads] = answer(
-                        m, sample, max_new_tokens=max_new_tokens, prepared=prepared
-                    )
-            prediction = answers[c.ablation.heads]
+            if c.policy.heads not in answers:
+                policy = replace(c.policy, means=means) if op == "mean" else c.policy
+                answers[c.policy.heads] = answer(
+                    m, prepared, policy, sample=sample, max_new_tokens=max_new_tokens
+                )
+            prediction = answers[c.policy.heads]
             yield {
                 "id": f"{c.name}|{sample.id}",
                 "status": "ok",
@@ -492,7 +507,7 @@ def sweep(
         auto,
     )
     resampled_sets_ = (
-        [(c.k, c.ablation.heads) for c in conds if c.kind == RESAMPLED] if rank_resamples else None
+        [(c.k, c.policy.heads) for c in conds if c.kind == RESAMPLED] if rank_resamples else None
     )
 
     def draw(paths: dict[str, Path]) -> None:

@@ -21,15 +21,16 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import pandas as pd
-import torch
 from scipy.stats import binomtest
 from tqdm import tqdm
 
+from corelens import policies
 from corelens.choices import SCORERS
 from corelens.data.sample import Sample
 from corelens.errors import OptionError
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
+from corelens.policies import Policy
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _LETTERS = string.ascii_uppercase
@@ -104,15 +105,15 @@ def answer(
     max_new_tokens: int = 8,
     blank: bool = False,
     prepared: Prepared | None = None,
+    policy: Policy | None = None,
 ) -> str:
-    """Return the model's greedy answer to `sample` (new tokens only, special tokens dropped)."""
-    # A caller answering one sample under many interventions prepares it once and passes `prepared`.
+    """Return the model's greedy answer to `sample` (new tokens only, special tokens dropped) under `policy`.
+
+    `corelens.policies.answer` on the sample's prepared prompt: a caller answering one sample under many
+    policies prepares it once and passes `prepared`.
+    """
     prepared = prepared if prepared is not None else prepare(m, sample, blank=blank)
-    inputs = prepared.to(m.device)
-    with torch.no_grad():
-        out = m.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    new = out[0, inputs["input_ids"].shape[1] :]
-    return m.processor.tokenizer.decode(new, skip_special_tokens=True).strip()
+    return policies.answer(m, prepared, policy, sample=sample, max_new_tokens=max_new_tokens)
 
 
 def interval(correct: int, n: int) -> tuple[float, float]:
@@ -158,11 +159,10 @@ def evaluate(
     blank: bool = False,
     progress: bool = False,
     context: Callable[[Sample, Prepared], AbstractContextManager] | None = None,
+    policy: Policy | None = None,
 ) -> EvalResult:
-    """Answer every sample greedily and score it; samples without `answer` are an error.
-
-    `context(sample, prepared)`, if given, is entered around each sample's generation (e.g. an ablation's
-    per-sample positions: `context=ablator.for_sample`).
+    """Answer every sample greedily under `policy` (None: unmodified) and score it; samples without `answer`
+    are an error. `context(sample, prepared)`, if given, is entered around each sample's generation.
     """
     rows = []
     for sample in tqdm(list(samples), desc="eval", unit="sample", disable=not progress):
@@ -170,7 +170,7 @@ def evaluate(
             raise ValueError(f"sample {sample.id!r} has no answer to score against")
         prepared = prepare(m, sample, blank=blank)
         with context(sample, prepared) if context is not None else nullcontext():
-            prediction = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
+            prediction = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared, policy=policy)
         rows.append(
             {
                 "id": sample.id,

@@ -25,9 +25,8 @@ from functools import partial
 from pathlib import Path
 
 import pandas as pd
-import torch
 
-from corelens.attention.hybrid import DECODES, HybridPolicy, hybrid
+from corelens.attention.hybrid import DECODES, HybridPolicy
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
 from corelens.choices import ADAPTIVE, HYBRID_SET_KINDS
 from corelens.data.sample import Sample, task_of
@@ -42,6 +41,7 @@ from corelens.metrics.kvheads import expand, granularity_of, group_size, shares
 from corelens.metrics.uncertainty import RESAMPLED
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.policies import AdaptiveHybrid, HybridAttention, answer
 from corelens.runs import file_hash, model_data_settings, write_json
 from corelens.runs.context import RunContext
 from corelens.runs.driver import Loop, ordered, prompt_lengths
@@ -138,10 +138,6 @@ def conditions(
     return out
 
 
-def _inputs(m: Loaded, prepared: Prepared) -> dict:
-    return prepared.to(m.device)
-
-
 def generate_answer(
     m: Loaded,
     prepared: Prepared,
@@ -160,35 +156,18 @@ def generate_answer(
     `kernel` / `dense_below`: the prefill kernel and the partitioned kernel's crossover (`corelens.hybrid`);
     `ran` counts the layer prefills per kernel that ran ("dense": the crossover ran every head causal).
     """
-    inputs = _inputs(m, prepared)
-    gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
-    with torch.no_grad():
-        if policy is None:
-            out = m.model.generate(**inputs, **gen)
-            saved = 0.0
-        else:
-            session = (
-                hybrid(
-                    m,
-                    full="adaptive",
-                    budget=policy.fraction(m.num_layers, m.num_heads),
-                    prior=policy,
-                    sink=policy.sink,
-                    window=policy.window,
-                    kernel=kernel,
-                )  # fmt: skip
-                if adaptive
-                else hybrid(m, policy, decode=decode, kernel=kernel, dense_below=dense_below)
-            )
-            with session as h:
-                out = m.model.generate(**inputs, cache=h.cache(), **gen)
-                saved = h.cache_report()["saved_fraction"]
-                if ran is not None:
-                    ran.update(
-                        {k.split(":", 1)[1]: v for k, v in h.stats.items() if k.startswith("prefill:")}
-                    )
-    new = out[0, inputs["input_ids"].shape[1] :]
-    return m.processor.tokenizer.decode(new, skip_special_tokens=True).strip(), saved
+    if policy is None:
+        return answer(m, prepared, None, max_new_tokens=max_new_tokens), 0.0
+    if adaptive:
+        budget = policy.fraction(m.num_layers, m.num_heads)
+        applied = AdaptiveHybrid(budget, policy.full, policy.sink, policy.window, kernel=kernel)
+    else:
+        applied = HybridAttention.of(policy, decode=decode, kernel=kernel, dense_below=dense_below)
+    stats: dict = {}
+    text = answer(m, prepared, applied, max_new_tokens=max_new_tokens, stats=stats)
+    if ran is not None:
+        ran.update(stats["prefill"])
+    return text, stats["saved"]
 
 
 def _table(

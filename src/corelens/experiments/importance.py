@@ -28,11 +28,16 @@ import pandas as pd
 import torch
 
 from corelens.attention.attribution import GATED_OPS, HeadGate
-from corelens.attention.interventions import Ablation, ablate
 from corelens.data.sample import Sample
 from corelens.errors import InputError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.ablate import heads_settings, rank_manifest, read_heads, same_file_warning
+from corelens.experiments.ablate import (
+    heads_settings,
+    operator_policy,
+    rank_manifest,
+    read_heads,
+    same_file_warning,
+)
 from corelens.experiments.evaluate import answer, score
 from corelens.metrics.importance import agreement, estimator_agreement, importance_table
 from corelens.metrics.posterior import few_samples
@@ -40,6 +45,7 @@ from corelens.metrics.ram import read_ram
 from corelens.metrics.stability import sample_matrix
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.policies import Policy
 from corelens.runs import current, model_data_settings
 from corelens.runs.context import RunContext
 from corelens.runs.driver import Loop
@@ -226,17 +232,14 @@ def measure(
         prepared, forced = both  # the prompt, and the prompt with the gold answer teacher-forced
         blocked = blocked_positions(sample, forced, op, keys)  # bad Omega fails here, before any record
 
-        def measured(ablation: Ablation | None) -> tuple[float, str, bool]:
-            if ablation is None:
+        def measured(policy: Policy | None) -> tuple[float, str, bool]:
+            if policy is None:
                 with torch.no_grad():
                     logp = float(answer_logp(m, forced))
-                prediction = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
             else:
-                with ablate(m, ablation) as ab:
-                    with torch.no_grad(), ab.for_sample(sample, forced):
-                        logp = float(answer_logp(m, forced))
-                    with ab.for_sample(sample, prepared):
-                        prediction = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
+                with torch.no_grad(), policy.applied(m, forced, sample=sample):
+                    logp = float(answer_logp(m, forced))
+            prediction = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared, policy=policy)
             return logp, prediction, bool(score(prediction, sample.answer, sample.choices, scorer))
 
         if f"{BASE}|{sample.id}" not in done:
@@ -252,7 +255,7 @@ def measure(
         for head in grid if exact else ():
             if head_key(head, sample.id) in done:
                 continue
-            logp, prediction, correct = measured(Ablation((head,), op, keys or "visual"))
+            logp, prediction, correct = measured(operator_policy(op, keys or "visual", (head,)))
             yield {
                 "id": head_key(head, sample.id), "status": "ok", "kind": "head", "sample": sample.id,
                 "layer": head[0], "head": head[1], "logp": logp, "prediction": prediction, "correct": correct,

@@ -31,245 +31,30 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from PIL import Image
 
 from corelens.attention import RamProbe, activate
-from corelens.attention.priors import CONVENTIONS, SapHook, parse_heads, parse_layers
+from corelens.attention.priors import CONVENTIONS, parse_heads, parse_layers
 from corelens.choices import PRIORS
 from corelens.choices import SAP_CONTROLS as CONTROLS
-from corelens.data.sample import Sample, load_images, load_video
-from corelens.errors import CorelensError, InputError, OptionError, UnsupportedModelError
+from corelens.data.sample import Sample
+from corelens.errors import CorelensError, InputError
 from corelens.experiments.evaluate import answer, interval, score
-from corelens.experiments.flow import sample_seed
 from corelens.experiments.loading import run_loaded
-from corelens.layout import Layout, Segment
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
+from corelens.policies import SharedPrior
+from corelens.policies.sap_priors import (  # noqa: F401  (the priors' public names, as before they moved)
+    TEMPERED,
+    build_prior,
+    prior_complexity,
+    prior_key,
+    prior_noise,
+    prior_vis_attn,
+)
 from corelens.runs import model_data_settings
 from corelens.runs.context import RunContext
 from corelens.runs.driver import Loop
 from corelens.runs.outputs import SAP, conclude
-
-TEMPERED = ("key", "complexity")  # priors that are a softmax of values in [0, 1]: the temperature applies
-_VIS_CHUNK = 1 << 24  # score elements materialised at once in the vision-attention prior
-
-
-def _softmax(v: np.ndarray) -> np.ndarray:
-    e = np.exp(v - v.max())
-    return e / e.sum()
-
-
-def _index(layout: Layout) -> dict[int, int]:
-    return {int(p): i for i, p in enumerate(layout.visual)}
-
-
-def _place(layout: Layout, per_segment: list[tuple[Segment, np.ndarray]]) -> np.ndarray:
-    """Return one value per visual token (layout.visual order) from (segment, rows x cols values)."""
-    out = np.zeros(len(layout.visual))
-    where = _index(layout)
-    for seg, grid in per_segment:
-        r, c = np.meshgrid(np.arange(seg.rows), np.arange(seg.cols), indexing="ij")
-        for pos, value in zip(np.asarray(seg.token(r, c)).ravel(), grid.ravel()):
-            out[where[int(pos)]] = value
-    return out
-
-
-def prior_noise(layout: Layout, seed: int) -> np.ndarray:
-    """Return a Dirichlet(1, ..., 1) distribution over the visual tokens."""
-    return np.random.default_rng(seed).dirichlet(np.ones(len(layout.visual)))
-
-
-def _iou(cells: tuple[np.ndarray, np.ndarray], box) -> np.ndarray:
-    """Return each cell's IoU with `box`; `cells` = (column spans, row spans) from `Segment.cell_spans()`."""
-    xs, ys = cells
-    x0, y0, x1, y1 = (float(v) for v in box)
-    ox = np.clip(np.minimum(xs[:, 1], x1) - np.maximum(xs[:, 0], x0), 0.0, None)
-    oy = np.clip(np.minimum(ys[:, 1], y1) - np.maximum(ys[:, 0], y0), 0.0, None)
-    inter = oy[:, None] * ox[None, :]
-    cell = (ys[:, 1] - ys[:, 0])[:, None] * (xs[:, 1] - xs[:, 0])[None, :]
-    return inter / (cell + (x1 - x0) * (y1 - y0) - inter)
-
-
-def prior_key(layout: Layout, sample: Sample, temperature: float = 1.0) -> np.ndarray:
-    """Return softmax(IoU / T) over visual tokens of each cell's IoU with the sample's target boxes."""
-    parts = []
-    for seg in layout.segments:
-        iou = np.zeros((seg.rows, seg.cols))
-        w, h = seg.orig_size
-        for t in sample.targets:
-            boxes = []
-            if seg.kind == "image" and t.kind == "box" and t.image == seg.source:
-                boxes = [t.box]
-            elif seg.kind == "image" and t.kind == "image" and t.image == seg.source:
-                boxes = [(0.0, 0.0, w, h)]
-            elif seg.kind == "video" and t.kind == "tube":
-                by_frame = dict(zip(t.frames, t.boxes))
-                boxes = [by_frame[f] for f in seg.frames if f in by_frame]
-            for box in boxes:
-                iou = np.maximum(iou, _iou(seg.cell_spans(), box))
-        parts.append((seg, iou))
-    return _softmax(_place(layout, parts) / temperature)
-
-
-def _cell_complexity(image: Image.Image, rows: int, cols: int, cell: int) -> np.ndarray:
-    grey = np.asarray(image.convert("L").resize((cols * cell, rows * cell), Image.BICUBIC), dtype=np.float64)
-    blocks = (grey / 255.0).reshape(rows, cell, cols, cell).transpose(0, 2, 1, 3)  # rows, cols, y, x
-    dx = np.abs(np.diff(blocks, axis=3)).mean(axis=(2, 3))
-    dy = np.abs(np.diff(blocks, axis=2)).mean(axis=(2, 3))
-    return dx + dy + blocks.var(axis=(2, 3))
-
-
-def _segment_complexity(image: Image.Image, seg, cell: int) -> np.ndarray:
-    """Return the rows x cols complexity of the cells of one layout segment, each resampled to cell x cell."""
-    if seg.col_spans is None and seg.row_spans is None:
-        # Evenly split cells (a whole image, or a tile / crop `region` of it): one resize of the covered area.
-        if seg.region is not None:
-            image = image.crop(tuple(int(round(v)) for v in seg.region))
-        return _cell_complexity(image, seg.rows, seg.cols, cell)
-    # Cells with their own spans (bilinear footprints, which may overlap): each cell's span on its own.
-    xs, ys = seg.cell_spans()
-    out = np.empty((seg.rows, seg.cols))
-    for r, (y0, y1) in enumerate(ys):
-        for c, (x0, x1) in enumerate(xs):
-            box = (int(np.floor(x0)), int(np.floor(y0)), max(int(np.ceil(x1)), int(np.floor(x0)) + 1),
-                   max(int(np.ceil(y1)), int(np.floor(y0)) + 1))  # fmt: skip
-            out[r, c] = _cell_complexity(image.crop(box), 1, 1, cell)[0, 0]
-    return out
-
-
-def prior_complexity(m: Loaded, layout: Layout, sample: Sample, temperature: float = 1.0) -> np.ndarray:
-    """Return softmax(x / T) of the min-max normalised per-cell complexity x of the processed images / frames.
-
-    A cell is resampled to the processor's cell size (patch x merge, for Qwen-VL 28 pixels) where the processor
-    has one, else to 14 pixels (the patch of the LLaVA and InternVL vision towers); each layout segment's cells
-    are read from their own spans, so tiles, crops and thumbnails count their part of the image.
-    """
-    ip = m.processor.image_processor
-    cell = int(getattr(ip, "patch_size", None) or 14) * int(getattr(ip, "merge_size", None) or 1)
-    images = load_images(sample) if sample.images else []
-    frames = load_video(sample)[0] if sample.video is not None else []
-    parts = []
-    for seg in layout.segments:
-        if seg.kind == "image":
-            grid = _segment_complexity(images[seg.source], seg, cell)
-        else:
-            grid = np.mean([_segment_complexity(frames[f], seg, cell) for f in seg.frames], axis=0)
-        parts.append((seg, grid))
-    values = _place(layout, parts)
-    span = values.max() - values.min()
-    return _softmax((values - values.min()) / span / temperature if span > 0 else np.zeros_like(values))
-
-
-def _vision_tower(m: Loaded) -> torch.nn.Module:
-    if m.family.vision_rotary is None:
-        raise UnsupportedModelError(
-            f"the vis_attn prior recomputes the vision tower's attention, which corelens does not know for "
-            f"{m.model_type} (its family has no vision_rotary)"
-        )
-    for name, module in m.model.named_modules():
-        if name.endswith("visual") and hasattr(module, "blocks"):
-            return module
-    raise UnsupportedModelError(f"no vision tower with `blocks` found in {type(m.model).__name__}")
-
-
-def _column_mass(
-    attn: torch.nn.Module, hidden: torch.Tensor, cu_seqlens, position_embeddings, rotary
-) -> torch.Tensor:
-    """Return, per vision token, its attention received averaged over queries (per chunk) and heads.
-
-    `rotary` is the tower's rotary embedding (the family's `vision_rotary`), as its attention applies it.
-    """
-    n = hidden.shape[0]
-    q, k, _ = attn.qkv(hidden).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-    cos, sin = position_embeddings
-    q, k = rotary(q, k, cos, sin)
-    q, k = q.float().transpose(0, 1), k.float().transpose(0, 1)  # heads, tokens, dim
-    out = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    bounds = cu_seqlens.tolist()
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        kc = k[:, a:b]
-        step = max(1, _VIS_CHUNK // max(1, attn.num_heads * (b - a)))
-        for r in range(a, b, step):
-            p = torch.softmax(q[:, r : min(b, r + step)] @ kc.transpose(1, 2) * attn.scaling, dim=-1)
-            out[a:b] += p.sum(dim=(0, 1))
-        out[a:b] /= (b - a) * attn.num_heads
-    return out
-
-
-def _recorder(into: list):
-    def hook(module, args, kwargs):
-        into.append((args, kwargs))
-
-    return hook
-
-
-def prior_vis_attn(m: Loaded, prepared: Prepared) -> np.ndarray:
-    """Return the vision encoder's last-block attention received per decoder visual token, normalised."""
-    visual = _vision_tower(m)
-    attn = visual.blocks[-1].attn
-    merge = int(getattr(visual, "spatial_merge_size", 2)) ** 2
-    pooled = []
-    for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
-        if prepared.inputs.get(pixels) is None:
-            continue
-        seen: list = []
-        handle = attn.register_forward_pre_hook(_recorder(seen), with_kwargs=True)
-        try:
-            with torch.no_grad():
-                thw = prepared.inputs[grid].to(m.device)
-                dtype = next(visual.parameters()).dtype
-                visual(prepared.inputs[pixels].to(m.device, dtype), grid_thw=thw)
-                args, kwargs = seen[-1]
-                hidden = args[0] if args else kwargs["hidden_states"]
-                mass = _column_mass(
-                    attn, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"], m.family.rotary()
-                )
-        finally:
-            handle.remove()
-        merged = mass.view(-1, merge).sum(1)
-        if hasattr(visual, "window_size"):  # Qwen2.5-VL runs its blocks in window order: undo it
-            from transformers.vision_utils import get_vision_window_index
-
-            index, _ = get_vision_window_index(
-                thw.cpu(),
-                spatial_merge_size=visual.spatial_merge_size,
-                window_size=visual.window_size,
-                patch_size=visual.patch_size,
-            )
-            merged = merged[torch.argsort(index.to(merged.device))]
-        pooled.append(merged.double().cpu().numpy())
-    values = np.concatenate(pooled)
-    if len(values) != len(prepared.layout.visual):
-        raise UnsupportedModelError(
-            f"vision tower gave {len(values)} tokens for {len(prepared.layout.visual)} visual tokens"
-        )
-    return values / values.sum()
-
-
-def build_prior(
-    m: Loaded, sample: Sample, prepared: Prepared, kind: str, *, seed: int = 0, temperature: float = 1.0
-) -> np.ndarray | None:
-    """Return prior `kind` over the visual tokens of `prepared` (None for the 'own' control).
-
-    `temperature` divides the inputs of the `key` and `complexity` softmaxes (the others ignore it).
-    """
-    if not temperature > 0:
-        raise CorelensError(f"--prior-temperature must be positive, got {temperature}")
-    if kind == "own":
-        return None
-    if kind == "noise":
-        return prior_noise(prepared.layout, sample_seed(seed, sample.id))
-    if kind == "key":
-        if not sample.targets:
-            raise InputError(
-                "the key prior needs targets", file=sample.source, line=sample.line, sample=sample.id
-            )
-        return prior_key(prepared.layout, sample, temperature)
-    if kind == "complexity":
-        return prior_complexity(m, prepared.layout, sample, temperature)
-    if kind == "vis_attn":
-        return prior_vis_attn(m, prepared)
-    raise OptionError(f"unknown prior {kind!r}; expected one of {PRIORS + CONTROLS}")
 
 
 def key_region(m: Loaded, sample: Sample, prepared: Prepared | None = None) -> tuple[float, float]:
@@ -314,21 +99,9 @@ class Condition:
         )
         return f"{self.prior}@{self.layers}{extra}"
 
-
-def answer_with(
-    m: Loaded, sample: Sample, prepared: Prepared, prior, cond: Condition, max_new_tokens: int
-) -> str:
-    """Return the greedy answer with `prior` applied on the condition's layers and heads."""
-    layers = parse_layers(cond.layers, m.num_layers)
-    hook = SapHook(
-        torch.from_numpy(prepared.layout.visual),
-        None if prior is None else torch.from_numpy(np.asarray(prior, dtype=np.float32)),
-        prepared.prompt_len,
-        heads=parse_heads(cond.heads, m.num_heads),
-        convention=cond.convention,
-    )
-    with activate([(i, m.attention_layers[i]) for i in layers], hook):
-        return answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
+    def policy(self, seed: int = 0, temperature: float = 1.0) -> SharedPrior:
+        """Return the SAP policy of this setting (`seed`: the noise prior's; `temperature`: key, complexity)."""
+        return SharedPrior(self.prior, self.layers, self.heads, self.convention, seed, temperature)
 
 
 def measure_sample(
@@ -361,7 +134,8 @@ def measure_sample(
             priors[cond.prior] = build_prior(
                 m, sample, prepared, cond.prior, seed=seed, temperature=temperature
             )
-        pred = answer_with(m, sample, prepared, priors[cond.prior], cond, max_new_tokens)
+        policy = cond.policy(seed, temperature)
+        pred = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared, policy=policy)
         answers[cond.name] = {
             "prediction": pred,
             "correct": score(pred, sample.answer, sample.choices, scorer),

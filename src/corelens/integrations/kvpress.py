@@ -13,6 +13,11 @@ same KV heads.
     with press(m.model):
         out = m.model.generate(**inputs, max_new_tokens=32)
 
+`PolicyPress` applies any registered corelens policy (`corelens.policies`: by name and fields, its JSON, or
+the policy itself) as a kvpress-style press: `with PolicyPress("zero", heads=[[0, 5]])(m.model): ...`; a
+policy that reads the prompt's positions (mean, knockout, adaptive hybrid, SAP) takes them from
+`PolicyPress(..., prepared=prepare(m, sample), sample=sample)`.
+
 What kvpress does with it (kvpress 0.5.5): the prefill runs full attention; after it, the streaming KV heads'
 keys between the sink and the window are replaced at every decoding step by a key whose attention weight
 underflows to 0 (kvpress's head-wise masking, `kvpress.attention_patch`). The cache tensors keep their shape:
@@ -43,6 +48,7 @@ from corelens.errors import CorelensError
 from corelens.heads import HeadSet
 from corelens.heads.formats import kv_values
 from corelens.metrics.headsets import k_count
+from corelens.policies import Policy
 
 # DuoAttentionPress arguments CorePress sets itself: given by the user, they would be silently overwritten.
 OVERWRITTEN = {
@@ -143,3 +149,30 @@ class CorePress(DuoAttentionPress):
         """Record the prompt length per layer, then let DuoAttentionPress mark the streaming keys."""
         self._lengths[module.layer_idx] = keys.shape[2]
         return super().compress(module, hidden_states, keys, values, attentions, kwargs)
+
+
+class PolicyPress:
+    """A corelens policy as a kvpress-style press: `with press(model): model.generate(...)`.
+
+    `policy`: a `Policy`, a registered name (its fields as keyword arguments), a policy's JSON text or a
+    JSON file. `prepared` / `sample`: the prompt whose positions the policy's hooks read (when it needs them).
+    """
+
+    def __init__(
+        self, policy: Policy | str | Path, *, prepared: Any = None, sample: Any = None, **fields: Any
+    ) -> None:
+        if isinstance(policy, Policy):
+            self.policy = policy
+        elif isinstance(policy, Path) or (isinstance(policy, str) and policy.endswith(".json")):
+            self.policy = Policy.from_json(Path(policy).read_text())
+        elif isinstance(policy, str) and policy.lstrip().startswith("{"):
+            self.policy = Policy.from_json(policy)
+        else:
+            self.policy = Policy.from_dict({"name": policy, **fields})
+        self.prepared, self.sample = prepared, sample
+
+    @contextmanager
+    def __call__(self, model: Any):
+        """Apply the policy to `model` (a transformers model or a corelens `Loaded`) inside the block."""
+        with self.policy.applied(model, self.prepared, sample=self.sample) as applied:
+            yield applied

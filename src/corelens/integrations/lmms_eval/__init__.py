@@ -8,8 +8,9 @@ Installing corelens registers the model `corelens` through lmms-eval's plugin en
 evaluates any checkpoint corelens supports. Model arguments (one policy at most):
 
 - `pretrained` (folder or hub id), `revision`, `device`, `dtype`, `max_new_tokens` (default 8);
-- `policy=FILE.json`: a hybrid policy (`corelens.hybrid-policy/1`, as `corelens hybrid` writes them), an
-  ablation (`Ablation.to_json()`: heads + op) or a SAP condition (`{"prior": ..., "layers": ...}`);
+- `policy=FILE.json`: any registered policy (`corelens.policies`: `Policy.to_json()`, with its `name`), a
+  hybrid policy (`corelens.hybrid-policy/1`, as `corelens hybrid` writes them), an ablation (heads + op) or
+  a SAP condition (`{"prior": ..., "layers": ...}`);
 - ablation: `heads=SET,k=5%,op=zero|mean|uniform|knockout[,keys=visual|omega][,means=means.npz]`, where SET is
   a heads.csv, an exported head set or its hub id and the top `k` heads are ablated;
 - hybrid: `full=SET,keep=10%,sink=128,window=1024`: the top `keep` heads stay full, the rest stream;

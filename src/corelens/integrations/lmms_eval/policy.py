@@ -1,66 +1,58 @@
-"""The policy a corelens lmms-eval model answers under: none, an ablation, a hybrid policy or a SAP prior.
+"""The policy a corelens lmms-eval model answers under: none, or any registered policy (`corelens.policies`).
 
-Each answers one corelens `Sample` exactly as the matching corelens command does for that sample:
-`corelens ablate` (the ablation with the sample's positions), `corelens hybrid` (the hybrid kernels with the
-trimmed cache) and `corelens sap` (the prior on the chosen layers and heads).
+It answers one corelens `Sample` exactly as the matching corelens command does for that sample, through the
+one `corelens.policies.answer`: `corelens ablate` (the operator with the sample's positions), `corelens
+hybrid` (the hybrid kernels with the trimmed cache) and `corelens sap` (the prior on the chosen layers and
+heads). Model arguments name the policy as before (`heads=`, `full=`, `prior=`), or `policy=FILE.json` holds
+any registered policy's JSON (`Policy.to_json`, with its `name`) or one of the older files (a hybrid policy, an
+ablation, a SAP condition).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from corelens.attention.hybrid import FORMAT as HYBRID_FORMAT
 from corelens.attention.hybrid import HybridPolicy
-from corelens.attention.interventions import OPS, Ablation, ablate
+from corelens.attention.interventions import OPS
 from corelens.attention.schema import AblationFile, HybridPolicyFile, SapFile, validate
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError
-from corelens.experiments.evaluate import answer
+from corelens.experiments.ablate import full_heads, operator_policy, read_heads
+from corelens.heads import resolve_heads
+from corelens.metrics.headsets import k_count, select
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import prepare
+from corelens.policies import POLICIES, HybridAttention, MeanHeads, SharedPrior, answer
+from corelens.policies import Policy as CorePolicy
+from corelens.policies.legacy import ablation_policy
 
 
 @dataclass
 class Policy:
-    """What to apply while answering: `kind` is "none", "ablate", "hybrid" or "sap"; `spec` holds its data."""
+    """What to apply while answering: a registered policy, or None for the unmodified model."""
 
-    kind: str = "none"
-    spec: Any = None
-    means: str | None = None  # ablation op `mean`: a means.npz written by `corelens ablate`
+    policy: CorePolicy | None = None
 
     def answer(self, m: Loaded, sample: Sample, max_new_tokens: int) -> str:
-        """Return the greedy answer to `sample` under this policy."""
-        prepared = prepare(m, sample)
-        if self.kind == "none":
-            return answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
-        if self.kind == "ablate":
-            with ablate(m, self.spec, means=self.means) as ab, ab.for_sample(sample, prepared):
-                return answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
-        if self.kind == "hybrid":
-            from corelens.experiments.hybrid import generate_answer
-
-            return generate_answer(m, prepared, max_new_tokens, self.spec)[0]
-        from corelens.experiments.sap import answer_with, build_prior
-
-        prior = build_prior(m, sample, prepared, self.spec.prior)
-        return answer_with(m, sample, prepared, prior, self.spec, max_new_tokens)
+        """Return the greedy answer to `sample` under the policy."""
+        return answer(m, prepare(m, sample), self.policy, sample=sample, max_new_tokens=max_new_tokens)
 
 
 def _table(spec: str, m: Loaded):
-    from corelens.experiments.ablate import read_heads
-    from corelens.heads import resolve_heads
-
     return read_heads(resolve_heads(str(spec)), m)
+
+
+def _with_means(policy: CorePolicy, means: str | None) -> CorePolicy:
+    """Return `policy` with the statistics of `means=` when it is a mean ablation (a means.npz path)."""
+    return replace(policy, means=means) if isinstance(policy, MeanHeads) and means is not None else policy
 
 
 def from_args(m: Loaded, args: dict[str, Any]) -> Policy:
     """Return the policy of lmms-eval model arguments (see the package docstring); unknown keys are an error."""
-    from corelens.experiments.ablate import full_heads
-    from corelens.metrics.headsets import k_count, select
-
     given = {k: v for k, v in args.items() if v is not None}
     kinds = [name for name, keys in (("policy", ("policy",)), ("ablate", ("heads",)), ("hybrid", ("full",)),
                                      ("sap", ("prior",))) if any(k in given for k in keys)]  # fmt: skip
@@ -77,25 +69,24 @@ def from_args(m: Loaded, args: dict[str, Any]) -> Policy:
         table = _table(given["heads"], m)
         heads = select(table, "top", k_count(str(given.get("k", "5%")), len(table)))
         heads = full_heads(table, heads, m)  # a KV-head table: all query heads of each KV head
-        ablation = Ablation(heads, op, str(given.get("keys", "visual")), label=f"top/{given.get('k', '5%')}")
-        return Policy("ablate", ablation, given.get("means"))
+        keys = str(given.get("keys", "visual"))
+        policy = operator_policy(op, keys, heads, label=f"top/{given.get('k', '5%')}")
+        return Policy(_with_means(policy, given.get("means")))
     if kinds == ["hybrid"]:
         table = _table(given["full"], m)
         keep = str(given.get("keep", "10%"))
         sink, window = int(given.get("sink", 128)), int(given.get("window", 1024))
-        return Policy("hybrid", HybridPolicy.from_heads(table, keep, sink=sink, window=window))
-    from corelens.experiments.sap import Condition
-
+        return Policy(HybridAttention.of(HybridPolicy.from_heads(table, keep, sink=sink, window=window)))
     if "layers" not in given:
         raise CorelensError("prior=... needs layers=... (e.g. layers=1-3)")
-    cond = Condition(str(given["prior"]), str(given["layers"]), str(given.get("sap_heads", "all")),
-                     str(given.get("convention", "mass")))  # fmt: skip
-    return Policy("sap", cond)
+    return Policy(SharedPrior(str(given["prior"]), str(given["layers"]), str(given.get("sap_heads", "all")),
+                              str(given.get("convention", "mass"))))  # fmt: skip
 
 
 def read_policy(path: str | Path, means: str | None = None) -> Policy:
-    """Return the policy in a JSON file: a hybrid policy (policies.json of `corelens hybrid` holds these),
-    an ablation (`Ablation.to_json`) or a SAP condition ({"prior": ..., "layers": ...})."""
+    """Return the policy in a JSON file: any registered policy (`Policy.to_json`, with its `name`), a hybrid
+    policy (policies.json of `corelens hybrid` holds these), an ablation (heads + op) or a SAP condition
+    ({"prior": ..., "layers": ...})."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -106,13 +97,17 @@ def read_policy(path: str | Path, means: str | None = None) -> Policy:
     where = f"policy={path}"
     if data.get("format") == HYBRID_FORMAT:
         validate(HybridPolicyFile, data, where)
-        return Policy("hybrid", HybridPolicy.from_dict(data))
+        return Policy(HybridAttention.of(HybridPolicy.from_dict(data)))
     if "heads" in data and "op" in data:
-        return Policy("ablate", Ablation.from_dict(validate(AblationFile, data, where).model_dump()), means)
-    if "prior" in data and "layers" in data:
-        from corelens.experiments.sap import Condition
-
-        return Policy("sap", Condition(**validate(SapFile, data, where).model_dump()))
+        return Policy(ablation_policy(validate(AblationFile, data, where).model_dump(), means))
+    if "prior" in data and "layers" in data and "name" not in data:
+        return Policy(SharedPrior(**validate(SapFile, data, where).model_dump()))
+    if data.get("name") in POLICIES:
+        try:
+            return Policy(_with_means(CorePolicy.from_dict(data), means))
+        except (TypeError, ValueError) as err:
+            raise CorelensError(f"{where}: not a valid {data['name']!r} policy ({err})") from None
     raise CorelensError(
-        f"policy={path}: not a hybrid policy ({HYBRID_FORMAT}), an ablation (heads + op) or a SAP prior (prior + layers)"
+        f"policy={path}: not a hybrid policy ({HYBRID_FORMAT}), a registered policy (name: "
+        f"{', '.join(POLICIES)}), an ablation (heads + op) or a SAP prior (prior + layers)"
     )

@@ -1,7 +1,7 @@
 """The supported model families, one package each; importing this package registers every one of them.
 
 A family is one package here (its layout, geometry checks and tiny-checkpoint builders inside it) that
-builds a `corelens.models.families.base.Family` and registers it (`register`); docs/extending/family.md is
+builds a `corelens.models.families.family.Family` and registers it (`register`); docs/extending/family.md is
 the template and docs/families.md lists what a family provides.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from corelens.models.families.base import FIELDS, Family, FamilyInterface, register, video_as_given
+from corelens.models.families.family import FIELDS, Family, FamilyInterface, register, video_as_given
 
 
 def import_all() -> list[str]:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import transformers
 
 from corelens.models.effective import effective_images_kwargs
-from corelens.models.families.base import Family, register, released_video_processor
+from corelens.models.families.family import Family, register, released_video_processor
 from corelens.models.families.internvl.tokens import internvl_layout
 from corelens.models.families.llava import TOWER_GEOMETRY
 from corelens.models.tiny_parts import CHAT_TEMPLATE as QWEN_TEMPLATE

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import transformers
 
-from corelens.models.families.base import Family, register
+from corelens.models.families.family import Family, register
 from corelens.models.families.llava.tokens import llava_layout
 from corelens.models.tiny_parts import build_tokenizer, qwen2_text
 

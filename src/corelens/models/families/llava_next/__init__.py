@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import transformers
 
-from corelens.models.families.base import register
+from corelens.models.families.family import register
 from corelens.models.families.llava import (
     LLAVA,
     TINY_PINPOINTS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import transformers
 
-from corelens.models.families.base import register, released_video_processor, video_as_given
+from corelens.models.families.family import register, released_video_processor, video_as_given
 from corelens.models.families.llava import (
     CHAT_TEMPLATE,
     IMAGE_TOKEN,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corelens.models.families.base import register, video_as_given
+from corelens.models.families.family import register, video_as_given
 from corelens.models.families.qwen2_vl import (
     QWEN2_VL,
     QWEN_GEOMETRY,

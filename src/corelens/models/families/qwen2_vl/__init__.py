@@ -5,7 +5,7 @@ from __future__ import annotations
 import transformers
 
 from corelens.models.effective import effective_images_kwargs
-from corelens.models.families.base import Family, register
+from corelens.models.families.family import Family, register
 from corelens.models.families.qwen2_vl.tokens import qwen_layout
 from corelens.models.tiny_parts import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer, qwen2_text
 

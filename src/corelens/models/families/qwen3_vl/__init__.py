@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corelens.models.families.base import register
+from corelens.models.families.family import register
 from corelens.models.families.qwen2_5_vl import QWEN2_5_VL, tiny_tower
 from corelens.models.families.qwen2_vl import QWEN_GEOMETRY, qwen_tiny_config, qwen_tiny_processor, rotary
 

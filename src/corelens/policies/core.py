@@ -1,0 +1,211 @@
+"""`Policy`: what is applied to a model while it answers, as small registered plain data.
+
+A policy is a frozen dataclass with a registered `name`; `to_dict()` carries the name, so
+`Policy.from_dict(d)` finds the class in the registry (`POLICIES`). `hooks(model, context)` returns the
+attention hooks that apply it (each on the decoder layers of its `layers`, None: all); `with
+policy.applied(model, prepared): ...` activates them for one prepared prompt, whose positions reach the
+hooks through `AttentionCall.context` (`corelens.attention.prompt_context`). `answer(model, prepared, policy)` is
+the one greedy answer under a policy that the commands, the integrations and the Python API share.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, MutableMapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from corelens.attention.dispatch import AttentionHook, activate
+from corelens.attention.prompt_context import AttentionContext, attention_context
+from corelens.errors import OptionError
+
+if TYPE_CHECKING:
+    from corelens.data.sample import Sample
+    from corelens.models.prepare import Prepared
+
+
+class PolicyInterface(MutableMapping):
+    """name -> Policy class, library-wide through `register`, with local overrides per instance.
+
+    Shaped like transformers' `GeneralInterface` (as `corelens.models.registry.FamilyInterface`):
+    `PolicyInterface.register(cls)` adds a class for every instance; `interface[name] = cls` overrides it
+    in one instance only.
+    """
+
+    _global_mapping: dict[str, type[Policy]] = {}
+    what = "policy"  # in error messages
+
+    def __init__(self) -> None:
+        self._local_mapping: dict[str, type[Policy]] = {}
+
+    def __getitem__(self, key: str) -> type[Policy]:
+        if key in self._local_mapping:
+            return self._local_mapping[key]
+        if key not in self._global_mapping:
+            raise OptionError(f"unknown {self.what} {key!r}; expected one of {', '.join(self)}")
+        return self._global_mapping[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._local_mapping or key in self._global_mapping
+
+    def __setitem__(self, key: str, value: type[Policy]) -> None:
+        self._local_mapping[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._local_mapping[key]
+
+    def __iter__(self):
+        return iter(sorted({**self._global_mapping, **self._local_mapping}))
+
+    def __len__(self) -> int:
+        return len(self._global_mapping.keys() | self._local_mapping.keys())
+
+    @classmethod
+    def register(cls, policy: type[Policy]) -> type[Policy]:
+        """Register a policy class under its `name` for every instance; return it (usable as a decorator)."""
+        if not policy.name:
+            raise OptionError(f"{policy.__name__} has no `name` to register it under")
+        if policy.name in cls._global_mapping and cls._global_mapping[policy.name] is not policy:
+            # Two classes under one name: the later would silently replace the other everywhere.
+            existing = cls._global_mapping[policy.name]
+            if existing.__qualname__ != policy.__qualname__ or existing.__module__ != policy.__module__:
+                raise OptionError(f"{cls.what} {policy.name!r} is registered already ({existing.__module__})")
+        cls._global_mapping[policy.name] = policy
+        return policy
+
+
+POLICIES = PolicyInterface()
+register = PolicyInterface.register
+
+
+def layer_modules(model: Any) -> list[tuple[int, torch.nn.Module]]:
+    """Return the (layer index, attention module) pairs of a `Loaded` model or a bare transformers model."""
+    if hasattr(model, "layer_modules"):
+        return model.layer_modules()
+    from corelens.attention.modules import decoder_attention_modules
+
+    return list(enumerate(decoder_attention_modules(model)))
+
+
+def model_shape(model: Any) -> tuple[int, int]:
+    """Return (decoder layers, query heads per layer) of a `Loaded` model or a bare transformers model."""
+    if hasattr(model, "num_layers"):
+        return model.num_layers, model.num_heads
+    config = model.config.get_text_config()
+    return config.num_hidden_layers, config.num_attention_heads
+
+
+def context_of(
+    prepared: Prepared | None, sample: Sample | None = None, rule: str = "any"
+) -> AttentionContext:
+    """Return the attention context of a prepared prompt; Omega (from `sample`'s targets) only when read."""
+    if prepared is None:
+        return None
+    omega = None
+    if sample is not None:
+        omega = lambda: prepared.layout.omega(sample.targets, rule, sample=sample.id)  # noqa: E731
+    return AttentionContext.of(prepared, omega, sample)
+
+
+@dataclass
+class Applied:
+    """An applied policy: its active hooks and the context they read."""
+
+    policy: Policy
+    hooks: list[AttentionHook]
+    context: AttentionContext | None
+    sample: Any = None
+    extra: dict = field(default_factory=dict)  # what a policy keeps while applied (e.g. a hybrid session)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Base class: a registered, frozen, JSON-ready description of an intervention (module docstring)."""
+
+    name: ClassVar[str] = ""
+
+    def hooks(self, model: Any, context: AttentionContext | None) -> list[AttentionHook]:
+        """Return the attention hooks that apply the policy to `model` (each on its `layers`)."""
+        raise NotImplementedError
+
+    def generate_kwargs(self, applied: Applied) -> dict:
+        """Return extra `generate` arguments while applied (e.g. a cache)."""
+        return {}
+
+    def report(self, applied: Applied) -> dict:
+        """Return what the last generation under the policy measured (e.g. cache bytes saved)."""
+        return {}
+
+    @contextmanager
+    def applied(
+        self, model: Any, prepared: Prepared | None = None, *, sample: Sample | None = None, rule: str = "any"
+    ) -> Iterator[Applied]:
+        """Apply the policy to `model` inside the block, for the prompt `prepared` (of `sample`)."""
+        context = context_of(prepared, sample, rule)
+        hooks = self.hooks(model, context)
+        modules = layer_modules(model)
+        with ExitStack() as stack:
+            stack.enter_context(attention_context(context))
+            for hook in hooks:
+                chosen = [(i, mod) for i, mod in modules if hook.layers is None or i in hook.layers]
+                stack.enter_context(activate(chosen, hook))
+            yield Applied(self, hooks, context, sample)
+
+    def to_dict(self) -> dict:
+        """Return the policy as JSON-ready data, its registered `name` first."""
+        data = json.loads(json.dumps(asdict(self)))  # tuples become lists
+        return {"name": self.name, **data}
+
+    def to_json(self) -> str:
+        """Return the policy as a JSON string."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Policy:
+        """Return the policy of `to_dict` data; on `Policy` itself, the class its `name` registers."""
+        data = dict(data)
+        name = data.pop("name", cls.name)
+        target = POLICIES[name] if cls is Policy or name != cls.name else cls
+        known = {f.name for f in fields(target) if f.init}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise OptionError(
+                f"policy {name!r}: unknown field(s) {unknown}; expected some of {sorted(known)}"
+            )
+        return target(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Policy:
+        """Return the policy of a `to_json` string."""
+        return cls.from_dict(json.loads(text))
+
+
+def answer(
+    model: Any,
+    prepared: Prepared,
+    policy: Policy | None = None,
+    *,
+    sample: Sample | None = None,
+    max_new_tokens: int = 8,
+    stats: dict | None = None,
+) -> str:
+    """Return the greedy answer to `prepared` under `policy` (None: the model as it is).
+
+    New tokens only, special tokens dropped. `sample` gives the policies that need it its targets (Omega) or
+    images (SAP priors); `stats`, when given, receives what the policy measured (`Policy.report`).
+    """
+    inputs = {k: v.to(model.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
+    gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
+    with torch.no_grad():
+        if policy is None:
+            out = model.model.generate(**inputs, **gen)
+        else:
+            with policy.applied(model, prepared, sample=sample) as on:
+                out = model.model.generate(**inputs, **policy.generate_kwargs(on), **gen)
+                if stats is not None:
+                    stats.update(policy.report(on))
+    new = out[0, inputs["input_ids"].shape[1] :]
+    return model.processor.tokenizer.decode(new, skip_special_tokens=True).strip()
