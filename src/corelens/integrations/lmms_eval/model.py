@@ -8,12 +8,14 @@ processes give each process its share of the requests.
 
 from __future__ import annotations
 
+import io
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lmms_eval.api.model import lmms
+from loguru import logger
 from PIL import Image
 from tqdm import tqdm
 
@@ -37,6 +39,22 @@ VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 GEN_KWARGS = ("max_new_tokens", "temperature", "top_p", "num_beams", "do_sample", "until")
 # Families whose processor takes min_pixels / max_pixels (the Qwen-VL image and video processors).
 PIXEL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+VISUAL_PREP = ("qwen2_5_vl", "corelens")
+
+
+def as_qwen2_5_vl_sees(image: Image.Image, min_pixels: int, max_pixels: int, factor: int) -> Image.Image:
+    """Return a PIL image as qwen2_5_vl hands it to the processor: a JPEG of quality 85 (its data URL), resized
+    by qwen-vl-utils (PIL's bicubic) to the nearest multiple of `factor` within the pixel bounds."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, format="JPEG", quality=85)
+    with Image.open(buffer) as decoded:
+        decoded = decoded.convert("RGB")
+    height, width = smart_resize(decoded.height, decoded.width, factor, min_pixels, max_pixels)
+    return decoded.resize((width, height), Image.Resampling.BICUBIC)
 
 
 class _WithSystem:
@@ -102,6 +120,7 @@ class Corelens(lmms):
         max_num_frames: int = MAX_NUM_FRAMES,
         fps: float | None = None,
         system_prompt: str | None = SYSTEM_PROMPT,
+        visual_prep: str = "qwen2_5_vl",
         **policy: Any,
     ) -> None:
         super().__init__()
@@ -117,12 +136,18 @@ class Corelens(lmms):
         self.accelerator = Accelerator()
         self._rank = self.accelerator.process_index
         self._world_size = self.accelerator.num_processes
-        self.m = load(str(pretrained), revision=revision, dtype=str(dtype), **self._placement(device, device_map))
+        self.m = load(
+            str(pretrained), revision=revision, dtype=str(dtype), **self._placement(device, device_map)
+        )
         self._device = self.m.device
         self._pixels(min_pixels, max_pixels)
         # An empty system_prompt leaves the system turn out, as corelens' own commands prompt.
         if system_prompt:
             self.m.processor = _WithSystem(self.m.processor, str(system_prompt).replace("\\n", "\n"))
+        if visual_prep not in VISUAL_PREP:
+            raise OptionError(f"visual_prep={visual_prep}: expected one of {', '.join(VISUAL_PREP)}")
+        # qwen2_5_vl's own preparation of PIL images applies to the Qwen-VL families only.
+        self.visual_prep = visual_prep if self.m.model_type in PIXEL_FAMILIES else "corelens"
         self.policy = from_args(self.m, policy)
         self.max_new_tokens = int(max_new_tokens)
         self.max_num_frames = int(max_num_frames)
@@ -143,7 +168,9 @@ class Corelens(lmms):
     def _pixels(self, min_pixels: int | None, max_pixels: int | None) -> None:
         """Give a Qwen-VL processor qwen2_5_vl's pixel bounds; refuse bounds another family cannot take."""
         if self.m.model_type not in PIXEL_FAMILIES:
-            given = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+            given = {
+                k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None
+            }
             if given:
                 raise OptionError(f"{sorted(given)}: {self.m.model_type} processors take no pixel bounds "
                                   f"(only {', '.join(PIXEL_FAMILIES)})")  # fmt: skip
@@ -154,6 +181,11 @@ class Corelens(lmms):
         with no_checkpoint_code(self.m.path):  # the same call as qwen2_5_vl's, on the resolved folder
             self.m.processor = AutoProcessor.from_pretrained(self.m.path, local_files_only=True, **bounds)
         self.min_pixels, self.max_pixels = bounds["min_pixels"], bounds["max_pixels"]
+
+    def _factor(self) -> int:
+        """Return the side in pixels of one merged visual token (patch size x merge size)."""
+        image_processor = self.m.processor.image_processor
+        return int(image_processor.patch_size) * int(image_processor.merge_size)
 
     @property
     def device(self) -> torch.device:
@@ -168,6 +200,10 @@ class Corelens(lmms):
     def generate_until(self, requests) -> list[str]:
         """Answer each request greedily under the policy (new tokens, special tokens dropped)."""
         out = []
+        # Each process answers its own share (lmms-eval splits the documents by rank); said once per process.
+        logger.info(
+            f"corelens: process {self.rank} of {self.world_size} on {self.device}: {len(requests)} requests"
+        )
         for request in tqdm(requests, desc="corelens", disable=self.rank != 0):
             context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
             doc = self.task_dict[task][split][doc_id]
@@ -199,6 +235,8 @@ class Corelens(lmms):
             elif isinstance(visual, Image.Image):
                 # The sample id names the PNG: a safe name, distinct for distinct ids (corelens.data.paths).
                 path = inside(self._images.name, Path(self._images.name) / f"{safe_name(name)}_{i}.png")
+                if self.visual_prep == "qwen2_5_vl":
+                    visual = as_qwen2_5_vl_sees(visual, self.min_pixels, self.max_pixels, self._factor())
                 visual.convert("RGB").save(path)
                 size = visual.size
             else:
