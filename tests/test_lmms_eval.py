@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -70,12 +71,13 @@ def _read(out) -> tuple[list[str], float]:
     return answers, results["results"]["organism_image"]["accuracy,none"]
 
 
-def _run(args: list[str], launcher: tuple[str, ...] = (sys.executable,)) -> str:
-    """Run lmms-eval's command line (under `launcher`); return its log (stderr)."""
-    proc = subprocess.run([*launcher, "-m", "lmms_eval", *args], capture_output=True, text=True, env=ENV,
+def _run(args: list[str], launcher: tuple[str, ...] = (sys.executable,), env: dict | None = None) -> str:
+    """Run lmms-eval's command line (under `launcher`); return its log (stdout and stderr)."""
+    proc = subprocess.run([*launcher, "-m", "lmms_eval", *args], capture_output=True, text=True,
+                          env={**ENV, **(env or {})},
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stderr
+    return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +158,21 @@ def test_bad_arguments_are_refused(setup, tmp_path):
 
 
 BIN = os.path.dirname(sys.executable)
+
+
+def _free_port() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+# 2 CPU processes over gloo. accelerate's `--cpu` starts one process; `--multi_gpu` on a machine without a
+# visible GPU starts 2 and Accelerator() gives each the CPU and gloo.
 LAUNCHERS = {
-    "accelerate": (f"{BIN}/accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no"),
-    "torchrun": (f"{BIN}/torchrun", "--nproc_per_node", "2", "--master_port", "0"),
+    "accelerate": lambda: (f"{BIN}/accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+                           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                           _free_port()),
+    "torchrun": lambda: (f"{BIN}/torchrun", "--standalone", "--nproc_per_node", "2"),
 }  # fmt: skip
 
 
@@ -169,7 +182,7 @@ def test_two_processes_split_the_documents(setup, launcher):
     out = setup["root"] / f"lmms-{launcher}"
     log = _run(["--model", "corelens", "--model_args", _model_args(""), "--tasks", "organism_image",
                 "--include_path", str(setup["root"] / TASK_DIR), "--output_path", str(out), "--log_samples"],
-               LAUNCHERS[launcher])  # fmt: skip
+               LAUNCHERS[launcher](), {"CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
     for rank in (0, 1):
         assert f"corelens: process {rank} of 2 on cpu: {N // 2} requests" in log
     answers, _ = _read(out)
