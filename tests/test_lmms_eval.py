@@ -1,18 +1,23 @@
 """lmms-eval with the corelens model: docs/integrations.md's command on a local task, offline, on the organism.
 
-Unmodified, the model answers as corelens' own harness; under a policy it answers as `corelens ablate`,
-`corelens hybrid` and `corelens sap` do under the same policy.
+Unmodified, the model answers as corelens' own harness (given the harness's prompt and pixel bounds) and as
+lmms-eval's own `qwen2_5_vl` model (with that model's defaults); under a policy it answers as `corelens
+ablate`, `corelens hybrid` and `corelens sap` do under the same policy; `accelerate launch` and `torchrun`
+with 2 processes split the documents and give the same answers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 
 import pandas as pd
 import pytest
+from PIL import Image
 
 import corelens
 from corelens.cli import main
@@ -25,6 +30,10 @@ pytest.importorskip("lmms_eval", reason="the lmms extra is not installed")
 from corelens.integrations.lmms_eval.__main__ import main as write_task_main  # noqa: E402
 
 N = 6
+TASK_DIR = "my tasks #1/organism"
+# corelens' own commands prompt with no system turn and the checkpoint's pixel bounds (the organism's
+# processor: 3136 to 50176 pixels); qwen2_5_vl's defaults differ (a system prompt, 200704 to 1605632 pixels).
+HARNESS = "system_prompt=,min_pixels=3136,max_pixels=50176,visual_prep=corelens"
 
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -39,7 +48,8 @@ def setup(tmp_path_factory):
     run = root / "rank"
     assert main(["rank", "--model", str(organism_path()), "--data", str(ident), "--out", str(run),
                  "--query", "answer", "--overlays", "0"]) == 0  # fmt: skip
-    assert write_task_main([str(data), "--out", str(root / "task"), "--task", "organism_image"]) == 0
+    # A task folder whose path holds spaces and '#' (the YAML is written by PyYAML, never cut there).
+    assert write_task_main([str(data), "--out", str(root / TASK_DIR), "--task", "organism_image"]) == 0
     samples, _ = read_samples(data)
     m = corelens.load(organism_path(), device="cpu")
     harness = [answer(m, s, max_new_tokens=8) for s in samples]
@@ -47,7 +57,7 @@ def setup(tmp_path_factory):
 
 
 def _model_args(model_args: str) -> str:
-    return f"pretrained={organism_path()},device=cpu" + (f",{model_args}" if model_args else "")
+    return f"pretrained={organism_path()},device=cpu,{HARNESS}" + (f",{model_args}" if model_args else "")
 
 
 def _read(out) -> tuple[list[str], float]:
@@ -61,10 +71,13 @@ def _read(out) -> tuple[list[str], float]:
     return answers, results["results"]["organism_image"]["accuracy,none"]
 
 
-def _run(args: list[str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "lmms_eval", *args], capture_output=True, text=True, env=ENV,
+def _run(args: list[str], launcher: tuple[str, ...] = (sys.executable,), env: dict | None = None) -> str:
+    """Run lmms-eval's command line (under `launcher`); return its log (stdout and stderr)."""
+    proc = subprocess.run([*launcher, "-m", "lmms_eval", *args], capture_output=True, text=True,
+                          env={**ENV, **(env or {})},
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +114,7 @@ def policies(setup):
     }
     config = [
         {"model": "corelens", "model_args": _model_args(args), "tasks": "organism_image",
-         "include_path": str(root / "task"), "output_path": str(root / f"lmms-{tag}"), "log_samples": True}
+         "include_path": str(root / TASK_DIR), "output_path": str(root / f"lmms-{tag}"), "log_samples": True}
         for tag, args in model_args.items()
     ]  # fmt: skip
     (root / "policies.yaml").write_text(json.dumps(config))  # JSON is YAML
@@ -116,7 +129,7 @@ def test_unmodified_model_answers_as_the_harness(setup):
     """The command of docs/integrations.md, as typed."""
     out = setup["root"] / "lmms-plain"
     _run(["--model", "corelens", "--model_args", _model_args(""), "--tasks", "organism_image", "--include_path",
-          str(setup["root"] / "task"), "--output_path", str(out), "--log_samples"])  # fmt: skip
+          str(setup["root"] / TASK_DIR), "--output_path", str(out), "--log_samples"])  # fmt: skip
     answers, accuracy = _read(out)
     assert answers == setup["harness"]
     gold = [s.answer for s in setup["samples"]]
@@ -142,3 +155,134 @@ def test_bad_arguments_are_refused(setup, tmp_path):
     bad.write_text("{}")
     with pytest.raises(CorelensError, match="not a hybrid policy"):
         Corelens(str(organism_path()), device="cpu", policy=str(bad))
+
+
+BIN = os.path.dirname(sys.executable)
+
+
+def _free_port() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+# 2 CPU processes over gloo. accelerate's `--cpu` starts one process; `--multi_gpu` on a machine without a
+# visible GPU starts 2 and Accelerator() gives each the CPU and gloo.
+LAUNCHERS = {
+    "accelerate": lambda: (f"{BIN}/accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+                           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                           _free_port()),
+    "torchrun": lambda: (f"{BIN}/torchrun", "--standalone", "--nproc_per_node", "2"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_two_processes_split_the_documents(setup, launcher):
+    """`accelerate launch` / `torchrun` with 2 CPU processes (gloo): each answers its share, same answers."""
+    out = setup["root"] / f"lmms-{launcher}"
+    log = _run(["--model", "corelens", "--model_args", _model_args(""), "--tasks", "organism_image",
+                "--include_path", str(setup["root"] / TASK_DIR), "--output_path", str(out), "--log_samples"],
+               LAUNCHERS[launcher](), {"CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+    for rank in (0, 1):
+        assert f"corelens: process {rank} of 2 on cpu: {N // 2} requests" in log
+    answers, _ = _read(out)
+    assert answers == setup["harness"]
+
+
+def _requests(task: str, docs: list[dict], gen_kwargs: dict, visual) -> tuple[dict, list]:
+    """Return lmms-eval's task_dict and the generate_until requests of `docs` (as lmms-eval builds them)."""
+    from lmms_eval.api.instance import Instance
+
+    requests = [
+        Instance("generate_until", (doc["question"], dict(gen_kwargs), visual, i, task, "test"), i,
+                 {"task": task, "doc_id": i, "repeats": 1})
+        for i, doc in enumerate(docs)
+    ]  # fmt: skip
+    return {task: {"test": docs}}, requests
+
+
+def _answers(model, task_dict, requests) -> list[str]:
+    model.task_dict = task_dict
+    return model.generate_until(requests)
+
+
+POPE_KWARGS = {"max_new_tokens": 8, "temperature": 0, "top_p": 1.0, "num_beams": 1, "do_sample": False}
+
+
+def test_no_policy_answers_as_lmms_evals_qwen2_5_vl(setup):
+    """The stock qwen2_5_vl class and the corelens model, same arguments, same requests: the same answers."""
+    pytest.importorskip("qwen_vl_utils", reason="lmms-eval's qwen2_5_vl needs qwen-vl-utils")
+    pytest.importorskip("decord", reason="lmms-eval's qwen2_5_vl imports decord")
+    from lmms_eval.models.simple.qwen2_5_vl import Qwen2_5_VL
+    from PIL import Image
+
+    from corelens.integrations.lmms_eval.model import Corelens
+
+    docs = [{"question": s.question, "image": str(s.images[0])} for s in setup["samples"]]
+    task_dict, requests = _requests(
+        "stock", docs, POPE_KWARGS, lambda doc: [Image.open(doc["image"]).convert("RGB")]
+    )
+    got = {}
+    # qwen2_5_vl's defaults (a system prompt, 200704 to 1605632 pixels), then other bounds and prompt.
+    for tag, args in {"defaults": {}, "set": {"system_prompt": "Answer briefly.", "min_pixels": 3136,
+                                              "max_pixels": 50176}}.items():  # fmt: skip
+        stock = _answers(Qwen2_5_VL(str(organism_path()), device="cpu", device_map="cpu", **args), task_dict,
+                         requests)  # fmt: skip
+        ours = _answers(Corelens(str(organism_path()), device="cpu", dtype="bfloat16", **args), task_dict,
+                        requests)  # fmt: skip
+        assert ours == stock, tag
+        got[tag] = ours
+    assert got["defaults"] != got["set"]  # the arguments reach the prompt and the pixels
+
+
+def test_video_files_go_through_corelens_reader(setup, tmp_path):
+    """A video file (as lmms-eval's video tasks give them) is read by corelens' reader at fps, max_num_frames."""
+    import av
+
+    from corelens.data.sample import Sample, Video
+    from corelens.integrations.lmms_eval.model import Corelens
+
+    data = generate("video", tmp_path / "frames", 1, seed=3)
+    (sample,), _ = read_samples(data)
+    clip = tmp_path / "clip one.mp4"
+    with av.open(str(clip), "w") as container:
+        stream = container.add_stream("mpeg4", rate=2)
+        stream.width, stream.height, stream.pix_fmt = *sample.frame_sizes[0], "yuv420p"
+        for path in sample.video.frames:
+            for packet in stream.encode(av.VideoFrame.from_image(Image.open(path).convert("RGB"))):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    model = Corelens(str(organism_path()), device="cpu", system_prompt="", min_pixels=3136, max_pixels=50176,
+                     fps=2, max_num_frames=4, visual_prep="corelens")  # fmt: skip
+    task_dict, requests = _requests(
+        "video", [{"question": sample.question}], POPE_KWARGS, lambda doc: [str(clip)]
+    )
+    (got,) = _answers(model, task_dict, requests)
+    expected = answer(model.m, Sample("x", "video", sample.question, video=Video(None, clip, 2.0, 4)))
+    assert got == expected and got
+
+
+def test_generation_settings_are_honoured_or_refused_by_name():
+    from corelens.errors import OptionError
+    from corelens.integrations.lmms_eval.model import greedy_tokens
+
+    assert greedy_tokens(POPE_KWARGS, 5, "t") == (8, [])
+    assert greedy_tokens({"until": ["\n\n", "Q:", ""], "do_sample": True}, 5, "t") == (5, ["Q:"])
+    assert greedy_tokens({"until": "."}, 5, "t") == (5, ["."])
+    for kwargs, name in (({"temperature": 0.7}, "temperature=0.7"), ({"num_beams": 4}, "num_beams=4"),
+                         ({"top_k": 5, "repetition_penalty": 1.1}, "['repetition_penalty', 'top_k']")):  # fmt: skip
+        with pytest.raises(OptionError, match=re.escape(name)):
+            greedy_tokens(kwargs, 5, "task t")
+
+
+def test_task_yaml_keeps_a_path_with_spaces_and_hash(setup):
+    """lmms-eval's own YAML loader reads the data path back whole, and the `!function`s resolve."""
+    from lmms_eval.utils import load_yaml_config
+
+    yaml_path = setup["root"] / TASK_DIR / "organism_image.yaml"
+    config = load_yaml_config(str(yaml_path))
+    assert config["dataset_kwargs"]["data_files"]["test"] == str((setup["root"] / TASK_DIR).resolve() /
+                                                                 "organism_image.json")  # fmt: skip
+    assert " #" in config["dataset_kwargs"]["data_files"]["test"]
+    assert config["doc_to_text"]({"question": "q?"}) == "q?"

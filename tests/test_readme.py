@@ -10,37 +10,55 @@ an earlier one), in a temporary folder prepared as the snippets expect:
 A block written as an interactive session (`>>>` lines) runs as a doctest, so its printed output is checked.
 A block that cannot run offline is marked by `<!-- norun: reason -->` on the line before its fence; the
 marker is the only way to skip one.
+
+The README's "Use the heads elsewhere" section and docs/integrations.md run whole: their ```bash and
+```python blocks in order, each shell block by bash in the same folder (the environment's `corelens`,
+`python`, `accelerate` first on PATH). A hub dataset id given to `--heads` or `heads=` is the exported
+`runs/headset`, laid out in the hub cache as a download; `data/pope/test.parquet` is a few rows in POPE's
+published schema; each lmms-eval command must leave its results under its `--output_path`.
 """
 
 from __future__ import annotations
 
 import doctest
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from corelens.cli import main
+from corelens.data import read_samples
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```python\s*$")
+SHELL_FENCE = re.compile(r"^```bash\s*$")
 NORUN = re.compile(r"^<!--\s*norun:\s*(\S.*?)\s*-->$")
 HUB_ID = re.compile(r"""\bload\(\s*["']([A-Za-z0-9][\w.-]*/[\w.-]+)["']""")
 DATA = re.compile(r"""["'](data/[\w.-]+\.jsonl)["']""")
+SHELL_HUB_ID = re.compile(r"(?:--model |pretrained=)([A-Za-z0-9][\w.-]*/[\w.-]+)")
+SHELL_DATA = re.compile(r"(?<![\w/.-])(data/[\w.-]+\.jsonl)")
+HUB_HEADS = re.compile(r"(?:--heads |heads=|full=)([A-Z][\w.-]*/[A-Z][\w.-]*)")
+OUTPUT = re.compile(r"--output_path (\S+)")
+POPE = "data/pope/test.parquet"
+# Where each workflow of "Use the heads elsewhere" is shown: (document, section heading or None for all).
+WORKFLOWS = [("README.md", "Use the heads elsewhere"), ("docs/integrations.md", None)]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def blocks(markdown: str) -> list[tuple[int, str, str | None]]:
-    """Return (line of the first code line, code, norun reason or None) for each ```python block."""
+def blocks(markdown: str, fence: re.Pattern = FENCE) -> list[tuple[int, str, str | None]]:
+    """Return (line of the first code line, code, norun reason or None) for each block opened by `fence`."""
     lines = markdown.splitlines()
     out = []
     i = 0
     while i < len(lines):
-        if not FENCE.match(lines[i]):
+        if not fence.match(lines[i]):
             i += 1
             continue
         before = next((line.strip() for line in reversed(lines[:i]) if line.strip()), "")
@@ -119,3 +137,84 @@ def test_python_blocks_run(document, tmp_path, monkeypatch):
             continue
         # Padded so that a traceback names the document's own line.
         exec(compile("\n" * (line - 1) + code, name, "exec"), namespace)
+
+
+def section(markdown: str, heading: str) -> str:
+    """Return the text of the `## heading` section (other lines blanked, so line numbers stay the document's)."""
+    lines = markdown.splitlines()
+    start = lines.index(f"## {heading}")
+    end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
+    return "\n".join(line if start <= j < end else "" for j, line in enumerate(lines)) + "\n"
+
+
+def _pope(path: Path) -> None:
+    """Write a few rows of POPE's published schema (question_id, question, answer, image, ...) to `path`."""
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
+
+    data = generate("image", path.parent / "images", 4, seed=5)
+    samples, _ = read_samples(data)
+    rows = {"id": [], "question_id": [], "question": [], "answer": [], "image_source": [], "image": [],
+            "category": []}  # fmt: skip
+    for i, s in enumerate(samples):
+        colour = s.answer.split()[0]
+        asked = colour if i % 2 == 0 else ("blue" if colour != "blue" else "red")
+        for key, value in (("id", str(i)), ("question_id", str(i + 1)), ("image", str(s.images[0])),
+                           ("question", f"Is there a {asked} object in the image?"), ("category", "random"),
+                           ("answer", "yes" if asked == colour else "no"), ("image_source", s.id)):  # fmt: skip
+            rows[key].append(value)
+    features = Features({k: ImageFeature() if k == "image" else Value("string") for k in rows})
+    Dataset.from_dict(rows, features=features).to_parquet(str(path))
+
+
+def _publish(home: Path, folder: Path, repo: str) -> None:
+    """Lay an exported head set out as huggingface_hub's cache lays out the dataset `repo`."""
+    base = home / "hub" / ("datasets--" + repo.replace("/", "--"))
+    (base / "refs").mkdir(parents=True, exist_ok=True)
+    (base / "refs" / "main").write_text(COMMIT)
+    shutil.copytree(folder, base / "snapshots" / COMMIT, dirs_exist_ok=True)
+
+
+def _shell(folder: Path, name: str, line: int, code: str) -> None:
+    """Run one shell block as a reader would (bash, -e), with this environment's programs first on PATH."""
+    for repo in sorted(set(HUB_HEADS.findall(code))):
+        _publish(folder / "hf", folder / "runs" / "headset", repo)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    proc = subprocess.run(["bash", "-eo", "pipefail", "-c", code], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, f"{name}:{line}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    for out in OUTPUT.findall(code):  # lmms-eval exits 0 after logging an error: its results must exist
+        assert list((folder / out).glob("**/*_results.json")), f"{name}:{line}: no results under {out}"
+
+
+@pytest.mark.parametrize("document, heading", WORKFLOWS, ids=[d for d, _ in WORKFLOWS])
+def test_heads_elsewhere_workflows_run(document, heading, tmp_path, monkeypatch):
+    """Every command and snippet of the section, in order, in one folder (see the module docstring)."""
+    text = (ROOT / document).read_text()
+    text = section(text, heading) if heading else text
+    shell = [(line, code, "bash") for line, code, reason in blocks(text, SHELL_FENCE) if reason is None]
+    python = [(line, code, "python") for line, code, reason in blocks(text) if reason is None]
+    assert shell, f"{document}: no shell commands"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    everything = "".join(code for _, code, _ in shell + python)
+    shell_code = "".join(code for _, code, _ in shell)
+    for repo in sorted(set(SHELL_HUB_ID.findall(shell_code)) - set(HUB_ID.findall(everything))):
+        _hub_cache(tmp_path / "hf", repo)
+    for name in sorted(set(SHELL_DATA.findall(shell_code)) - set(DATA.findall(everything))):
+        generate("image", tmp_path / "data" / "shell", 8, seed=1).rename(tmp_path / name)
+    if POPE in everything:
+        (tmp_path / POPE).parent.mkdir(parents=True, exist_ok=True)
+        _pope(tmp_path / POPE)
+    # The export command of the section writes runs/headset itself; the rank run it reads is prepared.
+    exported = re.search(r"corelens export \S+ --out runs/headset", shell_code)
+    _prepare(tmp_path, everything.replace("runs/headset", "runs/rank") if exported else everything)
+    namespace: dict = {"__name__": "__readme__"}
+    for line, code, kind in sorted(shell + python):
+        if kind == "bash":
+            _shell(tmp_path, document, line, code)
+        else:
+            exec(compile("\n" * (line - 1) + code, document, "exec"), namespace)

@@ -8,6 +8,8 @@ Installing corelens registers the model `corelens` through lmms-eval's plugin en
 evaluates any checkpoint corelens supports. Model arguments (one policy at most):
 
 - `pretrained` (folder or hub id), `revision`, `device`, `dtype`, `max_new_tokens` (default 8);
+- lmms-eval's `qwen2_5_vl` arguments, same names and defaults: `device_map`, `min_pixels`, `max_pixels`,
+  `max_num_frames`, `fps`, `system_prompt`; `visual_prep=qwen2_5_vl|corelens` (docs/integrations.md);
 - `policy=FILE.json`: any registered policy (`corelens.policies`: `Policy.to_json()`, with its `name`), a
   hybrid policy (`corelens.hybrid-policy/1`, as `corelens hybrid` writes them), an ablation (heads + op) or
   a SAP condition (`{"prior": ..., "layers": ...}`);

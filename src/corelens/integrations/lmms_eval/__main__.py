@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from corelens.errors import CorelensError
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"corelens: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {yaml}; run: python -m lmms_eval --model corelens --model_args pretrained=MODEL "
-          f"--tasks {args.task} --include_path {args.out}")  # fmt: skip
+          f"--tasks {args.task} --include_path {shlex.quote(str(args.out))}")  # fmt: skip
     return 0
 
 

@@ -1,6 +1,6 @@
 """A local lmms-eval task for a corelens sample file: the task's functions, and the writer of its folder.
 
-The task folder holds `NAME.yaml` (lmms-eval's task format: a JSON dataset read by `datasets`' json builder, no
+The task folder holds `NAME.yaml` (lmms-eval's task format, written with PyYAML: a JSON dataset read by `datasets`' json builder, no
 download), `NAME.json` (the samples, image paths made absolute) and `NAME_utils.py` (the functions below, which
 lmms-eval's `!function` tag loads from the folder). The question is the prompt text and the images are the
 visuals, so the corelens model builds the same sample as corelens' own harness; `accuracy` is corelens'
@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
 from PIL import Image
 
 from corelens.data.sample import read_samples
@@ -40,26 +41,37 @@ def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]
     return {"accuracy": float(correct)}
 
 
-_YAML = """task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_visual: !function {name}_utils.doc_to_visual
-doc_to_text: !function {name}_utils.doc_to_text
-doc_to_target: answer
-process_results: !function {name}_utils.process_results
-generation_kwargs:
-  max_new_tokens: {max_new_tokens}
-  do_sample: false
-  until: []
-metric_list:
-  - metric: accuracy
-    aggregation: mean
-    higher_is_better: true
-"""
+class _Function(str):
+    """A `!function module.name` value of a task YAML (lmms-eval loads the function from the task folder)."""
+
+
+def _function(dumper: yaml.SafeDumper, value: _Function) -> yaml.ScalarNode:
+    return dumper.represent_scalar("!function", str(value))
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, writing `_Function` values under lmms-eval's `!function` tag."""
+
+
+_Dumper.add_representer(_Function, _function)
+
+
+def task_config(name: str, data: Path, max_new_tokens: int) -> dict[str, Any]:
+    """Return the task's lmms-eval configuration: a JSON dataset read by `datasets`, no download."""
+    return {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "test_split": "test",
+        "output_type": "generate_until",
+        "doc_to_visual": _Function(f"{name}_utils.doc_to_visual"),
+        "doc_to_text": _Function(f"{name}_utils.doc_to_text"),
+        "doc_to_target": "answer",
+        "process_results": _Function(f"{name}_utils.process_results"),
+        "generation_kwargs": {"max_new_tokens": max_new_tokens, "do_sample": False, "until": []},
+        "metric_list": [{"metric": "accuracy", "aggregation": "mean", "higher_is_better": True}],
+    }
+
 
 _UTILS = '''"""Functions of the lmms-eval task {name}, written by corelens."""
 
@@ -95,8 +107,8 @@ def write_task(samples: str | Path, out: str | Path, name: str = "corelens_sampl
     ]
     (out / f"{name}.json").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     (out / f"{name}_utils.py").write_text(_UTILS.format(name=name))
-    yaml = out / f"{name}.yaml"
-    yaml.write_text(
-        _YAML.format(name=name, data=(out / f"{name}.json").resolve(), max_new_tokens=max_new_tokens)
-    )
-    return yaml
+    config = task_config(name, (out / f"{name}.json").resolve(), max_new_tokens)
+    # Written by PyYAML: a path with spaces, '#' or ':' is quoted as YAML needs, never cut.
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.dump(config, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
+    return path
