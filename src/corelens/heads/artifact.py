@@ -31,22 +31,15 @@ import pandas as pd
 
 from corelens.errors import CorelensError, warn
 from corelens.heads.card import card
+from corelens.heads.spec import FORMAT, count
 from corelens.metrics import kvheads
 from corelens.runs import identity
 
-FORMAT = "corelens.headset/1"
 FILE = "headset.json"
 TABLE = "heads.csv"
 MANIFEST = "manifest.json"
 CARD = "README.md"
 _DTYPE_KEYS = {"dtype", "torch_dtype"}
-
-
-def count(value: Any, what: str) -> int:
-    """Return `value` as a positive int; raise CorelensError naming `what` for a bool, float, string, or <= 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise CorelensError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _plain(value: Any) -> Any:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 from corelens.attention.schema import POLICY_FILES
 from corelens.errors import CorelensError
-from corelens.heads.artifact import FORMAT, count
+from corelens.heads.spec import FORMAT, count
 
 Name = Annotated[str | None, Field(default=None)]
 

@@ -11,7 +11,7 @@ the one greedy answer under a policy that the commands, the integrations and the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -21,60 +21,38 @@ import torch
 from corelens.attention.dispatch import AttentionHook, activate
 from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.errors import OptionError
+from corelens.registry import Registry
 
 if TYPE_CHECKING:
     from corelens.data.sample import Sample
     from corelens.models.prepare import Prepared
 
 
-class PolicyInterface(MutableMapping):
-    """name -> Policy class, library-wide through `register`, with local overrides per instance.
-
-    Shaped like transformers' `GeneralInterface` (as `corelens.models.registry.FamilyInterface`):
-    `PolicyInterface.register(cls)` adds a class for every instance; `interface[name] = cls` overrides it
-    in one instance only.
+class PolicyInterface(Registry):
+    """name -> Policy class: the one registry idiom (`corelens.registry.Registry`, transformers'
+    `GeneralInterface` shape), keyed by each class' `name`. `PolicyInterface.register(cls)` adds a class for
+    every instance; `interface[name] = cls` overrides it in one instance only.
     """
 
-    _global_mapping: dict[str, type[Policy]] = {}
-    what = "policy"  # in error messages
+    kind = "policy"
 
-    def __init__(self) -> None:
-        self._local_mapping: dict[str, type[Policy]] = {}
-
-    def __getitem__(self, key: str) -> type[Policy]:
-        if key in self._local_mapping:
-            return self._local_mapping[key]
-        if key not in self._global_mapping:
-            raise OptionError(f"unknown {self.what} {key!r}; expected one of {', '.join(self)}")
-        return self._global_mapping[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._local_mapping or key in self._global_mapping
-
-    def __setitem__(self, key: str, value: type[Policy]) -> None:
-        self._local_mapping[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self._local_mapping[key]
-
-    def __iter__(self):
-        return iter(sorted({**self._global_mapping, **self._local_mapping}))
-
-    def __len__(self) -> int:
-        return len(self._global_mapping.keys() | self._local_mapping.keys())
+    @staticmethod
+    def name_of(policy: type[Policy]) -> str:
+        if not getattr(policy, "name", None):
+            raise OptionError(f"{policy.__name__} has no `name` to register it under")
+        return policy.name
 
     @classmethod
-    def register(cls, policy: type[Policy]) -> type[Policy]:
-        """Register a policy class under its `name` for every instance; return it (usable as a decorator)."""
-        if not policy.name:
-            raise OptionError(f"{policy.__name__} has no `name` to register it under")
-        if policy.name in cls._global_mapping and cls._global_mapping[policy.name] is not policy:
-            # Two classes under one name: the later would silently replace the other everywhere.
-            existing = cls._global_mapping[policy.name]
-            if existing.__qualname__ != policy.__qualname__ or existing.__module__ != policy.__module__:
-                raise OptionError(f"{cls.what} {policy.name!r} is registered already ({existing.__module__})")
-        cls._global_mapping[policy.name] = policy
-        return policy
+    def _add(cls, name: str, impl: type[Policy]) -> type[Policy]:
+        existing = cls._global_mapping.get(name)
+        if existing is not None and (existing.__module__, existing.__qualname__) != (
+            impl.__module__,
+            impl.__qualname__,
+        ):
+            # Two classes under one name: the later would silently replace the other everywhere. (The same
+            # class defined again, as a reloaded module does, replaces itself.)
+            raise OptionError(f"{cls.kind} {name!r} is registered already ({existing.__module__})")
+        return super()._add(name, impl)
 
 
 POLICIES = PolicyInterface()

@@ -249,10 +249,10 @@ class Prior:
 
 
 class PriorInterface(PolicyInterface):
-    """name -> Prior class (the `GeneralInterface` shape of `PolicyInterface`)."""
+    """name -> Prior class: the registry of `PolicyInterface` (keyed by `name`), with a mapping of its own."""
 
     _global_mapping: dict[str, type[Prior]] = {}
-    what = "prior"
+    kind = "prior"
 
 
 PRIOR_CLASSES = PriorInterface()
