@@ -5,6 +5,20 @@
 dict carries `name`); `with policy.applied(m, prepared): ...` applies one; `answer(m, prepared, policy)` is
 the greedy answer under one. A new policy is one file in this folder (imported, so registered, with the
 package; docs/extending/policy.md).
+
+Examples:
+    >>> from corelens.policies import POLICIES, Policy, ZeroHeads
+    >>> sorted(POLICIES)
+    ['adaptive-hybrid', 'hybrid', 'knockout', 'mean', 'sap', 'uniform', 'zero']
+    >>> policy = ZeroHeads(heads=[(1, 0), (0, 1), (0, 1)])  # sorted, duplicates dropped
+    >>> policy.to_dict()
+    {'name': 'zero', 'heads': [[0, 1], [1, 0]], 'label': '', 'seed': None, 'meta': {}}
+    >>> Policy.from_json(policy.to_json()) == policy  # any registered policy, by its name
+    True
+    >>> POLICIES["nope"]
+    Traceback (most recent call last):
+    ...
+    corelens.errors.OptionError: unknown policy 'nope'; known: adaptive-hybrid, hybrid, knockout, mean, sap, uniform, zero
 """
 
 import importlib as _importlib
