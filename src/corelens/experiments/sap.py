@@ -2,18 +2,9 @@
 
 Per sample: the unmodified model's greedy answer (the evaluation harness), its key-region ratio at the
 answer position (Σ_Ω A / Σ_V A, per layer and head from a RAM probe, averaged) against the area prior
-|Ω| / |V|, and one greedy answer per (prior, layer set) with `SapHook` active. Priors, each a distribution
-over the prompt's visual tokens V (in position order):
-
-- `vis_attn`: the vision encoder's last-block self-attention, averaged over its queries (per attention
-  chunk: image, frame group or window) and heads, pooled over each 2 x 2 merge group (Qwen2.5-VL's window
-  order undone);
-- `complexity`: per visual-token cell of the processed (resized) image, grey-level mean |horizontal
-  difference| + mean |vertical difference| + variance, min-max normalised to [0, 1], then softmax(x / T);
-- `noise`: a Dirichlet(1, ..., 1) draw (seeded per sample);
-- `key`: softmax(x / T) of each cell's IoU x with the target boxes (max over targets; video: over the
-  group's frames);
-- `own` (control): the row's own visual distribution (a no-op under the mass convention).
+|Ω| / |V|, and one greedy answer per (prior, layer set) with `SapHook` active. The priors (`vis_attn`,
+`complexity`, `noise`, `key` and the `own` control) are the registered classes of
+`corelens.policies.sap_priors`, whose docstring defines each.
 
 The temperature T (`prior_temperature`, default 1) sets the strength of `key` and `complexity`: their inputs
 lie in [0, 1], so at T = 1 the largest and smallest weights differ by at most e and the prior is close to
