@@ -22,14 +22,17 @@ in the current row lies in that percentile band of the layer (the authors' perce
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook
 from corelens.attention.probes import row_scores
+from corelens.attention.prompt_context import AttentionContext, needs
 from corelens.choices import CONVENTIONS
 from corelens.errors import CorelensError, OptionError
 
@@ -144,21 +147,29 @@ def rebuild_rows(
     return torch.softmax(new_scores, dim=-1)
 
 
-@dataclass
+PriorSource = Callable[[AttentionContext], Any]  # the prompt's context -> a prior over its visual tokens
+
+
+@dataclass(eq=False)  # compared and hashed by identity: it keys its prompts' priors
 class SapHook(AttentionHook):
     """Replaces the visual attention of the current query rows by a prior, in the heads of `heads`.
 
-    `visual`: absolute positions of the visual tokens V; `prior`: a distribution over V in that order (None:
-    the row's own); `prompt_len`: the prompt length (the current rows are prompt_len − 1 and later ones).
-    Activate it on the layers of the set with `activate`. `record=True` keeps (layer, before, after, heads).
+    The visual positions V and the prompt length (the current rows are prompt_len − 1 and later ones) are read
+    from the call's context (`AttentionCall.context`), so one hook serves every prompt. `prior`: None (the
+    row's own distribution), a distribution over V in position order, or a function of the context that
+    returns one (None allowed), called once per prompt (`AttentionContext.derived`). Activate it on the
+    layers of the set with `activate`. `record=True` keeps (layer, before, after, heads).
+
+    Deprecated (kept for one release): `SapHook(visual, prior, prompt_len)` with the positions given to the
+    constructor; they then override the context's.
     """
 
     kind: ClassVar[str] = "pattern"  # it rewrites the chosen heads' attention rows
     name: ClassVar[str] = "SAP"
 
-    visual: torch.Tensor
-    prior: torch.Tensor | None
-    prompt_len: int
+    visual: torch.Tensor | None = None  # deprecated: the context's visual positions
+    prior: torch.Tensor | PriorSource | None = None
+    prompt_len: int | None = None  # deprecated: the context's prompt length
     heads: SapHeads = field(default_factory=SapHeads)
     convention: str = "mass"
     record: bool = False
@@ -167,29 +178,67 @@ class SapHook(AttentionHook):
     def __post_init__(self) -> None:
         if self.convention not in CONVENTIONS:
             raise OptionError(f"unknown SAP convention {self.convention!r}; expected one of {CONVENTIONS}")
-        self.visual = torch.as_tensor(self.visual, dtype=torch.long)
-        if self.prior is not None:
-            self.prior = torch.as_tensor(self.prior, dtype=torch.float32)
-            if self.prior.shape != self.visual.shape:
-                raise OptionError(
-                    f"prior has {self.prior.numel()} values for {self.visual.numel()} visual tokens"
-                )
+        if (self.visual is None) != (self.prompt_len is None):
+            raise OptionError(
+                "SapHook: give both visual and prompt_len (deprecated), or neither (the context's)"
+            )
+        if self.visual is not None:
+            warnings.warn(
+                "SapHook(visual, prior, prompt_len) is deprecated and will be removed in the next release: the "
+                "hook reads the positions from the call's context (apply `corelens.policies.SharedPrior`, or "
+                "activate it inside `attention_context(AttentionContext.of(prepared))`)",
+                DeprecationWarning,
+                2,
+            )
+            self.visual = torch.as_tensor(self.visual, dtype=torch.long)
+        if self.prior is not None and not callable(self.prior):
+            self.prior = self._checked(self.prior, self.visual)
 
-    def current_rows(self, call: AttentionCall) -> torch.Tensor:
+    @staticmethod
+    def _checked(prior: Any, visual: torch.Tensor | None) -> torch.Tensor:
+        """Return `prior` as float32, checked against the visual tokens it weighs (when known)."""
+        prior = torch.as_tensor(np.asarray(prior, dtype=np.float32) if not torch.is_tensor(prior) else prior)
+        prior = prior.to(torch.float32)
+        if visual is not None and prior.shape != visual.shape:
+            raise OptionError(f"prior has {prior.numel()} values for {visual.numel()} visual tokens")
+        return prior
+
+    def prompt(self, call_context: AttentionContext | None) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+        """Return (visual positions, prompt length, prior) of the prompt the call belongs to."""
+        if self.visual is not None:  # the deprecated constructor positions
+            return self.visual, self.prompt_len, self.prior
+        context = needs(call_context, self.name)
+        return context.visual, context.prompt_len, self.prior_for(context)
+
+    def prior_for(self, context: AttentionContext) -> torch.Tensor | None:
+        """Return the prior over the context's visual tokens (a function of the context: once per prompt)."""
+        if not callable(self.prior):
+            return None if self.prior is None else self._checked(self.prior, context.visual)
+
+        def make() -> torch.Tensor | None:
+            values = self.prior(context)
+            return None if values is None else self._checked(values, context.visual)
+
+        return context.derived(self, make)
+
+    def current_rows(self, call: AttentionCall, prompt_len: int | None = None) -> torch.Tensor:
         """Return the absolute query positions this call holds at or after the last prompt position."""
-        first = max(call.q_offset, self.prompt_len - 1)
+        if prompt_len is None:
+            prompt_len = self.prompt(call.context)[1]
+        first = max(call.q_offset, prompt_len - 1)
         return torch.arange(first, call.q_offset + call.query.shape[2], device=call.query.device)
 
     def post(self, call: AttentionCall, output: torch.Tensor) -> torch.Tensor:
         """Overwrite the chosen heads' outputs at the current rows with the prior-weighted values."""
-        rows = self.current_rows(call)
+        visual, prompt_len, prior = self.prompt(call.context)
+        rows = self.current_rows(call, prompt_len)
         if not len(rows):
             return output
         if call.query.shape[0] != 1:
             raise ValueError("SAP applies to one sample at a time (batch size 1)")
-        visual = self.visual.to(call.key.device)
+        visual = visual.to(call.key.device)
         scores = row_scores(call, rows)
-        new = rebuild_rows(scores, visual, self.prior, self.convention)
+        new = rebuild_rows(scores, visual, prior, self.convention)
         before_mass = torch.softmax(scores, dim=-1)[..., visual].sum(-1)  # (b, heads, rows)
         b, heads, n_rows, kv_len = new.shape
         kv_heads = call.value.shape[1]

@@ -9,7 +9,7 @@ call inside the block (in this thread); outside any block `call.context` is None
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cached_property
@@ -53,6 +53,7 @@ class AttentionContext:
         self.layout = layout
         self.prepared = prepared  # the whole prepared prompt and its sample, for what a policy derives from
         self.sample = sample  # them once per prompt (a SAP prior); None when not given
+        self._derived: dict[Any, Any] = {}
 
     @classmethod
     def of(cls, prepared: Any, omega: Any = None, sample: Any = None) -> AttentionContext:
@@ -76,6 +77,16 @@ class AttentionContext:
                 "(`policy.applied(m, prepared, sample=sample)`) or give the context `omega=`"
             )
         return _positions(self._omega() if callable(self._omega) else self._omega)
+
+    def derived(self, key: Any, make: Callable[[], Any]) -> Any:
+        """Return `make()` for this prompt, computed on the first call for `key` and kept with the context.
+
+        What a hook derives from the prompt (a SAP prior) is thus computed once per prompt, however many
+        layers and decoding steps read it, and one hook serves every prompt.
+        """
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
 
     @staticmethod
     def _mask(positions: torch.Tensor, length: int, batch: int, device: torch.device) -> torch.Tensor:

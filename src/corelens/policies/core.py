@@ -10,6 +10,8 @@ the one greedy answer under a policy that the commands, the integrations and the
 
 from __future__ import annotations
 
+import abc
+import inspect
 import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -44,6 +46,12 @@ class PolicyInterface(Registry):
 
     @classmethod
     def _add(cls, name: str, impl: type[Policy]) -> type[Policy]:
+        if inspect.isabstract(impl):
+            # An abstract class cannot be built by `from_dict`: say so at registration, not at first use.
+            missing = ", ".join(sorted(impl.__abstractmethods__))
+            raise OptionError(
+                f"{cls.kind} {name!r} ({impl.__name__}) is abstract: it does not define {missing}"
+            )
         existing = cls._global_mapping.get(name)
         if existing is not None and (existing.__module__, existing.__qualname__) != (
             impl.__module__,
@@ -100,14 +108,17 @@ class Applied:
 
 
 @dataclass(frozen=True)
-class Policy:
-    """Base class: a registered, frozen, JSON-ready description of an intervention (module docstring)."""
+class Policy(abc.ABC):
+    """Base class: a registered, frozen, JSON-ready description of an intervention (module docstring).
+
+    Abstract: a policy defines `hooks`; an intermediate base (`HeadsPolicy`, `SessionPolicy`) stays abstract.
+    """
 
     name: ClassVar[str] = ""
 
+    @abc.abstractmethod
     def hooks(self, model: Any, context: AttentionContext | None) -> list[AttentionHook]:
         """Return the attention hooks that apply the policy to `model` (each on its `layers`)."""
-        raise NotImplementedError
 
     def generate_kwargs(self, applied: Applied) -> dict:
         """Return extra `generate` arguments while applied (e.g. a cache)."""

@@ -7,6 +7,7 @@ prefill kernels ran.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,9 +21,9 @@ from corelens.policies.core import Applied, Policy, register
 class SessionPolicy(Policy):
     """A policy whose one hook belongs to a `Hybrid` session: cache per `generate`, closed on leaving."""
 
+    @abc.abstractmethod
     def session(self, model: Any) -> Hybrid:
         """Return a new session of this policy on `model`."""
-        raise NotImplementedError
 
     def hooks(self, model, context) -> list:
         """Return the session's hook (on every layer)."""

@@ -16,6 +16,7 @@ A new prior is a `Prior` subclass with a `name` and `values(...)`, registered wi
 
 from __future__ import annotations
 
+import abc
 import weakref
 import zlib
 from dataclasses import dataclass
@@ -236,16 +237,16 @@ def prior_vis_attn(m: Loaded, prepared: Prepared) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Prior:
+class Prior(abc.ABC):
     """A distribution over the visual tokens of one prompt; `values` returns it (None: the row's own)."""
 
     name: ClassVar[str] = ""
 
+    @abc.abstractmethod
     def values(
         self, m: Loaded, sample: Sample, prepared: Prepared, seed: int, temperature: float
     ) -> np.ndarray | None:
         """Return the prior over `prepared.layout.visual` (in that order)."""
-        raise NotImplementedError
 
 
 class PriorInterface(PolicyInterface):

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from corelens.attention.priors import CONVENTIONS, SapHook, parse_heads, parse_layers
-from corelens.attention.prompt_context import needs
-from corelens.errors import OptionError
+from corelens.errors import CorelensError, OptionError
 from corelens.policies.core import Policy, register
 from corelens.policies.sap_priors import PRIOR_CLASSES, build_prior
 
@@ -35,17 +33,24 @@ class SharedPrior(Policy):
             raise OptionError(f"unknown SAP convention {self.convention!r}; expected one of {CONVENTIONS}")
 
     def hooks(self, model, context) -> list[SapHook]:
-        """Return the SAP hook on the layer set, with the prior of the context's prompt."""
-        context = needs(context, "SAP")
-        values = build_prior(
-            model, context.sample, context.prepared, self.prior, seed=self.seed, temperature=self.temperature
-        )
+        """Return the SAP hook on the layer set; it reads each prompt's positions and prior from its context.
+
+        Given a context, its prior is computed now, so a prior that cannot be built fails on applying.
+        """
+
+        def prior_of(ctx) -> np.ndarray | None:
+            if ctx.prepared is None:
+                raise CorelensError(
+                    "SAP needs the prepared prompt: apply it with `policy.applied(m, prepared)`"
+                )
+            return build_prior(
+                model, ctx.sample, ctx.prepared, self.prior, seed=self.seed, temperature=self.temperature
+            )
+
         hook = SapHook(
-            context.visual,
-            None if values is None else torch.from_numpy(np.asarray(values, dtype=np.float32)),
-            context.prompt_len,
-            heads=parse_heads(self.heads, model.num_heads),
-            convention=self.convention,
+            prior=prior_of, heads=parse_heads(self.heads, model.num_heads), convention=self.convention
         )
         hook.layers = parse_layers(self.layers, model.num_layers)
+        if context is not None:
+            hook.prior_for(context)
         return [hook]
