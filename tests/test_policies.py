@@ -118,3 +118,29 @@ def test_deprecated_names_warn_and_still_work(setup):
         got = cl.answer(m, p, None, max_new_tokens=2)
     assert got == cl.answer(m, p, AdaptiveHybrid(0.25, tuple(CORE), 4, 8), max_new_tokens=2)
     assert h.stats["signal"] > 0
+
+
+def test_policy_and_prior_bases_are_abstract():
+    """`Policy`, its intermediates (`HeadsPolicy`, `SessionPolicy`) and `Prior` cannot be built; a registered
+    class must define what they leave open, or registering it is refused."""
+    from dataclasses import dataclass
+
+    from corelens.policies import HeadsPolicy, PolicyInterface, Prior
+    from corelens.policies.hybrid_attention import SessionPolicy
+
+    for base, missing in (
+        (Policy, "hooks"),
+        (HeadsPolicy, "hooks"),
+        (SessionPolicy, "session"),
+        (Prior, "values"),
+    ):
+        with pytest.raises(TypeError, match=missing):
+            base()
+
+    @dataclass(frozen=True)
+    class Unfinished(HeadsPolicy):
+        name = "unfinished"
+
+    with pytest.raises(cl.OptionError, match="'unfinished' .* is abstract: it does not define hooks"):
+        PolicyInterface.register(Unfinished)
+    assert "unfinished" not in cl.POLICIES

@@ -157,6 +157,45 @@ def _one_image(tmp_path, pixels, targets=()):
     return sample, Layout((Segment("image", 0, 3, h // 2, w // 2, (w, h)),), seq_len=3 + h * w // 4 + 2)
 
 
+def test_one_hook_reads_each_prompts_positions_and_prior_from_the_context(tiny_dir, data):
+    """A SAP hook holds no prompt: built once, it serves two prompts with their own visual positions and
+    priors (read from `call.context`), each prior computed once per prompt, and gives what the deprecated
+    constructor positions gave."""
+    from corelens.attention.prompt_context import attention_context
+    from corelens.policies import SharedPrior, context_of
+
+    m = corelens.load(tiny_dir("qwen2_vl"))
+    samples = [_sample(data["image"], 0), _sample(data["video"], 0)]
+    prompts = [prepare(m, s) for s in samples]
+    assert len(prompts[0].layout.visual) != len(prompts[1].layout.visual)  # two different V
+    calls = []
+
+    def prior_of(ctx):
+        calls.append(ctx.sample.id)
+        return build_prior(m, ctx.sample, ctx.prepared, "noise")
+
+    hook = SapHook(prior=prior_of)  # no tensors: one hook for every prompt
+    with torch.no_grad(), activate(m.layer_modules(), hook):
+        got = []
+        for s, p in zip(samples, prompts):
+            with attention_context(context_of(p, s)):
+                got.append(m.model(**p.inputs, use_cache=False).logits)
+    assert calls == [s.id for s in samples]  # once per prompt, not once per layer
+    for s, p, logits in zip(samples, prompts, got):
+        prior = torch.from_numpy(build_prior(m, s, p, "noise").astype(np.float32))
+        with pytest.warns(DeprecationWarning, match="SapHook"):
+            old = SapHook(torch.from_numpy(p.layout.visual), prior, p.prompt_len)
+        with torch.no_grad(), activate(m.layer_modules(), old):
+            want = m.model(**p.inputs, use_cache=False).logits
+        assert torch.equal(logits, want)
+        policy = SharedPrior("noise", "all")
+        with torch.no_grad(), policy.applied(m, p, sample=s):
+            assert torch.equal(m.model(**p.inputs, use_cache=False).logits, want)
+    with pytest.raises(CorelensError, match="SAP needs the prompt's positions"):
+        with torch.no_grad(), activate(m.layer_modules(), SapHook()):
+            m.model(**prompts[0].inputs, use_cache=False)  # no context, no positions
+
+
 def test_key_prior_is_a_tempered_softmax_of_iou():
     from corelens.data.sample import Sample, Target
     from corelens.experiments.sap import prior_key
