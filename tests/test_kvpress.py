@@ -32,7 +32,8 @@ def setup(tmp_path_factory):
     path = build_tiny_checkpoint("qwen2_5_vl", root / "model", words=WORDS, layers=3, heads=4, kv_heads=2)
     m = corelens.load(path, device="cpu")
     samples, _ = read_samples(generate("image", root / "data", 1, seed=2))
-    inputs = prepare(m, samples[0]).inputs
+    prepared = prepare(m, samples[0])
+    inputs = prepared.inputs
     # Ranked so the top 2 heads are L0H1 (KV head 0) and L2H3 (KV head 1).
     order = [(0, 1), (2, 3)] + [
         (lyr, hd) for lyr in range(3) for hd in range(4) if (lyr, hd) not in ((0, 1), (2, 3))
@@ -40,7 +41,7 @@ def setup(tmp_path_factory):
     table = pd.DataFrame([{"layer": lyr, "head": hd, "rank": i + 1} for i, (lyr, hd) in enumerate(order)])
     hs = HeadSet(model_info(m.model.config, m.source), table, keep=2)
     hs.save(root / "headset")
-    return {"m": m, "inputs": inputs, "headset": hs, "folder": root / "headset"}
+    return {"m": m, "inputs": inputs, "headset": hs, "folder": root / "headset", "prepared": prepared}
 
 
 def _generate(m, inputs, press=None, new=6):
@@ -134,3 +135,46 @@ def test_any_registered_policy_is_a_press(setup, tmp_path):
         assert torch.equal(logits(press), want)
     with pytest.raises(CorelensError, match="unknown policy"):
         PolicyPress("erase")
+
+
+def test_a_policy_the_press_never_names_is_a_press(setup, monkeypatch):
+    """Policies `PolicyPress` has no line for: `uniform`, `knockout` (which reads the prompt's positions) and
+    one registered in this test, each by name and fields and as JSON, equal to applying the policy."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from corelens.integrations.kvpress import PolicyPress
+    from corelens.policies import HeadsPolicy, Policy, PolicyInterface, UniformHeads, register
+    from corelens.policies.zero import ZeroHook
+
+    monkeypatch.setattr(PolicyInterface, "_global_mapping", dict(PolicyInterface._global_mapping))
+
+    @register
+    @dataclass(frozen=True)
+    class Silence(HeadsPolicy):  # a toy: zero ablation under a name no integration knows
+        name: ClassVar[str] = "silence-test"
+
+        def hooks(self, model, context):
+            return [ZeroHook(self.by_layer(model))]
+
+    m, inputs = setup["m"], setup["inputs"]
+    p = setup["prepared"]
+    heads = [[0, 1], [1, 2], [2, 3]]
+
+    def logits(applied):
+        with torch.no_grad(), applied:
+            return m.model(**p.inputs).logits
+
+    with torch.no_grad():
+        plain = m.model(**p.inputs).logits
+    for name, fields in (("uniform", {}), ("knockout", {"keys": "visual"}), ("silence-test", {})):
+        policy = Policy.from_dict({"name": name, "heads": heads, **fields})
+        want = logits(policy.applied(m, p))
+        assert not torch.equal(want, plain), name  # the policy changes the output
+        for press in (
+            PolicyPress(name, heads=heads, prepared=p, **fields),
+            PolicyPress(policy.to_json(), prepared=p),
+        ):
+            assert press.policy == policy
+            assert torch.equal(logits(press(m.model)), want), name
+    assert isinstance(PolicyPress("uniform", heads=heads).policy, UniformHeads)

@@ -286,3 +286,42 @@ def test_task_yaml_keeps_a_path_with_spaces_and_hash(setup):
                                                                  "organism_image.json")  # fmt: skip
     assert " #" in config["dataset_kwargs"]["data_files"]["test"]
     assert config["doc_to_text"]({"question": "q?"}) == "q?"
+
+
+def test_a_policy_the_integration_never_names_answers_from_its_json(tmp_path, monkeypatch):
+    """`policy=FILE.json` takes any registered policy by its name: `uniform`, `knockout` with Omega (read from
+    the sample's targets) and one registered in this test answer as `corelens.answer` under that policy."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from corelens.integrations.lmms_eval.policy import from_args
+    from corelens.models.prepare import prepare
+    from corelens.policies import HeadsPolicy, Policy, PolicyInterface, register
+    from corelens.policies.zero import ZeroHook
+
+    monkeypatch.setattr(PolicyInterface, "_global_mapping", dict(PolicyInterface._global_mapping))
+
+    @register
+    @dataclass(frozen=True)
+    class Silence(HeadsPolicy):  # a toy: zero ablation under a name no integration knows
+        name: ClassVar[str] = "silence-test"
+
+        def hooks(self, model, context):
+            return [ZeroHook(self.by_layer(model))]
+
+    m = corelens.load(organism_path(), device="cpu")
+    sample = read_samples(generate("image", tmp_path / "data", 1, seed=1))[0][0]
+    p = prepare(m, sample)
+    plain = corelens.answer(m, p, None, max_new_tokens=2)
+    core = [[0, 5], [0, 6], [0, 7]]  # the organism's top heads: zeroing or knocking them out changes answers
+    changed = 0
+    for data in ({"name": "uniform"}, {"name": "knockout", "keys": "omega"}, {"name": "silence-test"}):
+        policy = Policy.from_dict({**data, "heads": core})
+        path = tmp_path / f"{policy.name}.json"
+        path.write_text(policy.to_json())
+        chosen = from_args(m, {"policy": str(path)})
+        assert chosen.policy == policy
+        got = chosen.answer(m, sample, 2)
+        assert got == corelens.answer(m, p, policy, sample=sample, max_new_tokens=2), policy.name
+        changed += got != plain
+    assert changed >= 2  # the policies act, so the equalities above can fail
