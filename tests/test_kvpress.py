@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar  # at module level: dataclasses read `ClassVar` from the test's module
+
 import pytest
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -141,7 +143,6 @@ def test_a_policy_the_press_never_names_is_a_press(setup, monkeypatch):
     """Policies `PolicyPress` has no line for: `uniform`, `knockout` (which reads the prompt's positions) and
     one registered in this test, each by name and fields and as JSON, equal to applying the policy."""
     from dataclasses import dataclass
-    from typing import ClassVar
 
     from corelens.integrations.kvpress import PolicyPress
     from corelens.policies import HeadsPolicy, Policy, PolicyInterface, UniformHeads, register
@@ -157,8 +158,7 @@ def test_a_policy_the_press_never_names_is_a_press(setup, monkeypatch):
         def hooks(self, model, context):
             return [ZeroHook(self.by_layer(model))]
 
-    m, inputs = setup["m"], setup["inputs"]
-    p = setup["prepared"]
+    m, p = setup["m"], setup["prepared"]
     heads = [[0, 1], [1, 2], [2, 3]]
 
     def logits(applied):

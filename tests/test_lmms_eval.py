@@ -14,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+from typing import ClassVar  # at module level: dataclasses read `ClassVar` from the test's module
 
 import pandas as pd
 import pytest
@@ -292,7 +293,6 @@ def test_a_policy_the_integration_never_names_answers_from_its_json(tmp_path, mo
     """`policy=FILE.json` takes any registered policy by its name: `uniform`, `knockout` with Omega (read from
     the sample's targets) and one registered in this test answer as `corelens.answer` under that policy."""
     from dataclasses import dataclass
-    from typing import ClassVar
 
     from corelens.integrations.lmms_eval.policy import from_args
     from corelens.models.prepare import prepare

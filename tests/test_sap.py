@@ -191,9 +191,9 @@ def test_one_hook_reads_each_prompts_positions_and_prior_from_the_context(tiny_d
         policy = SharedPrior("noise", "all")
         with torch.no_grad(), policy.applied(m, p, sample=s):
             assert torch.equal(m.model(**p.inputs, use_cache=False).logits, want)
-    with pytest.raises(CorelensError, match="SAP needs the prompt's positions"):
-        with torch.no_grad(), activate(m.layer_modules(), SapHook()):
-            m.model(**prompts[0].inputs, use_cache=False)  # no context, no positions
+    no_context = pytest.raises(CorelensError, match="SAP needs the prompt's positions")
+    with no_context, torch.no_grad(), activate(m.layer_modules(), SapHook()):
+        m.model(**prompts[0].inputs, use_cache=False)  # no context, no positions
 
 
 def test_key_prior_is_a_tempered_softmax_of_iou():

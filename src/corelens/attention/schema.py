@@ -2,7 +2,7 @@
 
 `validate(Model, data, where)` checks a JSON document against a model and turns the first violation into one
 line naming the file and the field (`policy.json: field 'full[2][0]': Input should be ...`). The JSON Schemas
-published in docs/schemas/ are generated from these models (`python -m corelens.heads.schema docs/schemas`).
+published in docs/schemas/ are generated from these models (`python -m corelens.policies.json_schema docs/schemas`).
 
 Examples:
     >>> validate(AblationFile, {"heads": [[0, 1]], "op": "zero"}, "p.json").op

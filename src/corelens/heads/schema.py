@@ -5,21 +5,17 @@ a field of the wrong type or a bad value is one line naming the file and the fie
 indices are published as integers >= 0 and checked against the model's shape by `check_table` (which names the
 entry, e.g. `heads[3]: head 9 is outside 0..7`); the model's layers and heads as positive integers.
 
-The schemas in docs/schemas/ are generated from these models and the policy models of
-`corelens.attention.schema`; tests/test_schemas.py checks that the committed files equal the generated ones.
-Regenerate them with `python -m corelens.heads.schema docs/schemas`.
+The schemas in docs/schemas/ are generated from this model, the registered policies and the policy files of
+`corelens.attention.schema` (`corelens.policies.json_schema`); tests/test_schemas.py checks that the committed
+files equal the generated ones. Regenerate them with `python -m corelens.policies.json_schema docs/schemas`.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from corelens.attention.schema import POLICY_FILES
 from corelens.errors import CorelensError
 from corelens.heads.spec import FORMAT, count
 
@@ -97,26 +93,3 @@ class HeadSetFile(BaseModel):
     keep: Annotated[int, Field(strict=True, ge=0)] | None = Field(None, description="the published top-k")
     heads: list[HeadRow]
     provenance: dict[str, Any] | None = None
-
-
-def schemas() -> dict[str, dict]:
-    """Return {file name: JSON Schema} of the artifacts: headset.json and a policy file."""
-    policy = TypeAdapter(Union[POLICY_FILES]).json_schema()  # noqa: UP007 - a tuple of models
-    policy["title"] = "corelens policy (hybrid, ablation or SAP prior)"
-    return {"headset.schema.json": HeadSetFile.model_json_schema(), "policy.schema.json": policy}
-
-
-def write(folder: str | Path) -> list[Path]:
-    """Write the schemas into `folder`; return their paths."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for name, schema in schemas().items():
-        (folder / name).write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
-        out.append(folder / name)
-    return out
-
-
-if __name__ == "__main__":  # python -m corelens.heads.schema docs/schemas
-    for path in write(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas"):
-        print(path)
