@@ -291,10 +291,11 @@ def test_task_yaml_keeps_a_path_with_spaces_and_hash(setup):
 
 def test_a_policy_the_integration_never_names_answers_from_its_json(tmp_path, monkeypatch):
     """`policy=FILE.json` takes any registered policy by its name: `uniform`, `knockout` with Omega (read from
-    the sample's targets) and one registered in this test answer as `corelens.answer` under that policy."""
+    the sample's targets) and one registered in this test answer as `corelens.answer` under that policy; the
+    deprecated wrapper (`from_args`, `read_policy`, `Policy`) warns and still answers the same."""
     from dataclasses import dataclass
 
-    from corelens.integrations.lmms_eval.policy import from_args
+    from corelens.integrations.lmms_eval import policy as lmms_policy
     from corelens.models.prepare import prepare
     from corelens.policies import HeadsPolicy, Policy, PolicyInterface, register
     from corelens.policies.zero import ZeroHook
@@ -319,9 +320,19 @@ def test_a_policy_the_integration_never_names_answers_from_its_json(tmp_path, mo
         policy = Policy.from_dict({**data, "heads": core})
         path = tmp_path / f"{policy.name}.json"
         path.write_text(policy.to_json())
-        chosen = from_args(m, {"policy": str(path)})
-        assert chosen.policy == policy
-        got = chosen.answer(m, sample, 2)
+        chosen = lmms_policy.policy_of(m, {"policy": str(path)})
+        assert chosen == policy
+        got = lmms_policy.answer_sample(m, sample, chosen, 2)
         assert got == corelens.answer(m, p, policy, sample=sample, max_new_tokens=2), policy.name
         changed += got != plain
     assert changed >= 2  # the policies act, so the equalities above can fail
+    assert lmms_policy.policy_of(m, {}) is None  # no policy: the model as it is
+
+    # The wrapper type these replace, and the functions returning it, warn and still work for one release.
+    with pytest.warns(DeprecationWarning, match="lmms_eval.policy.from_args"):
+        wrapped = lmms_policy.from_args(m, {"policy": str(path)})
+    assert wrapped.policy == policy and wrapped.answer(m, sample, 2) == got
+    with pytest.warns(DeprecationWarning, match="lmms_eval.policy.read_policy"):
+        assert lmms_policy.read_policy(path).policy == policy
+    with pytest.warns(DeprecationWarning, match="lmms_eval.policy.Policy"):
+        assert lmms_policy.Policy().answer(m, sample, 2) == plain

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from corelens.data.paths import inside, safe_name
 from corelens.data.sample import Sample, Video
 from corelens.errors import CorelensError, OptionError
-from corelens.integrations.lmms_eval.policy import from_args
+from corelens.integrations.lmms_eval.policy import answer_sample, policy_of
 from corelens.models.loaded import load, no_checkpoint_code
 
 _POLICY_ARGS = ("policy", "heads", "k", "op", "keys", "means", "full", "keep", "sink", "window", "prior",
@@ -148,7 +148,7 @@ class Corelens(lmms):
             raise OptionError(f"visual_prep={visual_prep}: expected one of {', '.join(VISUAL_PREP)}")
         # qwen2_5_vl's own preparation of PIL images applies to the Qwen-VL families only.
         self.visual_prep = visual_prep if self.m.model_type in PIXEL_FAMILIES else "corelens"
-        self.policy = from_args(self.m, policy)
+        self.policy = policy_of(self.m, policy)  # a registered policy, or None: the model as it is
         self.max_new_tokens = int(max_new_tokens)
         self.max_num_frames = int(max_num_frames)
         self.fps = float(fps) if fps else None
@@ -211,7 +211,7 @@ class Corelens(lmms):
             name = str(doc["id"]) if isinstance(doc, dict) and doc.get("id") else f"{task}/{split}/{doc_id}"
             new, stops = greedy_tokens(dict(gen_kwargs or {}), self.max_new_tokens, f"task {task}")
             sample = self._sample(name, task, context, doc_to_visual(doc) or [])
-            text = self.policy.answer(self.m, sample, new)
+            text = answer_sample(self.m, sample, self.policy, new)
             for stop in stops:
                 text = text.split(stop)[0]
             out.append(text)

@@ -6,6 +6,10 @@ hybrid` (the hybrid kernels with the trimmed cache) and `corelens sap` (the prio
 heads). Model arguments name the policy as before (`heads=`, `full=`, `prior=`), or `policy=FILE.json` holds
 any registered policy's JSON (`Policy.to_json`, with its `name`) or one of the older files (a hybrid policy, an
 ablation, a SAP condition).
+
+`policy_of(m, args)` / `load_policy(path)` return the registered policy itself (None: the model as it is) and
+`answer_sample` answers under it. The wrapper type `Policy` and `from_args` / `read_policy`, which return
+it, are deprecated (they warn and still work for one release).
 """
 
 from __future__ import annotations
@@ -28,18 +32,51 @@ from corelens.models.loaded import Loaded
 from corelens.models.prepare import prepare
 from corelens.policies import POLICIES, HybridAttention, MeanHeads, SharedPrior, answer
 from corelens.policies import Policy as CorePolicy
-from corelens.policies.legacy import ablation_policy
+from corelens.policies.legacy import ablation_policy, deprecated
+
+
+def answer_sample(m: Loaded, sample: Sample, policy: CorePolicy | None, max_new_tokens: int) -> str:
+    """Return the greedy answer to `sample` under `policy` (None: the model as it is)."""
+    return answer(m, prepare(m, sample), policy, sample=sample, max_new_tokens=max_new_tokens)
 
 
 @dataclass
 class Policy:
-    """What to apply while answering: a registered policy, or None for the unmodified model."""
+    """Deprecated: a registered policy (`policy`, None for the unmodified model) with `answer`; use the
+    registered policy itself (`policy_of`, `load_policy`) and `answer_sample`."""
 
     policy: CorePolicy | None = None
 
+    def __post_init__(self) -> None:
+        deprecated(
+            "corelens.integrations.lmms_eval.policy.Policy",
+            "the registered policy itself (corelens.policies.Policy) and answer_sample",
+        )
+
     def answer(self, m: Loaded, sample: Sample, max_new_tokens: int) -> str:
         """Return the greedy answer to `sample` under the policy."""
-        return answer(m, prepare(m, sample), self.policy, sample=sample, max_new_tokens=max_new_tokens)
+        return answer_sample(m, sample, self.policy, max_new_tokens)
+
+
+def _wrapped(policy: CorePolicy | None) -> Policy:
+    """Return the deprecated wrapper of `policy` without its warning (its caller has warned already)."""
+    wrapper = Policy.__new__(Policy)
+    wrapper.policy = policy
+    return wrapper
+
+
+def from_args(m: Loaded, args: dict[str, Any]) -> Policy:
+    """Deprecated: `Policy(policy_of(m, args))`."""
+    deprecated("corelens.integrations.lmms_eval.policy.from_args", "policy_of (the registered policy itself)")
+    return _wrapped(policy_of(m, args))
+
+
+def read_policy(path: str | Path, means: str | None = None) -> Policy:
+    """Deprecated: `Policy(load_policy(path, means))`."""
+    deprecated(
+        "corelens.integrations.lmms_eval.policy.read_policy", "load_policy (the registered policy itself)"
+    )
+    return _wrapped(load_policy(path, means))
 
 
 def _table(spec: str, m: Loaded):
@@ -51,7 +88,7 @@ def _with_means(policy: CorePolicy, means: str | None) -> CorePolicy:
     return replace(policy, means=means) if isinstance(policy, MeanHeads) and means is not None else policy
 
 
-def from_args(m: Loaded, args: dict[str, Any]) -> Policy:
+def policy_of(m: Loaded, args: dict[str, Any]) -> CorePolicy | None:
     """Return the policy of lmms-eval model arguments (see the package docstring); unknown keys are an error."""
     given = {k: v for k, v in args.items() if v is not None}
     kinds = [name for name, keys in (("policy", ("policy",)), ("ablate", ("heads",)), ("hybrid", ("full",)),
@@ -59,9 +96,9 @@ def from_args(m: Loaded, args: dict[str, Any]) -> Policy:
     if len(kinds) > 1:
         raise CorelensError(f"give one policy, not {' and '.join(kinds)}")
     if not kinds:
-        return Policy()
+        return None
     if kinds == ["policy"]:
-        return read_policy(given["policy"], means=given.get("means"))
+        return load_policy(given["policy"], means=given.get("means"))
     if kinds == ["ablate"]:
         op = str(given.get("op", "zero"))
         if op not in OPS:
@@ -71,19 +108,19 @@ def from_args(m: Loaded, args: dict[str, Any]) -> Policy:
         heads = full_heads(table, heads, m)  # a KV-head table: all query heads of each KV head
         keys = str(given.get("keys", "visual"))
         policy = operator_policy(op, keys, heads, label=f"top/{given.get('k', '5%')}")
-        return Policy(_with_means(policy, given.get("means")))
+        return _with_means(policy, given.get("means"))
     if kinds == ["hybrid"]:
         table = _table(given["full"], m)
         keep = str(given.get("keep", "10%"))
         sink, window = int(given.get("sink", 128)), int(given.get("window", 1024))
-        return Policy(HybridAttention.of(HybridPolicy.from_heads(table, keep, sink=sink, window=window)))
+        return HybridAttention.of(HybridPolicy.from_heads(table, keep, sink=sink, window=window))
     if "layers" not in given:
         raise CorelensError("prior=... needs layers=... (e.g. layers=1-3)")
-    return Policy(SharedPrior(str(given["prior"]), str(given["layers"]), str(given.get("sap_heads", "all")),
-                              str(given.get("convention", "mass"))))  # fmt: skip
+    return SharedPrior(str(given["prior"]), str(given["layers"]), str(given.get("sap_heads", "all")),
+                       str(given.get("convention", "mass")))  # fmt: skip
 
 
-def read_policy(path: str | Path, means: str | None = None) -> Policy:
+def load_policy(path: str | Path, means: str | None = None) -> CorePolicy:
     """Return the policy in a JSON file: any registered policy (`Policy.to_json`, with its `name`), a hybrid
     policy (policies.json of `corelens hybrid` holds these), an ablation (heads + op) or a SAP condition
     ({"prior": ..., "layers": ...})."""
@@ -97,14 +134,14 @@ def read_policy(path: str | Path, means: str | None = None) -> Policy:
     where = f"policy={path}"
     if data.get("format") == HYBRID_FORMAT:
         validate(HybridPolicyFile, data, where)
-        return Policy(HybridAttention.of(HybridPolicy.from_dict(data)))
+        return HybridAttention.of(HybridPolicy.from_dict(data))
     if "heads" in data and "op" in data:
-        return Policy(ablation_policy(validate(AblationFile, data, where).model_dump(), means))
+        return ablation_policy(validate(AblationFile, data, where).model_dump(), means)
     if "prior" in data and "layers" in data and "name" not in data:
-        return Policy(SharedPrior(**validate(SapFile, data, where).model_dump()))
+        return SharedPrior(**validate(SapFile, data, where).model_dump())
     if data.get("name") in POLICIES:
         try:
-            return Policy(_with_means(CorePolicy.from_dict(data), means))
+            return _with_means(CorePolicy.from_dict(data), means)
         except (TypeError, ValueError) as err:
             raise CorelensError(f"{where}: not a valid {data['name']!r} policy ({err})") from None
     raise CorelensError(
