@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from corelens.attention.hybrid import HybridPolicy
 from corelens.attention.schema import AblationFile, HybridPolicyFile, validate
+from corelens.attention.streaming import HybridPolicy
 from corelens.heads.schema import schemas
 from corelens.policies import KnockoutHeads
 from corelens.policies.legacy import ablation_policy

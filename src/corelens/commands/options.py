@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from corelens.commands import argtypes
-from corelens.commands.common import add_model_options, limits_of, load_options, main_process
+from corelens.commands.shared import add_model_options, limits_of, load_options, main_process
 from corelens.runs.fields import RunOptions, from_mapping, options
 
 
@@ -84,11 +85,19 @@ def _named(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def experiment_command(name: str, help: str, config: str, entry: str, show):
-    """Return (run, register) of experiment command `name`: the generic driver and parser specialised with
-    `functools.partial` to its config ("module:Class"), entry point ("module:function") and printer."""
+class Command(NamedTuple):
+    """A command kept in a module beside others (`COMMANDS`' `module:name`): what a command's own module has."""
+
+    run: Callable[[argparse.Namespace], None]  # the parser's `func`: runs the parsed command
+    register: Callable[[Any], None]  # register(subparsers) adds the command's parser
+
+
+def experiment_command(name: str, help: str, config: str, entry: str, show) -> Command:
+    """Return the `Command` (run, register) of experiment command `name`: the generic driver and parser
+    specialised with `functools.partial` to its config ("module:Class"), entry point ("module:function") and
+    printer."""
     run = partial(run_experiment, config=config, entry=entry, show=show)
-    return run, partial(register_experiment, name=name, help=help, config=config, run=run)
+    return Command(run, partial(register_experiment, name=name, help=help, config=config, run=run))
 
 
 def register_experiment(sub, *, name: str, help: str, config: str, run) -> argparse.ArgumentParser:
