@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 from corelens.commands import argtypes
 from corelens.commands.shared import add_model_options, limits_of, load_options, main_process
-from corelens.runs.fields import RunOptions, from_mapping, options
 
 
 def parser_type(spec: Any):
@@ -33,6 +32,10 @@ def parser_type(spec: Any):
 
 def add_config(parser: argparse.ArgumentParser, config: type, helps: dict[str, str] | None = None) -> None:
     """Add the options of `config`'s fields to `parser`, in field order (`helps`: help lines replaced)."""
+    # Imported here, when a command's parser is made: `corelens demo --help` (a command kept in one module
+    # with the experiment commands) does not pay for the config fields' modules.
+    from corelens.runs.fields import RunOptions, options
+
     for f, meta in options(config):
         if meta["group"] == "model":
             add_model_options(parser)
@@ -62,6 +65,8 @@ def add_config(parser: argparse.ArgumentParser, config: type, helps: dict[str, s
 
 def config_of(config: type, args: argparse.Namespace):
     """Return the `config` dataclass filled from parsed `args`."""
+    from corelens.runs.fields import from_mapping
+
     return from_mapping(config, vars(args))
 
 
