@@ -89,9 +89,9 @@ def run_demo(args: argparse.Namespace) -> None:
     print(
         "corelens demo: loading torch, transformers and the bundled model", flush=True
     )  # seconds of imports
-    from corelens.experiments.demo import run_demo
+    from corelens.experiments.demo import run_demo as demo_experiment
 
-    run_demo(args.out, model=args.model, n=args.n, eval_n=args.eval_n, load_options=load_options(args))
+    demo_experiment(args.out, model=args.model, n=args.n, eval_n=args.eval_n, load_options=load_options(args))
 
 
 def register_demo(sub) -> None:
