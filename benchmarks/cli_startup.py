@@ -13,4 +13,4 @@ sys.path.insert(
 from corelens.bench.cli_startup import main  # noqa: E402
 from corelens.commands import COMMANDS  # noqa: E402
 
-main(COMMANDS)
+main(tuple(COMMANDS))

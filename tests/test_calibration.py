@@ -26,7 +26,7 @@ from corelens.metrics.posterior import (
     posterior_means,
     shrunk_means,
 )
-from corelens.metrics.stability import spearman_interval, spearman_rows
+from corelens.metrics.rank_agreement import spearman_interval, spearman_rows
 from corelens.metrics.uncertainty import LEVEL, boot_counts, bootstrap_heads, rank_bounds, ranks_of
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate

@@ -497,7 +497,7 @@ def test_malformed_policy_is_one_line_naming_file_and_field(doc, field, tmp_path
     message = str(err.value)
     assert str(path) in message and field in message and "\n" not in message, message
     if doc.get("format", "").startswith("corelens.hybrid"):  # the Python API reads a policy file the same way
-        from corelens.attention.hybrid import HybridPolicy
+        from corelens.attention.streaming import HybridPolicy
 
         with pytest.raises(CorelensError, match="field|not a hybrid policy") as err:
             HybridPolicy.load(path)

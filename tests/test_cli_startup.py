@@ -46,3 +46,26 @@ def test_parsing_any_command_imports_neither_torch_nor_transformers():
         assert seen["heavy"] == [], case  # imported while parsing: move the import into the command's run
         # refused by argparse (exit 2: the flag, or a missing sub-command of bench / data / organism), or help
         assert seen["code"] == (2 if case.endswith("--bogus") else 0), (case, seen)
+
+
+def test_the_command_list_shows_the_help_each_command_registers():
+    """`corelens --help` reads each command's help from its module's source, unimported; several commands
+    share `commands/experiment_commands.py`, so each must find its own: the one its parser registers with."""
+    import argparse
+
+    from corelens.cli import _summary
+    from corelens.commands import load_command
+
+    class Recorder:  # what register(sub) receives: records the help, hands back a parser for the options
+        helps: dict[str, str | None] = {}
+
+        def add_parser(self, name: str, *, help: str | None = None, **kwargs) -> argparse.ArgumentParser:  # noqa: A002
+            self.helps[name] = help
+            return argparse.ArgumentParser(prog=name)
+
+    recorder = Recorder()
+    for name in COMMANDS:
+        load_command(name).register(recorder)
+    assert set(recorder.helps) == set(COMMANDS)  # each registers its own parser, under its own name
+    assert {name: _summary(name) for name in COMMANDS} == recorder.helps
+    assert None not in recorder.helps.values()

@@ -10,7 +10,7 @@ import torch
 from helpers import noise_image
 
 import corelens
-from corelens.attention.hybrid import HybridPolicy, as_policy
+from corelens.attention.streaming import HybridPolicy, as_policy
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError
 from corelens.models.prepare import prepare
@@ -178,8 +178,8 @@ _HOST_READS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__
 
 def test_a_trimmed_decoding_step_reads_nothing_back(tiny_dir, monkeypatch):
     # The cache's write and the trimmed kernel of a decoding step run with every tensor-to-host read raising.
-    from corelens.attention.hybrid import HybridHook
     from corelens.attention.kernels.cache import HybridCacheLayer
+    from corelens.attention.streaming import HybridHook
 
     armed = []
 
@@ -398,9 +398,9 @@ def test_trimmed_decoding_steps_keep_fixed_shapes_in_a_doubling_buffer(tiny_dir,
     """The full KV heads live in a preallocated buffer: consecutive decoding steps call the attention with
     tensors of the same shapes (the buffer written in place), until it doubles when full; no step reads a
     tensor back to the host; every step's logits equal the dense reference's."""
-    from corelens.attention import hybrid as hybrid_module
-    from corelens.attention.hybrid import HybridHook
+    from corelens.attention import streaming as hybrid_module
     from corelens.attention.kernels import cache as cache_module
+    from corelens.attention.streaming import HybridHook
 
     monkeypatch.setattr(cache_module, "HEADROOM", 3)  # prompt 61 -> room for 64 positions, then 128
     m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[2]))

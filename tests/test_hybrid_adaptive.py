@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import corelens as cl
-from corelens.attention.hybrid import HybridPolicy
+from corelens.attention.streaming import HybridPolicy
 from corelens.data.sample import read_samples
 from corelens.errors import CorelensError
 from corelens.models.prepare import prepare

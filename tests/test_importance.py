@@ -18,7 +18,7 @@ import corelens
 from corelens.attention.attribution import HeadGate
 from corelens.data.sample import load_images
 from corelens.experiments.importance import answer_logp, attribution, blocked_positions
-from corelens.metrics.importance import agreement, importance_table
+from corelens.metrics.causal_effects import agreement, importance_table
 from corelens.models.prepare import messages, prepare
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
@@ -262,7 +262,7 @@ def test_ram_vs_causal_labels_are_inside_the_image(monkeypatch):
     from test_report_figures import clipped, drawn_texts
 
     from corelens.report.figure import plt
-    from corelens.report.importance import ram_vs_causal
+    from corelens.report.ram_vs_causal import ram_vs_causal
 
     rng = np.random.default_rng(0)
     heads = pd.DataFrame({"layer": np.repeat(np.arange(4), 8), "head": np.tile(np.arange(8), 4),
@@ -275,7 +275,7 @@ def test_ram_vs_causal_labels_are_inside_the_image(monkeypatch):
     monkeypatch.setattr(
         plt, "subplots", lambda *a, _s=plt.subplots, **k: captured.setdefault("f", _s(*a, **k))
     )
-    monkeypatch.setattr("corelens.report.importance.save_figure", lambda fig, path: path)
+    monkeypatch.setattr("corelens.report.ram_vs_causal.save_figure", lambda fig, path: path)
     ram_vs_causal(table, "unused.png", info, title="image.jsonl")
     fig = captured["f"][0]
     texts, box = drawn_texts(fig, monkeypatch)

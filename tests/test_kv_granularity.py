@@ -297,7 +297,7 @@ def test_hybrid_conditions_expand_kv_heads_to_their_query_heads():
 
 
 def test_policy_from_a_kv_table_keeps_whole_kv_heads(ranked):
-    from corelens.attention.hybrid import HybridPolicy
+    from corelens.attention.streaming import HybridPolicy
 
     kv = pd.read_csv(ranked["kv"] / "heads.csv")
     policy = HybridPolicy.from_heads(kv, 2, sink=2, window=4)

@@ -45,7 +45,8 @@ LAYERS = (
     ("data", "metrics", "runs"),
     # choices: the values options choose from and their defaults; imports nothing, read by every parser.
     # registry: the one registry idiom (name -> implementation) of families, kernels, readers, policies.
-    ("errors", "choices", "registry"),
+    # aliases: the old import paths of moved modules (an import finder that `corelens/__init__.py` installs).
+    ("errors", "choices", "registry", "aliases"),
 )
 RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 
@@ -55,32 +56,29 @@ RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 # Modules moved or renamed by issue 30, kept for one release at their old import path as deprecation aliases
-# (the old module replaces itself by the new one): {old: new}. The aliases are no modules of their own, so
-# their names do not count below; they go in the next release, and with them this table.
+# (importing the old path gives the new module itself): {old: new}. No file stands at an old path: the import
+# finder of `corelens.aliases` serves them from its table `MOVED`, which must be this one (so each alias is
+# tested below). They go in the next release, and with them this table.
 ALIASES = {
-    "corelens.bench.ram": "corelens.bench.ram_probe",
+    "corelens.attention.hybrid": "corelens.attention.streaming",
     "corelens.bench.flow": "corelens.bench.flow_metrics",
     "corelens.bench.hybrid": "corelens.bench.hybrid_kernels",
-    "corelens.experiments.overlay": "corelens.report.overlay",
+    "corelens.bench.ram": "corelens.bench.ram_probe",
     "corelens.experiments.explorer": "corelens.report.explorer",
+    "corelens.experiments.overlay": "corelens.report.overlay",
+    "corelens.metrics.importance": "corelens.metrics.causal_effects",
+    "corelens.metrics.stability": "corelens.metrics.rank_agreement",
+    "corelens.organism.model": "corelens.organism.architecture",
+    "corelens.report.hybrid": "corelens.report.curves",
+    "corelens.report.importance": "corelens.report.ram_vs_causal",
+    "corelens.report.topology": "corelens.report.run_comparison",
+    "corelens.report.uncertainty": "corelens.report.curves",
 }
 
 # Modules that share their name with a module of another layer today (paths below src/corelens). A new one
 # fails the test; one renamed away must leave this set (test_the_known_lists_are_current).
 KNOWN_SAME_NAMES = {
     "models/registry.py", "registry.py",  # models/registry.py: a deprecation alias (tests/test_models_moved.py)
-    "commands/ablate.py", "experiments/ablate.py",
-    "commands/common.py", "data/readers/common.py",
-    "commands/demo.py", "experiments/demo.py",
-    "commands/flow.py", "experiments/flow.py",
-    "attention/hybrid.py", "commands/hybrid.py", "experiments/hybrid.py", "report/hybrid.py",
-    "commands/importance.py", "experiments/importance.py", "metrics/importance.py", "report/importance.py",
-    "integrations/lmms_eval/model.py", "organism/model.py",
-    "commands/rank.py", "experiments/rank.py",
-    "commands/sap.py", "experiments/sap.py",
-    "commands/stability.py", "experiments/stability.py", "metrics/stability.py",
-    "metrics/topology.py", "report/topology.py",
-    "metrics/uncertainty.py", "report/uncertainty.py",
 }  # fmt: skip
 
 
@@ -168,13 +166,11 @@ def module_edges(src: Path = SRC) -> set[tuple[str, str]]:
 def same_names(src: Path = SRC) -> dict[str, list[str]]:
     """Return {module name: its paths below `src`} for the names that modules of different layers share.
 
-    A package's `__init__.py` and `__main__.py` are named by their package, and the deprecation ALIASES are
-    not modules of their own: neither counts.
+    A package's `__init__.py` and `__main__.py` are named by their package: they do not count.
     """
-    aliases = {Path(*old.split(".")[1:]).with_suffix(".py") for old in ALIASES}
     by_name: dict[str, list[Path]] = {}
     for path in sorted(src.rglob("*.py")):
-        if path.stem not in ("__init__", "__main__") and path.relative_to(src) not in aliases:
+        if path.stem not in ("__init__", "__main__"):
             by_name.setdefault(path.stem, []).append(path.relative_to(src))
     out = {}
     for name, paths in sorted(by_name.items()):
@@ -274,8 +270,20 @@ def test_a_moved_module_keeps_its_old_import_path_for_one_release(old, monkeypat
     with pytest.warns(DeprecationWarning, match=ALIASES[old].replace(".", r"\.")):
         alias = importlib.import_module(old)
     assert alias is new and sys.modules[old] is new
+    assert new.__spec__.name == ALIASES[old]  # still the new module's own spec (reload, pickling, -m)
     package, _, name = old.rpartition(".")
     assert getattr(importlib.import_module(package), name) is new  # `from corelens.bench import ram`
+
+
+def test_the_aliases_are_served_by_the_finder_not_by_files():
+    """Every old path is in the finder's table (so tested above), and none is a file: a file there would be a
+    module of its own, named like a module of another layer."""
+    from corelens.aliases import MOVED
+
+    assert MOVED == ALIASES
+    assert [old for old in ALIASES if _exists(old, SRC)] == []
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("corelens.report.no_such_module")  # the finder answers only its old paths
 
 
 def test_the_known_lists_are_current():

@@ -15,8 +15,8 @@ from corelens.errors import CorelensError
 from corelens.experiments.evaluate import evaluate
 from corelens.models.prepare import messages
 from corelens.organism import CHECKPOINT, organism_path
+from corelens.organism.architecture import OrganismConfig, build_model, build_processor, count_parameters
 from corelens.organism.batch import encode
-from corelens.organism.model import OrganismConfig, build_model, build_processor, count_parameters
 from corelens.organism.tasks import TASKS, generate, render
 from corelens.organism.train import TrainConfig, train
 

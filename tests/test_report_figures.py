@@ -17,7 +17,7 @@ from PIL import Image
 from corelens.layout import Segment
 from corelens.report.figure import DPI, plt, save_figure
 from corelens.report.overlay import MIN_LABEL_PX, REPORT_WIDTH_PX, Panel, overlay_grid
-from corelens.report.topology import depth_plot, spearman_figure
+from corelens.report.run_comparison import depth_plot, spearman_figure
 
 QUESTION = "doc-000017: What is written on the page that has the largest red square near its top left corner?"
 
@@ -116,7 +116,7 @@ def test_spearman_matrix_labels_are_inside_the_image(monkeypatch):
          "spearman": [0.9, 0.2, 0.1], "low": [0.8, -0.1, -0.3], "high": [0.95, 0.5, 0.4]}
     )  # fmt: skip
     saved = []
-    monkeypatch.setattr("corelens.report.topology.save_figure", lambda fig, path: saved.append(fig))
+    monkeypatch.setattr("corelens.report.run_comparison.save_figure", lambda fig, path: saved.append(fig))
     spearman_figure(pairs, labels, "unused.png")
     monkeypatch.undo()
     try:

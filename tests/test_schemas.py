@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import ClassVar  # at module level: dataclasses read `ClassVar` from the test's module
 
-from corelens.attention.hybrid import HybridPolicy
 from corelens.attention.schema import AblationFile, HybridPolicyFile, validate
+from corelens.attention.streaming import HybridPolicy
 from corelens.policies import KnockoutHeads
 from corelens.policies.json_schema import schemas
 from corelens.policies.legacy import ablation_policy

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from corelens.metrics.ram import head_table
-from corelens.metrics.stability import (
+from corelens.metrics.rank_agreement import (
     aggregate_ranking,
     jaccard_pairs,
     sample_matrix,

@@ -240,7 +240,7 @@ def test_hybrid_with_rank_resamples_writes_the_resampled_summary(ranked, tmp_pat
 
 
 def test_hybrid_figure_takes_equal_accuracies_of_sets_with_one_size(tmp_path):
-    from corelens.report.hybrid import accuracy_vs_kept
+    from corelens.report.curves import accuracy_vs_kept
 
     # Three stable sets (kept 2, 3, 5) of the same 2 heads: the mean of 3 x 0.675 rounds above 0.675.
     table = pd.DataFrame(

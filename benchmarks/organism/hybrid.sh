@@ -46,7 +46,7 @@ if want figure; then
 .venv/bin/python - <<'PY'
 import pandas as pd
 
-from corelens.report.hybrid import accuracy_vs_kept
+from corelens.report.curves import accuracy_vs_kept
 
 table = pd.read_csv("benchmarks/organism/results/hybrid-document-question.csv")
 n = int(table["n"].iloc[0])

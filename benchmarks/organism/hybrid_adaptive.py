@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 import corelens as cl
-from corelens.attention.hybrid import HybridPolicy
+from corelens.attention.streaming import HybridPolicy
 from corelens.data.sample import read_samples
 from corelens.experiments.evaluate import EvalResult, evaluate, interval
 from corelens.organism import organism_path

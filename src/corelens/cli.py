@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import importlib
 import importlib.util
 import os
 import re
@@ -17,7 +16,7 @@ import sys
 import traceback
 from importlib.metadata import version
 
-from corelens.commands import COMMANDS
+from corelens.commands import COMMANDS, load_command, module_of
 from corelens.errors import CorelensError
 
 _LEAF = "_corelens_parser"  # namespace attribute: the innermost parser that parsed (for unknown options)
@@ -48,13 +47,13 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, command: str | None = None, **kwargs) -> None:
         kwargs.setdefault("formatter_class", Formatter)
         super().__init__(*args, **kwargs)
-        self.command = command  # the module under corelens.commands that has not yet added the options
+        self.command = command  # the command (corelens.commands.COMMANDS) that has not yet added its options
 
     def load(self) -> Parser:
         """Add the command's options (import its module) once; return the parser."""
         if self.command is not None:
             name, self.command = self.command, None
-            importlib.import_module(f"corelens.commands.{name}").register(_Into(self, name))
+            load_command(name).register(_Into(self, name))
         return self
 
     def parse_known_args(self, args=None, namespace=None):
@@ -99,7 +98,7 @@ class _Into:
 
     def add_parser(self, name: str, *, help: str | None = None, **kwargs) -> Parser:  # noqa: A002
         if name != self.name:
-            raise RuntimeError(f"corelens.commands.{self.name}.register added a parser named {name!r}")
+            raise RuntimeError(f"{COMMANDS[self.name]}.register added a parser named {name!r}")
         for key, value in kwargs.items():  # description, epilog: as if given when the parser was made
             setattr(self.parser, key, value)
         return self.parser
@@ -130,7 +129,7 @@ def _summary(name: str) -> str | None:
     """Return the `help=` a command's register() gives its parser, read from its source (not imported): an
     `add_parser(name, help=...)` call, or an experiment command's `experiment_command(name, help, ...)`
     (corelens.commands.options)."""
-    origin = importlib.util.find_spec(f"corelens.commands.{name}").origin
+    origin = importlib.util.find_spec(module_of(name)).origin
     with open(origin, encoding="utf-8") as source:
         tree = ast.parse(source.read(), origin)
     for node in ast.walk(tree):
@@ -185,7 +184,7 @@ def _run(args: argparse.Namespace, where: str) -> int:
     try:
         if isinstance(getattr(args, "data", None), str) and args.command != "organism":
             _resolve_data(args)
-            from corelens.commands.common import check_data
+            from corelens.commands.shared import check_data
 
             check_data(args)  # no usable sample, or no targets where they are needed: before the model loads
         if getattr(args, "repair_log", False):

@@ -20,9 +20,9 @@ import pandas as pd
 import torch
 
 from corelens.attention.dispatch import AttentionCall, Kernel
-from corelens.attention.hybrid import Hybrid, HybridHook, HybridPolicy
 from corelens.attention.probes import row_probabilities
 from corelens.attention.prompt_context import needs
+from corelens.attention.streaming import Hybrid, HybridHook, HybridPolicy
 from corelens.errors import CorelensError
 
 

@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from corelens.choices import KEY_SETS, OPS
 from corelens.errors import CorelensError
 
-HYBRID_FORMAT = "corelens.hybrid-policy/1"  # `HybridPolicy`'s file format (corelens.attention.hybrid.FORMAT)
+HYBRID_FORMAT = (
+    "corelens.hybrid-policy/1"  # `HybridPolicy`'s file format (corelens.attention.streaming.FORMAT)
+)
 
 Index = Annotated[int, Field(strict=True, ge=0)]  # a layer or head index: an integer >= 0, not 1.0 or true
 Pair = tuple[Index, Index]

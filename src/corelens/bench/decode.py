@@ -90,7 +90,7 @@ def run_decode_benchmark(
     import transformers
     from transformers import DynamicCache
 
-    from corelens.attention.hybrid import hybrid as hybrid_attention
+    from corelens.attention.streaming import hybrid as hybrid_attention
 
     dev = torch.device(device)
     pairs = full_heads(layers, heads, kv_heads, keep, granularity, seed)

@@ -470,8 +470,8 @@ def prefill_times(
     layer is timed (`AttentionTimer`) and held against the same head set's kernel time from
     `layer_kernel_seconds`; `prefill_compiles_timed` counts the torch.compile frames compiled meanwhile.
     """
-    from corelens.attention.hybrid import HybridPolicy, hybrid
     from corelens.attention.prompt_context import AttentionContext, attention_context
+    from corelens.attention.streaming import HybridPolicy, hybrid
     from corelens.policies import AdaptiveHybrid
 
     granularities = list(granularities or [granularity])

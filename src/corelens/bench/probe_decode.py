@@ -19,9 +19,9 @@ from transformers import DynamicCache
 
 from corelens.attention import probes
 from corelens.attention.dispatch import AttentionCall
-from corelens.attention.hybrid import HybridHook, hybrid
 from corelens.attention.kernels.cache import HybridCacheLayer
 from corelens.attention.probes import RamProbe
+from corelens.attention.streaming import HybridHook, hybrid
 from corelens.bench.synthetic import build_model, make_input_ids
 
 

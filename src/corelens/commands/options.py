@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from corelens.commands import argtypes
-from corelens.commands.common import add_model_options, limits_of, load_options, main_process
-from corelens.runs.fields import RunOptions, from_mapping, options
+from corelens.commands.shared import add_model_options, limits_of, load_options, main_process
 
 
 def parser_type(spec: Any):
@@ -32,6 +32,10 @@ def parser_type(spec: Any):
 
 def add_config(parser: argparse.ArgumentParser, config: type, helps: dict[str, str] | None = None) -> None:
     """Add the options of `config`'s fields to `parser`, in field order (`helps`: help lines replaced)."""
+    # Imported here, when a command's parser is made: `corelens demo --help` (a command kept in one module
+    # with the experiment commands) does not pay for the config fields' modules.
+    from corelens.runs.fields import RunOptions, options
+
     for f, meta in options(config):
         if meta["group"] == "model":
             add_model_options(parser)
@@ -61,6 +65,8 @@ def add_config(parser: argparse.ArgumentParser, config: type, helps: dict[str, s
 
 def config_of(config: type, args: argparse.Namespace):
     """Return the `config` dataclass filled from parsed `args`."""
+    from corelens.runs.fields import from_mapping
+
     return from_mapping(config, vars(args))
 
 
@@ -84,11 +90,19 @@ def _named(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def experiment_command(name: str, help: str, config: str, entry: str, show):
-    """Return (run, register) of experiment command `name`: the generic driver and parser specialised with
-    `functools.partial` to its config ("module:Class"), entry point ("module:function") and printer."""
+class Command(NamedTuple):
+    """A command kept in a module beside others (`COMMANDS`' `module:name`): what a command's own module has."""
+
+    run: Callable[[argparse.Namespace], None]  # the parser's `func`: runs the parsed command
+    register: Callable[[Any], None]  # register(subparsers) adds the command's parser
+
+
+def experiment_command(name: str, help: str, config: str, entry: str, show) -> Command:
+    """Return the `Command` (run, register) of experiment command `name`: the generic driver and parser
+    specialised with `functools.partial` to its config ("module:Class"), entry point ("module:function") and
+    printer."""
     run = partial(run_experiment, config=config, entry=entry, show=show)
-    return run, partial(register_experiment, name=name, help=help, config=config, run=run)
+    return Command(run, partial(register_experiment, name=name, help=help, config=config, run=run))
 
 
 def register_experiment(sub, *, name: str, help: str, config: str, run) -> argparse.ArgumentParser:

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from corelens.commands.argtypes import existing_path, output_path
-from corelens.commands.common import add_model_options, load_options
+from corelens.commands.shared import add_model_options, load_options
 
 
 def run_train(args: argparse.Namespace) -> None:
     """Train an organism from scratch into `--out`."""
-    from corelens.organism.model import OrganismConfig
+    from corelens.organism.architecture import OrganismConfig
     from corelens.organism.train import TrainConfig, train
 
     cfg = TrainConfig(

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from corelens.attention.hybrid import DECODES, HybridPolicy
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
+from corelens.attention.streaming import DECODES, HybridPolicy
 from corelens.choices import ADAPTIVE, HYBRID_SET_KINDS
 from corelens.data.sample import Sample, task_of
 from corelens.errors import CorelensError, InputError, OptionError
@@ -481,7 +481,7 @@ def curve(
     prefill = {"kernel": kernel, "dense_below": dense_below, "layer_prefills": dict(totals)}
 
     def draw(paths: dict[str, Path]) -> None:
-        from corelens.report.hybrid import accuracy_vs_kept
+        from corelens.report.curves import accuracy_vs_kept
 
         accuracy_vs_kept(
             result,

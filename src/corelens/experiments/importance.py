@@ -39,10 +39,10 @@ from corelens.experiments.ablate import (
     same_file_warning,
 )
 from corelens.experiments.evaluate import answer, score
-from corelens.metrics.importance import agreement, estimator_agreement, importance_table
+from corelens.metrics.causal_effects import agreement, estimator_agreement, importance_table
 from corelens.metrics.posterior import few_samples
 from corelens.metrics.ram import read_ram
-from corelens.metrics.stability import sample_matrix
+from corelens.metrics.rank_agreement import sample_matrix
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.policies import Policy
@@ -288,7 +288,7 @@ def measure(
         warn(few)
 
     def draw(paths: dict[str, Path]) -> None:
-        from corelens.report.importance import ram_vs_causal
+        from corelens.report.ram_vs_causal import ram_vs_causal
 
         ram_vs_causal(result, paths["ram_vs_causal"], summary, title=Path(data).name)
 

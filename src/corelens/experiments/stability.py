@@ -17,7 +17,7 @@ from corelens.errors import CorelensError, warn
 from corelens.metrics.headsets import k_count, parse_k
 from corelens.metrics.posterior import SPEARMAN_CALIBRATED_FROM, few_samples
 from corelens.metrics.ram import RANKED, read_ram
-from corelens.metrics.stability import (
+from corelens.metrics.rank_agreement import (
     aggregate_ranking,
     head_tables,
     jaccard_pairs,
@@ -121,7 +121,7 @@ def stability(
         warn(message)  # below the size tests/test_calibration.py checks the Spearman interval at
 
     def draw(paths: dict[str, Path]) -> None:
-        from corelens.report.topology import depth_figure, spearman_figure
+        from corelens.report.run_comparison import depth_figure, spearman_figure
 
         spearman_figure(result.spearman, result.labels, paths["spearman_matrix"])
         depth_figure(result.depth, paths["depth_profile"])
@@ -172,7 +172,7 @@ def curve_of_run(
         "argv": argv,
     }
     write_json(STABILITY.path(path, "curve_info"), info, root=path)
-    from corelens.report.uncertainty import curve_figure
+    from corelens.report.curves import curve_figure
 
     curve_figure(curve, STABILITY.path(path, "curve"), title=f"{path.name}: {info['samples']} samples")
     return curve, info

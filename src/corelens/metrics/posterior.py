@@ -1,6 +1,6 @@
 """Posterior draws of per-head mean RAM: a Bayesian bootstrap with one pooled prior pseudo-sample.
 
-docs/methods.md#ranking-uncertainty. X is the n x H matrix of per-sample RAM (`stability.sample_matrix`). A
+docs/methods.md#ranking-uncertainty. X is the n x H matrix of per-sample RAM (`rank_agreement.sample_matrix`). A
 draw of the H means is a Dirichlet-process posterior draw: weights (w_0, w_1, ..., w_n) ~ Dirichlet(alpha, 1,
 ..., 1) and mean_h = w_0 y_h + sum_i w_i X[i, h], where y_h is one value drawn from the pooled per-sample
 RAM of all heads of the run (the prior's base measure) and alpha = `PRIOR_WEIGHT` (one pseudo-sample).

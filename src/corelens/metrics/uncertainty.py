@@ -20,7 +20,7 @@ from scipy import stats
 from corelens.errors import CorelensError
 from corelens.metrics.posterior import posterior_means, shrunk_means
 from corelens.metrics.ram import head_table
-from corelens.metrics.stability import sample_matrix
+from corelens.metrics.rank_agreement import sample_matrix
 
 LEVEL = 0.95  # two-sided level of the mass and rank intervals
 UNCERTAIN = (0.2, 0.8)  # a head whose P(top-k) lies strictly inside is marked uncertain

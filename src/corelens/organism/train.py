@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from corelens.errors import OptionError
+from corelens.organism.architecture import FAMILY, build_model, build_processor, count_parameters
 from corelens.organism.aux import AuxHeads, batch_labels
 from corelens.organism.batch import IGNORE, encode
 from corelens.organism.config import TrainConfig
-from corelens.organism.model import FAMILY, build_model, build_processor, count_parameters
 from corelens.organism.tasks import TASKS, questions, render
 from corelens.runs import write_json
 

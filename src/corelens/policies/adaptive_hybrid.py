@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from corelens.attention.adaptive import adaptive_session
-from corelens.attention.hybrid import DEFAULT_SINK, DEFAULT_WINDOW, Hybrid, HybridPolicy
+from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, Hybrid, HybridPolicy
 from corelens.policies.core import register
 from corelens.policies.hybrid_attention import SessionPolicy
 

@@ -1,6 +1,6 @@
 """`hybrid`: a full set of heads keeps causal attention, every other head streams (S sinks + a W window).
 
-docs/methods.md#hybrid. The kernels, the session and its trimmed cache are `corelens.attention.hybrid`; this
+docs/methods.md#hybrid. The kernels, the session and its trimmed cache are `corelens.attention.streaming`; this
 policy is their plain data. `generate` passes the session's cache; `report` says what it saved and which
 prefill kernels ran.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from corelens.attention import kernels
-from corelens.attention.hybrid import DEFAULT_SINK, DEFAULT_WINDOW, Hybrid, HybridPolicy
+from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, Hybrid, HybridPolicy
 from corelens.policies.core import Applied, Policy, register
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from corelens.attention.hybrid import DEFAULT_SINK, DEFAULT_WINDOW, HybridPolicy
-from corelens.attention.hybrid import hybrid as hybrid_session
 from corelens.attention.prompt_context import AttentionContext, attention_context
+from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, HybridPolicy
+from corelens.attention.streaming import hybrid as hybrid_session
 from corelens.choices import KEY_SETS, OPS
 from corelens.errors import CorelensError, OptionError
 from corelens.policies.adaptive_hybrid import AdaptiveHybrid

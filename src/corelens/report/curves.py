@@ -1,4 +1,9 @@
-"""Dose-response curves of an ablation sweep: accuracy against the share of heads ablated, per head set."""
+"""Curves of accuracy or agreement against one quantity, one line per head set or k.
+
+`dose_response`: accuracy against the share of heads ablated (an ablation sweep); `accuracy_vs_kept`:
+accuracy against the share of heads kept full under hybrid attention; `curve_figure`: the stability curve,
+the top-k Jaccard and Spearman of two disjoint n-sample rankings against n.
+"""
 
 from __future__ import annotations
 
@@ -70,4 +75,67 @@ def dose_response(
     ax.set_title(title or "ablation dose-response")
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
+    return save_figure(fig, path)
+
+
+KEPT_STYLE = {
+    "top": ("tab:red", "o", "CoRe (top)"),
+    "bottom": ("tab:blue", "s", "bottom"),
+    "random": ("tab:grey", "^", "random"),
+}
+
+
+def accuracy_vs_kept(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
+    """Write accuracy vs % of heads kept full (a hybrid.csv table) to `path` (PNG); return the path.
+
+    Deterministic sets show their 95 % Wilson interval as a band; seeded sets the mean over seeds with the
+    min-max range as error bars. The dense model is the dotted line.
+    """
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    dense = table[table["set"] == "dense"]
+    if len(dense):
+        y = float(dense["accuracy"].iloc[0])
+        ax.axhline(y, color="black", lw=0.8, ls=":", label=f"dense ({y:.2f}, n={int(dense['n'].iloc[0])})")
+    for kind, group in table[table["set"] != "dense"].groupby("set", sort=False):
+        colour, marker, label = KEPT_STYLE.get(kind, (None, "o", kind))
+        stats = (
+            group.groupby("fraction")
+            .agg(acc=("accuracy", "mean"), lo=("accuracy", "min"), hi=("accuracy", "max"),
+                 ci_lo=("ci_low", "mean"), ci_hi=("ci_high", "mean"), draws=("accuracy", "size"))
+            .reset_index()
+            .sort_values("fraction")
+        )  # fmt: skip
+        x = 100 * stats["fraction"]
+        if int(stats["draws"].max()) > 1:
+            # Clipped: a mean of equal accuracies may sit a rounding error outside their min-max.
+            err = [(stats["acc"] - stats["lo"]).clip(lower=0), (stats["hi"] - stats["acc"]).clip(lower=0)]
+            ax.errorbar(x, stats["acc"], yerr=err, color=colour, marker=marker, capsize=3,
+                        label=f"{label} (mean, min-max of {int(stats['draws'].max())} draws)")  # fmt: skip
+        else:
+            ax.plot(x, stats["acc"], color=colour, marker=marker, label=f"{label} (95 % CI)")
+            ax.fill_between(x, stats["ci_lo"], stats["ci_hi"], color=colour, alpha=0.15, lw=0)
+    ax.set_xlabel("heads kept full (% of all query heads)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title or "hybrid attention: accuracy vs heads kept full", fontsize=9)
+    ax.legend(fontsize=8, loc="best")
+    return save_figure(fig, path)
+
+
+def curve_figure(curve: pd.DataFrame, path: str | Path, title: str | None = None) -> Path:
+    """Write the stability curve (one Jaccard line per k, one Spearman line; 5-95 % bands) to `path`."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.8), sharex=True)
+    for k, part in curve.groupby("k"):
+        left.plot(part["n"], part["jaccard"], marker="o", ms=3, label=f"top-{k}")
+        left.fill_between(part["n"], part["jaccard_p05"], part["jaccard_p95"], alpha=0.15)
+    spearman = curve.drop_duplicates("n")
+    right.plot(spearman["n"], spearman["spearman"], marker="o", ms=3, color="black")
+    right.fill_between(spearman["n"], spearman["spearman_p05"], spearman["spearman_p95"], alpha=0.15)
+    for ax, label in ((left, "top-k Jaccard"), (right, "Spearman of head means")):
+        ax.axhline(0.9, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("samples per ranking (n)")
+        ax.set_ylabel(label)
+        ax.set_ylim(min(0.0, float(ax.get_ylim()[0])), 1.02)
+    left.legend(fontsize=8)
+    fig.suptitle(title or "two disjoint n-sample rankings: mean and 5-95 % over pairs", fontsize=10)
     return save_figure(fig, path)

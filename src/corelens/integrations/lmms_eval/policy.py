@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from corelens.attention.hybrid import FORMAT as HYBRID_FORMAT
-from corelens.attention.hybrid import HybridPolicy
 from corelens.attention.interventions import OPS
 from corelens.attention.schema import AblationFile, HybridPolicyFile, SapFile, validate
+from corelens.attention.streaming import FORMAT as HYBRID_FORMAT
+from corelens.attention.streaming import HybridPolicy
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError
 from corelens.experiments.ablate import full_heads, operator_policy, read_heads

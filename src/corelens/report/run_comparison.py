@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from corelens.metrics.stability import square
+from corelens.metrics.rank_agreement import square
 from corelens.report.figure import plt, save_figure
 
 

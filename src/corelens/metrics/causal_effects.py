@@ -5,7 +5,7 @@ order: the drop in the answer's log-probability and in greedy accuracy when one 
 optionally the attribution-patching estimate of the log-probability drop. Intervals of the per-head means
 come from the posterior draws RAM's intervals use (`metrics.posterior`, a Bayesian bootstrap with one pooled
 prior pseudo-sample); rank bounds from `uncertainty.rank_bounds`; the Spearman interval between RAM and the
-causal effect from `stability.spearman_interval` (each matrix drawn from its own posterior: the ranking and
+causal effect from `rank_agreement.spearman_interval` (each matrix drawn from its own posterior: the ranking and
 the importance run hold different samples).
 """
 
@@ -17,7 +17,7 @@ from scipy import stats
 
 from corelens.errors import CorelensError
 from corelens.metrics.posterior import posterior_means
-from corelens.metrics.stability import spearman_interval, spearman_rows
+from corelens.metrics.rank_agreement import spearman_interval, spearman_rows
 from corelens.metrics.uncertainty import LEVEL, rank_bounds, ranks_of
 
 DISAGREE = 5  # heads listed where the RAM rank and the causal rank differ most
@@ -99,7 +99,7 @@ def agreement(
     the two ranks differ most.
 
     `effects` is the (samples, heads) matrix behind `table`'s `effect`; `ram` the rank run's (samples, heads)
-    RAM matrix (`stability.sample_matrix` of its ram.parquet): both are drawn from their posteriors
+    RAM matrix (`rank_agreement.sample_matrix` of its ram.parquet): both are drawn from their posteriors
     (`spearman_interval`). Without `ram` the RAM means are held fixed and only the effects are drawn
     (percentile interval; `interval` says which).
     """

@@ -68,13 +68,6 @@ def main_process() -> bool:
     return current().main
 
 
-def print_resampled(result, resamples: int) -> None:
-    """Print the table of results over ranking resamples, where the run made one."""
-    if result.resampled is not None:
-        print(f"top-k over {resamples} resamples of the ranking (median, 90 % interval):")
-        print(result.resampled.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-
-
 def limits_of(args: argparse.Namespace):
     """Return the `Limits` of parsed --max-pixels / --max-pages (the defaults for a command without them)."""
     from corelens.data.sample import Limits
