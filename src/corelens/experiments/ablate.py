@@ -181,7 +181,7 @@ class AblatePreset(Preset):
     op: str = "zero"
     keys: str = "visual"
     reference: str | Path | None = None
-    ref_path: Path | None = None  # the mean statistics' reference data, resolved by `check_unit`
+    ref_path: Path | None = None  # the mean statistics' reference data, resolved by `check_plan`
     means: HeadMeans | None = None  # op mean: the reference statistics, prepared before the loop
 
     command = "ablate"
@@ -190,7 +190,7 @@ class AblatePreset(Preset):
     columns = RECORD
     warn_unidentified = True
 
-    def check_unit(self, plan: Plan) -> None:
+    def check_plan(self, plan: Plan) -> None:
         """Op mean: refuse a missing reference (default: the data the rank run identified the heads on)."""
         if self.op != "mean":
             return

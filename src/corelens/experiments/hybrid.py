@@ -264,7 +264,7 @@ class HybridPreset(Preset):
         if ADAPTIVE in sets and self.decode != "full":
             raise CorelensError("the adaptive set decodes with full attention: use --decode full")
 
-    def check_unit(self, plan: Plan) -> None:
+    def check_plan(self, plan: Plan) -> None:
         if ADAPTIVE in plan.sets and plan.unit == "kv":
             raise OptionError(
                 "the adaptive set chooses query heads per prompt: use --granularity query with it"

@@ -229,8 +229,8 @@ class Preset:
     def check(self, sets: Sequence[str]) -> None:
         """Refuse options that cannot run together, before anything is read."""
 
-    def check_unit(self, plan: Plan) -> None:
-        """Refuse options the head table's granularity cannot run."""
+    def check_plan(self, plan: Plan) -> None:
+        """Refuse what the resolved plan cannot run (the head table's granularity, a missing reference)."""
 
     def settings(self, plan: Plan) -> dict:
         """Return the preset's own manifest settings."""
@@ -507,5 +507,5 @@ def sweep_policies(
     table = read_heads(heads, m, granularity)
     unit, group = kvheads.granularity_of(table), kvheads.group_size(m.num_heads, m.num_kv_heads)
     plan = Plan(m, data, heads, table, unit, group, rank_manifest(heads), list(ks), **common)
-    preset.check_unit(plan)
+    preset.check_plan(plan)
     return PolicySweep(preset, plan, warn).run()
