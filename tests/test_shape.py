@@ -105,6 +105,34 @@ def test_each_sample_is_prepared_once_per_step(organism, ranked, prepares, run, 
     assert set(prepares.values()) == {per_sample}, prepares
 
 
+def test_hybrid_reads_the_median_prompt_off_the_answers_when_s_and_w_are_token_counts(organism, ranked):
+    data, heads = ranked
+    common = dict(keeps=("2",), sets=("top",), max_new_tokens=1, warn=lambda _: None)
+    counted = curve(organism, data, heads, sink=4, window=8, **common)  # no length pass
+    measured = curve(organism, data, heads, sink="5%", window="25%", **common)  # the length pass
+    tokens = counted.records.drop_duplicates("sample")["tokens"]
+    assert counted.median_tokens == measured.median_tokens == float(tokens.median())
+
+
+def test_equal_policies_share_one_answer(monkeypatch):
+    """The sweeps' step answers each distinct policy once per sample, in the conditions' order."""
+    import corelens.experiments.policy_sweep as policy_sweep
+
+    asked = []
+
+    def fake_answer(m, prepared, policy, *, stats, **kw):
+        asked.append(policy)
+        stats["policy"] = policy
+        return f"under {policy}"
+
+    monkeypatch.setattr(policy_sweep, "answer", fake_answer)
+    todo = [(None, None), ("a", "A"), ("b", "B"), ("a", "A")]
+    got = list(policy_sweep.answer_each(None, None, None, todo, max_new_tokens=1))
+    assert asked == [None, "A", "B"]
+    assert got == [("under None", {"policy": None}), ("under A", {"policy": "A"}),
+                   ("under B", {"policy": "B"}), ("under A", {"policy": "A"})]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "config",
     [RankConfig, FlowConfig, SapConfig, ImportanceConfig, StabilityConfig, AblateConfig, HybridConfig],
