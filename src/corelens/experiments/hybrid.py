@@ -11,8 +11,11 @@ hybrid prefill) or "stream" (the streaming heads keep their pattern, with the tr
 baseline ("dense") is the unmodified model. `ideal_speedup` pools the (query, key) pairs over the samples:
 all causal prefill pairs of the condition's prompts over the pairs its policy keeps. `S` and `W` are token counts or a percentage
 of the median prompt length of the data ("25%"), resolved once and recorded, so that a short-prompt task
-can be given a window that actually drops keys. Resumable like every run: each (condition, sample) answer
-is logged before the next starts.
+can be given a window that actually drops keys (a share needs every prompt's length before the first
+answer: one length pass; token counts need none, and the median is then read off the answers). Resumable
+like every run: each (condition, sample) answer is logged before the next starts. The sweep is the one
+policy sweep (`corelens.experiments.policy_sweep`) with `HybridPreset`: each condition answers under a
+registered policy, `HybridAttention` or `AdaptiveHybrid`, through `corelens.policies.answer`.
 """
 
 from __future__ import annotations
