@@ -304,17 +304,13 @@ class Preset:
 
 @dataclass
 class Swept:
-    """What a sweep found: per-condition `table`, per-(set, k) `summary`, per-answer `records`, the summary over
-    ranking resamples, the records logged (`logged`, `ok`), the conditions and the plan."""
+    """What a sweep found: per-condition `table`, per-(set, k) `summary`, per-answer `records`, and the
+    summary over ranking resamples (None without them)."""
 
     table: pd.DataFrame
     summary: pd.DataFrame
     records: pd.DataFrame
     resampled: pd.DataFrame | None
-    logged: list[dict]
-    ok: list[dict]
-    conds: list
-    plan: Plan
 
 
 RECORD = ["condition", "sample", "task", "prediction", "gold", "correct"]
@@ -487,7 +483,7 @@ class PolicySweep:
             manifest=preset.manifest(plan, ok),
             **finish,
         )
-        return Swept(table, summary, records, resampled_, logged, ok, self.conds, plan)
+        return Swept(table, summary, records, resampled_)
 
 
 def sweep_policies(
