@@ -397,7 +397,7 @@ def test_controls_random_from_all_heads_and_layer_matched_without_top_heads():
 
 
 def test_cli_sweep_writes_table_and_figure_resumes_and_warns(tiny_dir, tmp_path, capsys, monkeypatch):
-    import corelens.experiments.ablate as experiment
+    import corelens.experiments.policy_sweep as experiment  # the sweeps answer through its `answer`
     from corelens.cli import main
     from corelens.organism.tasks import generate
 

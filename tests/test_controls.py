@@ -134,7 +134,7 @@ def fake_setup(tmp_path_factory):
 def fake_answers(monkeypatch):
     """Answer right unless the ablated set holds a CRITICAL head: a draw's accuracy is 1, or 0 (known spread)."""
 
-    import corelens.experiments.ablate as experiment
+    import corelens.experiments.policy_sweep as experiment  # the sweeps answer through its `answer`
 
     state = {"heads": (), "calls": 0}
 
@@ -234,16 +234,18 @@ def test_hybrid_auto_draws_keep_their_summary(fake_setup, tmp_path, monkeypatch,
 
     import corelens
     import corelens.experiments.hybrid as experiment
+    import corelens.experiments.policy_sweep as policy_sweep
 
     def fake_prepare(m, sample):
         return types.SimpleNamespace(seq_len=10, sample=sample)
 
-    def fake_generate(m, p, max_new_tokens, policy, *a, **kw):
+    def fake_answer(m, p, policy, *a, **kw):
         lost = policy is not None and not all(h in policy.full for h in CRITICAL)
-        return ("wrong" if lost else p.sample.answer), 0.0
+        return "wrong" if lost else p.sample.answer
 
-    monkeypatch.setattr(experiment, "prepare", fake_prepare)
-    monkeypatch.setattr(experiment, "generate_answer", fake_generate)
+    # The sweeps prepare and answer through the policy sweep's module.
+    monkeypatch.setattr(policy_sweep, "prepare", fake_prepare)
+    monkeypatch.setattr(policy_sweep, "answer", fake_answer)
     model, heads, data = fake_setup
     m = corelens.load(model, device="cpu")
     # 4 of 8 heads kept: both critical heads with P = 6/28, so draw accuracies are 0 or 1 and differ

@@ -18,7 +18,10 @@ import pytest
 import corelens as cl
 from corelens.cli import Parser
 from corelens.commands.options import add_config, config_of, context_of
+from corelens.experiments.ablate import sweep
 from corelens.experiments.configs import FlowConfig, ImportanceConfig, RankConfig, SapConfig, StabilityConfig
+from corelens.experiments.hybrid import curve
+from corelens.experiments.sap import sap
 from corelens.experiments.sweep import AblateConfig, HybridConfig
 from corelens.models import prepare as prepare_module
 from corelens.organism import organism_path
@@ -66,37 +69,68 @@ def _rank(m, data, heads):
 
 
 def _ablate(m, data, heads):
-    from corelens.experiments.ablate import sweep
-
     sweep(m, data, heads, ks=("2",), sets=("top",), op="zero", max_new_tokens=2, warn=lambda _: None)
 
 
 def _hybrid(m, data, heads):
-    from corelens.experiments.hybrid import curve
-
     curve(
         m, data, heads, keeps=("2",), sets=("top",), sink=4, window=8, max_new_tokens=2, warn=lambda _: None
     )
 
 
-def _sap(m, data, heads):
-    from corelens.experiments.sap import sap
+def _hybrid_shares(m, data, heads):
+    curve(
+        m, data, heads, keeps=("2",), sets=("top",), sink="5%", window="25%", max_new_tokens=2,
+        warn=lambda _: None,
+    )  # fmt: skip
 
+
+def _sap(m, data, heads):
     sap(m, data, priors=("noise",), layers=("late",), max_new_tokens=2)
 
 
 # The driver prepares each sample once and hands it to the step, which answers every condition from it.
-# hybrid also measures each prompt's length once before its loop (S and W may be shares of the median).
+# hybrid with S or W a share of the median prompt also measures each prompt's length once before its loop
+# (the share needs the median before the first answer); with token counts the median comes from the answers.
+# (The experiment modules are imported above, so that the fixture finds their `prepare`.)
 @pytest.mark.parametrize(
     "run, per_sample",
-    [(_rank, 1), (_ablate, 1), (_hybrid, 2), (_sap, 1)],
-    ids=["rank", "ablate", "hybrid", "sap"],
+    [(_rank, 1), (_ablate, 1), (_hybrid, 1), (_hybrid_shares, 2), (_sap, 1)],
+    ids=["rank", "ablate", "hybrid", "hybrid-shares", "sap"],
 )
 def test_each_sample_is_prepared_once_per_step(organism, ranked, prepares, run, per_sample):
     data, heads = ranked
     run(organism, data, heads)
     assert len(prepares) == N
     assert set(prepares.values()) == {per_sample}, prepares
+
+
+def test_hybrid_reads_the_median_prompt_off_the_answers_when_s_and_w_are_token_counts(organism, ranked):
+    data, heads = ranked
+    common = dict(keeps=("2",), sets=("top",), max_new_tokens=1, warn=lambda _: None)
+    counted = curve(organism, data, heads, sink=4, window=8, **common)  # no length pass
+    measured = curve(organism, data, heads, sink="5%", window="25%", **common)  # the length pass
+    tokens = counted.records.drop_duplicates("sample")["tokens"]
+    assert counted.median_tokens == measured.median_tokens == float(tokens.median())
+
+
+def test_equal_policies_share_one_answer(monkeypatch):
+    """The sweeps' step answers each distinct policy once per sample, in the conditions' order."""
+    import corelens.experiments.policy_sweep as policy_sweep
+
+    asked = []
+
+    def fake_answer(m, prepared, policy, *, stats, **kw):
+        asked.append(policy)
+        stats["policy"] = policy
+        return f"under {policy}"
+
+    monkeypatch.setattr(policy_sweep, "answer", fake_answer)
+    todo = [(None, None), ("a", "A"), ("b", "B"), ("a", "A")]
+    got = list(policy_sweep.answer_each(None, None, None, todo, max_new_tokens=1))
+    assert asked == [None, "A", "B"]
+    assert got == [("under None", {"policy": None}), ("under A", {"policy": "A"}),
+                   ("under B", {"policy": "B"}), ("under A", {"policy": "A"})]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,8 @@ same file (by sha256). `mean` statistics come from a reference file only — by 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -20,33 +18,32 @@ from tqdm import tqdm  # reference means
 
 from corelens.attention.interventions import HeadMeans, MeanRecorder
 from corelens.attention.prompt_context import AttentionContext, attention_context
-from corelens.data.sample import Sample, read_samples, task_of
-from corelens.errors import CorelensError, InputError, OptionError
+from corelens.data.sample import Sample, read_samples
+from corelens.errors import CorelensError
 from corelens.errors import warn as default_warn
-from corelens.experiments.evaluate import interval, score
-from corelens.experiments.sweep import Tail, conclude_sweep, run_sweep, summary_table
-from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
-from corelens.metrics import draws, kvheads
-from corelens.metrics.headsets import (
-    SEEDED,
-    SETS,
-    STABLE_P,
-    HeadSet,
-    head_sets,
-    k_count,
-    label,
-    parse_k,
-    select,
+from corelens.experiments.evaluate import interval
+from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's readers, public here as before)
+    RECORD,
+    Plan,
+    Preset,
+    full_heads,
+    heads_settings,
+    rank_manifest,
+    ranking_data,
+    read_heads,
+    resampled_sets,
+    same_file_warning,
+    sweep_policies,
 )
-from corelens.metrics.ram import read_ram
-from corelens.metrics.uncertainty import RESAMPLED, resampled_tables
+from corelens.experiments.sweep import run_sweep, summary_table
+from corelens.metrics import draws, kvheads
+from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, label, parse_k
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import Prepared, prepare, prompt_length
-from corelens.policies import POLICIES, HeadsPolicy, answer
-from corelens.runs import MANIFEST, file_hash, model_data_settings, write_json
+from corelens.models.prepare import Prepared, prepare
+from corelens.policies import POLICIES, HeadsPolicy
+from corelens.runs import file_hash
 from corelens.runs.context import RunContext
-from corelens.runs.driver import Loop, ordered
-from corelens.runs.outputs import ABLATE, RANK
+from corelens.runs.outputs import ABLATE
 
 BASELINE = "none"
 COLUMNS = [
@@ -104,6 +101,11 @@ class Condition:
         policy = operator_policy(op, keys, hs.heads, label=hs.name, seed=hs.seed)
         return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, policy, hs.overlap, hs.short_by)
 
+    @property
+    def heads(self) -> tuple[tuple[int, int], ...]:
+        """Return the heads ablated (what equal conditions share one generation by)."""
+        return self.policy.heads
+
     def record(self, op: str, keys: str) -> dict:
         """Return the condition as headsets.json lists it (name, heads, op, keys, label, seed, meta)."""
         p = self.policy
@@ -123,120 +125,7 @@ def conditions(sets: Sequence[HeadSet], op: str, keys: str) -> list[Condition]:
     return [base, *(Condition.of(hs, op, keys) for hs in sets)]
 
 
-def read_heads(path: str | Path, m: Loaded, granularity: str | None = None) -> pd.DataFrame:
-    """Return a rank run's head table, checked against the model's shape, at `granularity`.
-
-    None keeps the table's own (query heads, or KV heads for `rank --granularity kv`); "kv" turns a query
-    table into a KV table (`corelens.metrics.kvheads.kv_table`: the members' masses summed); "query" refuses
-    a KV table, whose scores cannot be split among query heads.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CorelensError(f"{path}: no such head table (expected a rank run's heads.csv)")
-    check_heads(path, m)  # an exported head set: the model must have its config
-    table = read_table(path)
-    own = kvheads.granularity_of(table)
-    per_layer = m.num_kv_heads if own == "kv" else m.num_heads
-    try:
-        # Integers in the model's range, each head once, finite ranks; named by the line at fault.
-        table = check_table(table, m.num_layers, per_layer, csv_line)
-    except CorelensError as err:
-        unit = "KV heads" if own == "kv" else "heads"
-        raise CorelensError(
-            f"{path}: {err} (the model has {m.num_layers} layers x {per_layer} {unit})"
-        ) from None
-    if granularity is None or granularity == own:
-        return table
-    if kvheads.check_granularity(granularity) == "query":
-        raise OptionError(
-            f"--granularity query: {path} ranks KV heads (rank --granularity kv); their scores cannot be "
-            "split among query heads: rank again with --granularity query, or use --granularity kv"
-        )
-    return kvheads.kv_table(table, kvheads.group_size(m.num_heads, m.num_kv_heads))
-
-
-def full_heads(
-    table: pd.DataFrame, rows: Sequence[tuple[int, int]], m: Loaded
-) -> tuple[tuple[int, int], ...]:
-    """Return the query heads of `rows` of a head table: the rows themselves, or every member of KV rows."""
-    if kvheads.granularity_of(table) != "kv":
-        return tuple(rows)
-    return kvheads.expand(rows, kvheads.group_size(m.num_heads, m.num_kv_heads))
-
-
-def ranking_data(heads: str | Path) -> pd.DataFrame:
-    """Return the per-sample RAM table (`ram.parquet`) of the rank run that wrote `heads`."""
-    path = RANK.path(Path(heads).parent, "ram")
-    if not path.is_file():
-        raise CorelensError(f"--rank-resamples needs the rank run's ram.parquet next to {heads}")
-    return read_ram(path)
-
-
-def resampled_sets(
-    heads: str | Path,
-    ks: Sequence[str],
-    r: int,
-    seed: int,
-    *,
-    resample: bool = True,
-    group: int | None = None,
-) -> list[HeadSet]:
-    """Return the top-k set of each of `r` bootstrap resamples of the ranking data, for each k.
-
-    The set is `RESAMPLED`, its seed the resample's index; `overlap` counts heads shared with the top-k of the
-    full ranking. `resample=False` ranks every draw on all samples (the plain top-k, for checking).
-    `group` (query heads per KV head) ranks KV heads (members' mass summed); k and `overlap` count KV heads
-    and each set holds their query heads.
-    """
-    ram = ranking_data(heads)
-    if group is not None:
-        ram = kvheads.kv_frame(ram, group)
-    tables = resampled_tables(ram, r, seed, resample=resample)
-    full = resampled_tables(ram, 1, seed, resample=False)[0]
-    out = []
-    for k in ks:
-        count = k_count(k, len(full))
-        top = set(select(full, "top", count))
-        for i, table in enumerate(tables):
-            chosen = select(table, "top", count)
-            members = chosen if group is None else kvheads.expand(chosen, group)
-            out.append(HeadSet(RESAMPLED, str(k), count, i, members, len(top & set(chosen))))
-    return out
-
-
-def heads_settings(heads: str | Path, identified: dict) -> dict:
-    """Return the manifest settings naming a head table and the data its rank run (`rank_manifest`) used."""
-    return {
-        "heads": str(Path(heads).resolve()),
-        "heads_sha256": file_hash(heads),
-        "identified_on": identified.get("data"),
-        "identified_sha256": identified.get("data_sha256"),
-    }
-
-
-def rank_manifest(heads: str | Path) -> dict:
-    """Return the settings of the rank run that wrote `heads` (empty when its manifest.json is missing)."""
-    path = Path(heads).parent / MANIFEST
-    if not path.is_file():
-        return {}
-    return json.loads(path.read_text()).get("settings", {})
-
-
-def same_file_warning(data: str | Path, identified: dict) -> str | None:
-    """Return a warning when `data` is the file the heads were identified on (same sha256 or same path)."""
-    if not identified.get("data"):
-        return None
-    same_hash = identified.get("data_sha256") == file_hash(data)
-    same_path = Path(identified["data"]).resolve() == Path(data).resolve()
-    if same_hash or same_path:
-        return (
-            f"the heads were identified on the same data ({identified['data']}) as they are evaluated on "
-            f"({data}); use a disjoint split for a causal claim"
-        )
-    return None
-
-
-_summary = summary_table  # the sweeps' summary, now in corelens.experiments.sweep (hybrid imports it here)
+_summary = summary_table  # the sweeps' summary, now in corelens.experiments.sweep
 
 
 def _table(
@@ -285,6 +174,112 @@ class Sweep:
     resampled: pd.DataFrame | None = None
 
 
+@dataclass
+class AblatePreset(Preset):
+    """`corelens ablate` as a policy sweep: each head set ablated by operator `op` (`operator_policy`)."""
+
+    op: str = "zero"
+    keys: str = "visual"
+    reference: str | Path | None = None
+    ref_path: Path | None = None  # the mean statistics' reference data, resolved by `check_plan`
+    means: HeadMeans | None = None  # op mean: the reference statistics, prepared before the loop
+
+    command = "ablate"
+    outputs = ABLATE
+    key, size = "k", "k_heads"
+    columns = RECORD
+    warn_unidentified = True
+
+    def check_plan(self, plan: Plan) -> None:
+        """Op mean: refuse a missing reference (default: the data the rank run identified the heads on)."""
+        if self.op != "mean":
+            return
+        given = self.reference
+        self.ref_path = Path(given) if given is not None else Path(plan.identified.get("data") or "")
+        if given is None and not plan.identified.get("data"):
+            raise CorelensError(f"op 'mean' needs --reference (no rank manifest next to {plan.heads})")
+        if not self.ref_path.is_file():
+            raise CorelensError(
+                f"{self.ref_path}: reference data for the mean statistics not found (give --reference)"
+            )
+
+    def settings(self, plan: Plan) -> dict:
+        ref = self.ref_path
+        seeds = (draws.AUTO if plan.auto else list(range(plan.seeds))) if plan.seeded else []
+        return {
+            **heads_settings(plan.heads, plan.identified),
+            "k": plan.ks,
+            "op": self.op,
+            "keys": self.keys,
+            "seeds": seeds,
+            "reference": str(ref.resolve()) if ref else None,
+            "reference_sha256": file_hash(ref) if ref else None,
+        }
+
+    def prepare(self, plan: Plan, run) -> None:
+        """Op mean: the reference statistics, computed once (by rank 0 under torchrun) and kept in the run."""
+        if self.op != "mean":
+            return
+        stored = ABLATE.path(run.path, "means") if run else None
+        if stored is None or (run.dist.main and not stored.is_file()):
+            # Bad reference records are left out (listed in the metadata) rather than stopping the sweep.
+            refs, bad = read_samples(self.ref_path, skip_bad=True)
+            meta = {
+                "reference": str(self.ref_path.resolve()),
+                "reference_sha256": file_hash(self.ref_path),
+                "skipped_lines": [b.line for b in bad],
+            }
+            self.means = reference_means(plan.m, refs, progress=plan.ctx.progress, meta=meta)
+            if stored is not None:
+                self.means.save(stored)
+        if stored is not None:
+            run.dist.barrier()  # under torchrun rank 0 records the means once; every rank reads them
+            self.means = HeadMeans.load(stored)
+
+    def baseline(self, plan: Plan) -> Condition:
+        return conditions((), self.op, self.keys)[0]
+
+    def draw(self, plan: Plan, ks, kinds, which) -> list[Condition]:
+        sets = head_sets(
+            plan.table, ks, kinds, which, base_seed=plan.seed, random_from=plan.random_from,
+            stable_p=plan.stable_p, task=plan.task,
+        )  # fmt: skip
+        # A set of KV heads ablates every query head of each (k, overlap and short_by still count KV heads).
+        full = (replace(hs, heads=full_heads(plan.table, hs.heads, plan.m)) for hs in sets)
+        return [Condition.of(hs, self.op, self.keys) for hs in full]
+
+    def resampled(self, plan: Plan, hs: HeadSet) -> Condition:
+        return Condition.of(hs, self.op, self.keys)
+
+    def set_entry(self, c: Condition) -> dict:
+        return c.record(self.op, self.keys)
+
+    def refuse(self, sample: Sample, prepared: Prepared) -> str | None:
+        if self.op != "knockout" or self.keys != "omega":
+            return None
+        if not sample.targets:
+            # A question kept for scoring without evidence (e.g. MMLongBench-Doc "[]"): no Ω to knock out.
+            return "no evidence target: knocking out Ω needs one"
+        prepared.layout.omega(sample.targets, sample=sample.id)  # bad targets fail here, not mid-sweep
+        return None
+
+    def policy(self, c: Condition) -> HeadsPolicy:
+        return replace(c.policy, means=self.means) if self.op == "mean" else c.policy
+
+    def table(self, plan: Plan, records: pd.DataFrame, conds) -> pd.DataFrame:
+        return _table(records, conds, self.op, self.keys, plan.group, plan.unit)
+
+    def figure(self, plan: Plan, table: pd.DataFrame, paths: dict[str, Path]) -> None:
+        from corelens.report.curves import dose_response
+
+        dose_response(
+            table,
+            paths["dose_response"],
+            total_heads=len(plan.table),  # the asked rows' total: query or KV heads
+            title=f"{self.op} ablation on {Path(plan.data).name}",
+        )
+
+
 def sweep(
     m: Loaded,
     data: str | Path,
@@ -323,207 +318,15 @@ def sweep(
     heads.csv's own granularity (docs/methods.md#kv-heads).
     `ctx` is the run (`RunContext`: `out`, `skip_bad`, `limit`, `limits`, `progress`, `argv`), whose fields
     may also be given as keywords.
+    The sweep is `corelens.experiments.policy_sweep`'s, with `AblatePreset`.
     """
-    ctx = RunContext.of(ctx, **context)
-    ks = parse_k(ks)
-    table = read_heads(heads, m, granularity)
-    unit, group = kvheads.granularity_of(table), kvheads.group_size(m.num_heads, m.num_kv_heads)
-    identified = rank_manifest(heads)
-    warning = same_file_warning(data, identified)
-    if not identified:
-        warning = f"no rank manifest.json next to {heads}: cannot check that the heads were identified on other data"
-    if warning:
-        warn(warning)
-    seeded = [s for s in sets if s in SEEDED]
-    draws.check(seeds, control_width, max_draws)
-    auto = seeds == draws.AUTO
-    samples, skipped = ctx.read(data)
-    missing = [s.id for s in samples if s.answer is None]
-    if missing:
-        raise InputError(
-            f"{len(missing)} sample(s) have no answer to score against", file=str(data), sample=missing[0]
-        )
-    task = task_of(samples, data)
-
-    def drawn(ks: Sequence[str], kinds: Sequence[str], which) -> list[HeadSet]:
-        sets_ = head_sets(
-            table, ks, kinds, which, base_seed=seed, random_from=random_from, stable_p=stable_p, task=task
-        )
-        # A set of KV heads ablates every query head of each (k, overlap and short_by still count KV heads).
-        return [replace(hs, heads=full_heads(table, hs.heads, m)) for hs in sets_]
-
-    chosen = drawn(ks, sets, draws.first_draws(seeds, max_draws))
-    if rank_resamples:
-        by_kv = group if unit == "kv" else None
-        chosen += resampled_sets(heads, ks, rank_resamples, seed, resample=resample, group=by_kv)
-    conds = conditions(chosen, op, keys)
-
-    ref_path = None
-    if op == "mean":
-        ref_path = Path(reference) if reference is not None else Path(identified.get("data") or "")
-        if reference is None and not identified.get("data"):
-            raise CorelensError(f"op 'mean' needs --reference (no rank manifest next to {heads})")
-        if not ref_path.is_file():
-            raise CorelensError(
-                f"{ref_path}: reference data for the mean statistics not found (give --reference)"
-            )
-
-    run = None
-    if ctx.out is not None:
-        settings = {
-            **model_data_settings(m, data),
-            **heads_settings(heads, identified),
-            "k": ks,
-            "sets": list(sets),
-            "op": op,
-            "keys": keys,
-            "seeds": (draws.AUTO if auto else list(range(seeds))) if seeded else [],
-            "seed": seed,
-            "task": task,
-            "random_from": random_from,
-            "reference": str(ref_path.resolve()) if ref_path else None,
-            "reference_sha256": file_hash(ref_path) if ref_path else None,
-            "scorer": scorer,
-            "max_new_tokens": max_new_tokens,
-            "limit": ctx.limit,
-            "skip_bad": ctx.skip_bad,
-        }
-        # Recorded only when used, so that runs without them resume as before.
-        if rank_resamples:
-            settings.update(rank_resamples=rank_resamples, resample=resample)
-        if "stable" in sets:
-            settings["stable_p"] = stable_p
-        if unit == "kv":
-            settings["granularity"] = unit
-        if auto and seeded:
-            settings.update(control_width=control_width, max_draws=max_draws)
-        run = ctx.open("ablate", settings, device=m.device)
-        if warning and run.dist.main:
-            run.manifest.setdefault("warnings", [])
-            if warning not in run.manifest["warnings"]:
-                run.manifest["warnings"].append(warning)
-
-    def record_sets() -> None:
-        if run is not None and run.dist.main:
-            write_json(
-                ABLATE.path(run.path, "sets"),
-                [c.record(op, keys) for c in conds],
-                root=run.path,
-            )
-
-    record_sets()
-
-    means = None
-    if op == "mean":
-        stored = ABLATE.path(run.path, "means") if run else None
-        if stored is None or (run.dist.main and not stored.is_file()):
-            # Bad reference records are left out (listed in the metadata) rather than stopping the sweep.
-            refs, bad = read_samples(ref_path, skip_bad=True)
-            meta = {
-                "reference": str(ref_path.resolve()),
-                "reference_sha256": file_hash(ref_path),
-                "skipped_lines": [b.line for b in bad],
-            }
-            means = reference_means(m, refs, progress=ctx.progress, meta=meta)
-            if stored is not None:
-                means.save(stored)
-        if stored is not None:
-            run.dist.barrier()  # under torchrun rank 0 records the means once; every rank reads them
-            means = HeadMeans.load(stored)
-
-    def step(sample: Sample, done: set[str], prepared: Prepared) -> Iterator[dict]:
-        if op == "knockout" and keys == "omega" and not sample.targets:
-            # A question kept for scoring without evidence (e.g. MMLongBench-Doc "[]"): no Ω to knock out.
-            reason = "no evidence target: knocking out Ω needs one"
-            yield {"id": f"skipped|{sample.id}", "status": "skipped", "line": sample.line, "reason": reason}
-            return
-        if op == "knockout" and keys == "omega":
-            prepared.layout.omega(sample.targets, sample=sample.id)  # bad targets fail here, not mid-sweep
-        answers: dict[tuple, str] = {}  # equal head sets share one generation
-        for c in conds:
-            if f"{c.name}|{sample.id}" in done or f"{c.name}|{sample.id}" in have:
-                continue
-            if c.policy.heads not in answers:
-                policy = replace(c.policy, means=means) if op == "mean" else c.policy
-                answers[c.policy.heads] = answer(
-                    m, prepared, policy, sample=sample, max_new_tokens=max_new_tokens
-                )
-            prediction = answers[c.policy.heads]
-            yield {
-                "id": f"{c.name}|{sample.id}",
-                "status": "ok",
-                "condition": c.name,
-                "sample": sample.id,
-                "task": sample.task,
-                "prediction": prediction,
-                "gold": sample.answer,
-                "correct": score(prediction, sample.answer, sample.choices, scorer),
-            }
-
-    loop = Loop(
-        "ablate",
-        step,
-        keys=lambda s: [f"{c.name}|{s.id}" for c in conds],
-        skip_key=lambda s: f"skipped|{s.id}",
-        length=partial(prompt_length, m),
-        prepare=partial(prepare, m),
-    )
-    have: dict[str, dict] = {}  # records of earlier rounds (a run without --out keeps them only here)
-    columns = ["condition", "sample", "task", "prediction", "gold", "correct"]
-
-    def evaluate() -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
-        got = ctx.drive(loop, samples, run, skipped)
-        have.update((r["id"], r) for r in got)
-        logged = ordered(loop, samples, have.values())
-        ok = [r for r in logged if r["status"] == "ok"]
-        records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
-        return logged, records, _table(records, conds, op, keys, group, unit)
-
-    logged, records, result_table = evaluate()
-    # --seeds auto: more draws, a batch at a time, for every control still wider than the target. Each
-    # choice follows from the logged answers, so a resumed run draws the same sets.
-    found = draws.controls(result_table, "k", control_width, max_draws, auto)
-    while any(c.stopped == "more" for c in found):
-        batch = [hs for c in found for hs in drawn([c.k], [c.kind], draws.more(c, max_draws))]
-        if not batch:
-            break  # nothing left to draw (cannot happen while `more` and `status` agree on the cap)
-        conds.extend(Condition.of(hs, op, keys) for hs in batch)
-        record_sets()
-        logged, records, result_table = evaluate()
-        found = draws.controls(result_table, "k", control_width, max_draws, auto)
-    names = {(c.kind, c.k, c.seed): c.name for c in conds}
-    tail = Tail(
-        ABLATE,
-        result_table,
-        records,
-        names,
-        found,
-        task,
-        seed,
-        "k",
-        "k_heads",
-        control_width,
-        max_draws,
-        auto,
-    )
-    resampled_sets_ = (
-        [(c.k, c.policy.heads) for c in conds if c.kind == RESAMPLED] if rank_resamples else None
-    )
-
-    def draw(paths: dict[str, Path]) -> None:
-        from corelens.report.curves import dose_response
-
-        dose_response(
-            result_table,
-            paths["dose_response"],
-            total_heads=len(table),  # the asked rows' total: query or KV heads
-            title=f"{op} ablation on {Path(data).name}",
-        )
-
-    n_skipped = sum(1 for r in logged if r["status"] == "skipped")
-    finish = {"samples": len(samples), "conditions": len(conds), "skipped": n_skipped}
-    summary, resampled = conclude_sweep(run, tail, resampled_sets_, draw=draw, **finish)
-    return Sweep(result_table, summary, records, resampled)
+    swept = sweep_policies(
+        AblatePreset(op, keys, reference), m, data, heads, ks=parse_k(ks), granularity=granularity,
+        warn=warn, sets=list(sets), seeds=seeds, seed=seed, random_from=random_from, stable_p=stable_p,
+        control_width=control_width, max_draws=max_draws, rank_resamples=rank_resamples, resample=resample,
+        scorer=scorer, max_new_tokens=max_new_tokens, ctx=RunContext.of(ctx, **context),
+    )  # fmt: skip
+    return Sweep(swept.table, swept.summary, swept.records, swept.resampled)
 
 
 def sweep_path(

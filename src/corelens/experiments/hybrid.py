@@ -11,15 +11,19 @@ hybrid prefill) or "stream" (the streaming heads keep their pattern, with the tr
 baseline ("dense") is the unmodified model. `ideal_speedup` pools the (query, key) pairs over the samples:
 all causal prefill pairs of the condition's prompts over the pairs its policy keeps. `S` and `W` are token counts or a percentage
 of the median prompt length of the data ("25%"), resolved once and recorded, so that a short-prompt task
-can be given a window that actually drops keys. Resumable like every run: each (condition, sample) answer
-is logged before the next starts.
+can be given a window that actually drops keys (a share needs every prompt's length before the first
+answer: one length pass; token counts need none, and the median is then read off the answers). Resumable
+like every run: each (condition, sample) answer is logged before the next starts. The sweep is the one
+policy sweep (`corelens.experiments.policy_sweep`) with `HybridPreset`: each condition answers under a
+registered policy, `HybridAttention` or `AdaptiveHybrid`, through `corelens.policies.answer`.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,22 +33,22 @@ import pandas as pd
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
 from corelens.attention.streaming import DECODES, HybridPolicy
 from corelens.choices import ADAPTIVE, HYBRID_SET_KINDS
-from corelens.data.sample import Sample, task_of
-from corelens.errors import CorelensError, InputError, OptionError
+from corelens.data.sample import Sample
+from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.ablate import rank_manifest, read_heads, resampled_sets, same_file_warning
-from corelens.experiments.evaluate import interval, score
-from corelens.experiments.sweep import Tail, conclude_sweep, run_sweep
+from corelens.experiments.evaluate import interval
+from corelens.experiments.policy_sweep import RECORD, Plan, Preset, sweep_policies
+from corelens.experiments.sweep import run_sweep
 from corelens.metrics import draws
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
-from corelens.metrics.kvheads import expand, granularity_of, group_size, shares
+from corelens.metrics.kvheads import expand, granularity_of, shares
 from corelens.metrics.uncertainty import RESAMPLED
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import Prepared, prepare, prompt_length
-from corelens.policies import AdaptiveHybrid, HybridAttention, answer
-from corelens.runs import file_hash, model_data_settings, write_json
+from corelens.models.prepare import Prepared, prompt_length
+from corelens.policies import AdaptiveHybrid, HybridAttention, Policy
+from corelens.runs import file_hash
 from corelens.runs.context import RunContext
-from corelens.runs.driver import Loop, ordered, prompt_lengths
+from corelens.runs.driver import prompt_lengths
 from corelens.runs.outputs import HYBRID
 
 DENSE = "dense"
@@ -70,6 +74,16 @@ class Condition:
     short_by: int = 0  # heads the full set lacks to reach its kept count (a control that ran out of heads)
     adaptive: bool = False  # the policy's per-layer counts, with the heads chosen per prompt
     asked: int | None = None  # rows of the head table asked for (query or KV heads); None: dense
+
+    @property
+    def k(self) -> str:
+        """Return the kept share as given (the sweep's size)."""
+        return self.keep
+
+    @property
+    def heads(self) -> tuple[tuple[int, int], ...] | None:
+        """Return the full heads (None: the dense baseline)."""
+        return None if self.policy is None else self.policy.full
 
 
 def resolve_size(spec: str | int, lengths: Sequence[int]) -> int:
@@ -131,43 +145,14 @@ def conditions(
                 name = f"{kind}/{keep}" + (f"/s{draw}" if draw is not None else "")
                 short = count - len(heads)
                 out.append(Condition(name, kind, keep, draw, policy, short, kind == ADAPTIVE, count))
-    for hs in resampled:
-        source = {"keep": hs.k, "kind": RESAMPLED, "resample": hs.seed, "base_seed": seed}
-        policy = HybridPolicy(hs.heads, sink, window, source)
-        out.append(Condition(hs.name, RESAMPLED, hs.k, hs.seed, policy, asked=hs.count))
-    return out
+    return out + [resampled_condition(hs, seed, sink, window) for hs in resampled]
 
 
-def generate_answer(
-    m: Loaded,
-    prepared: Prepared,
-    max_new_tokens: int,
-    policy: HybridPolicy | None,
-    decode: str = "full",
-    adaptive: bool = False,
-    *,
-    kernel: str = "auto",
-    dense_below: float | None = DENSE_BELOW,
-    ran: Counter | None = None,
-) -> tuple[str, float]:
-    """Return the greedy answer (new tokens, special tokens dropped) and the share of cache bytes saved.
-
-    `adaptive`: keep `policy`'s number of full heads in each layer, chosen per prompt during the prefill.
-    `kernel` / `dense_below`: the prefill kernel and the partitioned kernel's crossover (`corelens.hybrid`);
-    `ran` counts the layer prefills per kernel that ran ("dense": the crossover ran every head causal).
-    """
-    if policy is None:
-        return answer(m, prepared, None, max_new_tokens=max_new_tokens), 0.0
-    if adaptive:
-        budget = policy.fraction(m.num_layers, m.num_heads)
-        applied = AdaptiveHybrid(budget, policy.full, policy.sink, policy.window, kernel=kernel)
-    else:
-        applied = HybridAttention.of(policy, decode=decode, kernel=kernel, dense_below=dense_below)
-    stats: dict = {}
-    text = answer(m, prepared, applied, max_new_tokens=max_new_tokens, stats=stats)
-    if ran is not None:
-        ran.update(stats["prefill"])
-    return text, stats["saved"]
+def resampled_condition(hs: HeadSet, seed: int, sink: int, window: int) -> Condition:
+    """Return the condition keeping a resampled ranking's top-k set `hs` full."""
+    source = {"keep": hs.k, "kind": RESAMPLED, "resample": hs.seed, "base_seed": seed}
+    policy = HybridPolicy(hs.heads, sink, window, source)
+    return Condition(hs.name, RESAMPLED, hs.k, hs.seed, policy, asked=hs.count)
 
 
 def _table(
@@ -248,6 +233,158 @@ class HybridCurve:
     summary: pd.DataFrame | None = None  # per (set, keep): mean over draws, two-level interval, draws
 
 
+def is_share(spec: str | int) -> bool:
+    """Return True when a size is a share of the median prompt ("25%") rather than a token count."""
+    return str(spec).strip().endswith("%")
+
+
+@dataclass
+class HybridPreset(Preset):
+    """`corelens hybrid` as a policy sweep: each full set kept causal, every other head streaming (S + W)."""
+
+    sink: str | int = 128
+    window: str | int = 1024
+    decode: str = "full"
+    kernel: str = "auto"
+    dense_below: float | None = DENSE_BELOW
+    sink_n: int = 0  # S and W in tokens, resolved by `prepare`
+    window_n: int = 0
+    median: float = math.nan  # the median prompt length (from the length pass, or the records' tokens)
+    lengths: dict | None = None  # each sample's prompt length, measured when S or W is a share
+    shape: tuple[int, int, int] = (0, 0, 0)  # the model's layers, query heads and KV heads
+
+    command = "hybrid"
+    outputs = HYBRID
+    key, size = "keep", "full_heads"
+    columns = [*RECORD[:3], "tokens", *RECORD[3:], "saved"]
+
+    def check(self, sets: Sequence[str]) -> None:
+        if self.decode not in DECODES:
+            raise CorelensError(f"unknown decode mode {self.decode!r}; expected one of {DECODES}")
+        unknown = set(sets) - set(SET_KINDS)
+        if unknown:
+            raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
+        if ADAPTIVE in sets and self.decode != "full":
+            raise CorelensError("the adaptive set decodes with full attention: use --decode full")
+
+    def check_plan(self, plan: Plan) -> None:
+        if ADAPTIVE in plan.sets and plan.unit == "kv":
+            raise OptionError(
+                "the adaptive set chooses query heads per prompt: use --granularity query with it"
+            )
+
+    def settings(self, plan: Plan) -> dict:
+        return {
+            "heads": str(Path(plan.heads).resolve()),
+            "heads_sha256": file_hash(plan.heads),
+            "identified_on": plan.identified.get("data"),
+            "keeps": plan.ks,
+            "seeds": plan.seeds,
+            "sink": str(self.sink),
+            "window": str(self.window),
+            "decode": self.decode,
+        }
+
+    def optional(self, plan: Plan) -> dict:
+        if self.kernel != "auto" or self.dense_below != DENSE_BELOW:
+            return {"kernel": self.kernel, "dense_below": self.dense_below}
+        return {}
+
+    def prepare(self, plan: Plan, run) -> None:
+        """Resolve S and W; a share of the median prompt needs every prompt's length before the loop (measured
+        once over all ranks, cached in the run), token counts do not (the median then comes from the records)."""
+        self.shape = (plan.m.num_layers, plan.m.num_heads, plan.m.num_kv_heads)
+        lengths = []
+        if is_share(self.sink) or is_share(self.window):
+            self.lengths = prompt_lengths(plan.samples, partial(prompt_length, plan.m), run)
+            lengths = [n for n in self.lengths.values() if n is not None]
+            self.median = float(statistics.median(lengths)) if lengths else math.nan
+        self.sink_n, self.window_n = resolve_size(self.sink, lengths), resolve_size(self.window, lengths)
+
+    def length(self, plan: Plan) -> Callable[[Sample], int] | None:
+        lengths = self.lengths
+        return None if lengths is None else lambda s: lengths[s.id] or 0
+
+    def baseline(self, plan: Plan) -> Condition:
+        return Condition(DENSE, DENSE, "100%", None, None)
+
+    def draw(self, plan: Plan, ks, kinds, which) -> list[Condition]:
+        return conditions(
+            plan.table,
+            ks,
+            kinds,
+            which,
+            plan.seed,
+            self.sink_n,
+            self.window_n,
+            plan.random_from,
+            (),
+            plan.stable_p,
+            plan.group,
+            task=plan.task,
+        )[1:]  # fmt: skip  (less the dense baseline each call starts with)
+
+    def resampled(self, plan: Plan, hs: HeadSet) -> Condition:
+        return resampled_condition(hs, plan.seed, self.sink_n, self.window_n)
+
+    def set_entry(self, c: Condition) -> dict:
+        return {"name": c.name, **(c.policy.to_dict() if c.policy else {}), "adaptive": c.adaptive}
+
+    def annotate(self, plan: Plan, run) -> None:
+        run.manifest.update(sink_tokens=self.sink_n, window_tokens=self.window_n)
+        if self.lengths is not None:
+            run.manifest["median_prompt_tokens"] = self.median
+        run.manifest["granularity"] = {"granularity": plan.unit, "query_heads_per_kv_head": plan.group}
+        run.manifest["task"] = plan.task
+
+    def policy(self, c: Condition) -> Policy | None:
+        """Return the registered policy of `c`: hybrid attention on its full set, or (set adaptive) as many
+        full heads per layer, chosen per prompt during the prefill."""
+        if c.policy is None:
+            return None
+        if c.adaptive:
+            budget = c.policy.fraction(*self.shape[:2])
+            return AdaptiveHybrid(budget, c.policy.full, c.policy.sink, c.policy.window, kernel=self.kernel)
+        return HybridAttention.of(
+            c.policy, decode=self.decode, kernel=self.kernel, dense_below=self.dense_below
+        )
+
+    def share(self, c: Condition):
+        return None if c.policy is None else (c.adaptive, c.policy.full)
+
+    def front(self, prepared: Prepared) -> dict:
+        return {"tokens": prepared.seq_len}
+
+    def measured(self, stats: dict) -> dict:
+        # The baseline answers unmodified: nothing saved, no hybrid prefill.
+        return {"saved": stats.get("saved", 0.0), "prefill": dict(stats.get("prefill", {}))}
+
+    def frame(self, records: pd.DataFrame, ok) -> pd.DataFrame:
+        # The share of a record's layer prefills that the partitioned kernel's crossover ran dense (records
+        # logged before this field existed count as none).
+        records["dense_prefills"] = [_dense_share(r.get("prefill") or {}) for r in ok]
+        return records
+
+    def table(self, plan: Plan, records: pd.DataFrame, conds) -> pd.DataFrame:
+        if self.lengths is None:  # S and W in tokens: the median prompt is read off the answers
+            tokens = dict(zip(records["sample"], records["tokens"]))
+            self.median = float(statistics.median(tokens.values())) if tokens else math.nan
+        return _table(records, conds, self.shape, self.sink_n, self.window_n, plan.unit)
+
+    def manifest(self, plan: Plan, ok) -> dict:
+        totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
+        prefill = {"kernel": self.kernel, "dense_below": self.dense_below, "layer_prefills": dict(totals)}
+        return {"prefill": prefill, "median_prompt_tokens": self.median}
+
+    def figure(self, plan: Plan, table: pd.DataFrame, paths: dict[str, Path]) -> None:
+        from corelens.report.curves import accuracy_vs_kept
+
+        sizes = f"S={self.sink_n}, W={self.window_n}, median prompt {self.median:.0f}"
+        accuracy_vs_kept(
+            table, paths["hybrid"], title=f"hybrid attention on {Path(plan.data).name} ({sizes})"
+        )
+
+
 def curve(
     m: Loaded,
     data: str | Path,
@@ -288,211 +425,20 @@ def curve(
     draws with the two-level interval.
     `ctx` is the run (`RunContext`: `out`, `skip_bad`, `limit`, `limits`, `progress`, `argv`), whose fields
     may also be given as keywords.
+    The sweep is `corelens.experiments.policy_sweep`'s, with `HybridPreset`; each sample is prepared once, and
+    once more before the loop only when S or W is a share of the median prompt.
     """
-    ctx = RunContext.of(ctx, **context)
-    keeps = parse_k(keeps)
-    if decode not in DECODES:
-        raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
-    unknown = set(sets) - set(SET_KINDS)
-    if unknown:
-        raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
-    if ADAPTIVE in sets and decode != "full":
-        raise CorelensError("the adaptive set decodes with full attention: use --decode full")
-    draws.check(seeds, control_width, max_draws)
-    auto = seeds == draws.AUTO
-    table = read_heads(heads, m, granularity)
-    unit = granularity_of(table)
-    if ADAPTIVE in sets and unit == "kv":
-        raise OptionError("the adaptive set chooses query heads per prompt: use --granularity query with it")
-    group = group_size(m.num_heads, m.num_kv_heads)
-    identified = rank_manifest(heads)
-    warning = same_file_warning(data, identified)
-    if warning:
-        warn(warning)
-    samples, skipped = ctx.read(data)
-    missing = [s.id for s in samples if s.answer is None]
-    if missing:
-        raise InputError(
-            f"{len(missing)} sample(s) have no answer to score against", file=str(data), sample=missing[0]
-        )
-    task = task_of(samples, data)
-    drawn_kinds = [s for s in sets if s in SEEDED]
-
-    run = None
-    if ctx.out is not None:
-        settings = {
-            **model_data_settings(m, data),
-            "heads": str(Path(heads).resolve()),
-            "heads_sha256": file_hash(heads),
-            "identified_on": identified.get("data"),
-            "keeps": keeps,
-            "sets": list(sets),
-            "seeds": seeds,
-            "seed": seed,
-            "task": task,
-            "random_from": random_from,
-            "sink": str(sink),
-            "window": str(window),
-            "decode": decode,
-            "scorer": scorer,
-            "max_new_tokens": max_new_tokens,
-            "limit": ctx.limit,
-            "skip_bad": ctx.skip_bad,
-        }
-        # Recorded only when used, so that runs without them resume as before.
-        if rank_resamples:
-            settings.update(rank_resamples=rank_resamples, resample=resample)
-        if "stable" in sets:
-            settings["stable_p"] = stable_p
-        if unit == "kv":
-            settings["granularity"] = unit
-        if kernel != "auto" or dense_below != DENSE_BELOW:
-            settings.update(kernel=kernel, dense_below=dense_below)
-        if auto and drawn_kinds:
-            settings.update(control_width=control_width, max_draws=max_draws)
-        run = ctx.open("hybrid", settings, device=m.device)
-    # S and W may be shares of the median prompt: measure every prompt once (over all ranks, cached in the run).
-    measured = prompt_lengths(samples, partial(prompt_length, m), run)
-    lengths = [n for n in measured.values() if n is not None]
-    median = float(statistics.median(lengths)) if lengths else float("nan")
-    sink_n, window_n = resolve_size(sink, lengths), resolve_size(window, lengths)
-    by_kv = group if unit == "kv" else None
-    drawn = (
-        resampled_sets(heads, keeps, rank_resamples, seed, resample=resample, group=by_kv)
-        if rank_resamples
-        else []
+    preset = HybridPreset(sink, window, decode, kernel, dense_below)
+    swept = sweep_policies(
+        preset, m, data, heads, ks=parse_k(keeps), granularity=granularity, warn=warn, sets=list(sets),
+        seeds=seeds, seed=seed, random_from=random_from, stable_p=stable_p, control_width=control_width,
+        max_draws=max_draws, rank_resamples=rank_resamples, resample=resample, scorer=scorer,
+        max_new_tokens=max_new_tokens, ctx=RunContext.of(ctx, **context),
+    )  # fmt: skip
+    summary = swept.summary
+    return HybridCurve(
+        swept.table, swept.records, preset.sink_n, preset.window_n, preset.median, swept.resampled, summary
     )
-    first = draws.first_draws(seeds, max_draws)
-    conds = conditions(
-        table, keeps, sets, first, seed, sink_n, window_n, random_from, drawn, stable_p, group, task=task
-    )
-    shape = (m.num_layers, m.num_heads, m.num_kv_heads)
-
-    def record_policies() -> None:
-        if run is None or not run.dist.main:
-            return
-        run.manifest.update(sink_tokens=sink_n, window_tokens=window_n, median_prompt_tokens=median)
-        run.manifest["granularity"] = {"granularity": unit, "query_heads_per_kv_head": group}
-        if warning:
-            run.manifest["warnings"] = sorted(set(run.manifest.get("warnings", [])) | {warning})
-        run.manifest["task"] = task
-        write_json(
-            HYBRID.path(run.path, "sets"),
-            [
-                {"name": c.name, **(c.policy.to_dict() if c.policy else {}), "adaptive": c.adaptive}
-                for c in conds
-            ],
-            root=run.path,
-        )
-
-    record_policies()
-
-    def step(sample: Sample, done: set[str], p: Prepared) -> Iterator[dict]:
-        answers: dict[tuple | None, tuple[str, float, Counter]] = {}  # equal full sets share one generation
-        for c in conds:
-            if f"{c.name}|{sample.id}" in done or f"{c.name}|{sample.id}" in have:
-                continue
-            full = None if c.policy is None else (c.adaptive, c.policy.full)
-            if full not in answers:
-                ran = Counter()
-                got = generate_answer(
-                    m,
-                    p,
-                    max_new_tokens,
-                    c.policy,
-                    decode,
-                    c.adaptive,
-                    kernel=kernel,
-                    dense_below=dense_below,
-                    ran=ran,
-                )
-                answers[full] = (*got, ran)
-            prediction, saved, ran = answers[full]
-            yield {
-                "id": f"{c.name}|{sample.id}",
-                "status": "ok",
-                "condition": c.name,
-                "sample": sample.id,
-                "task": sample.task,
-                "tokens": p.seq_len,
-                "prediction": prediction,
-                "gold": sample.answer,
-                "correct": score(prediction, sample.answer, sample.choices, scorer),
-                "saved": saved,
-                "prefill": dict(ran),  # layer prefills per kernel that ran
-            }
-
-    loop = Loop(
-        "hybrid",
-        step,
-        keys=lambda s: [f"{c.name}|{s.id}" for c in conds],
-        skip_key=lambda s: f"skipped|{s.id}",
-        length=lambda s: measured[s.id] or 0,
-        prepare=partial(prepare, m),
-    )
-    have: dict[str, dict] = {}  # records of earlier rounds (a run without --out keeps them only here)
-    columns = ["condition", "sample", "task", "tokens", "prediction", "gold", "correct", "saved"]
-
-    def evaluate() -> tuple[list[dict], list[dict], pd.DataFrame, pd.DataFrame]:
-        got = ctx.drive(loop, samples, run, skipped)
-        have.update((r["id"], r) for r in got)
-        logged = ordered(loop, samples, have.values())
-        ok = [r for r in logged if r.get("status") == "ok"]
-        records = pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=columns)
-        # The share of a record's layer prefills that the partitioned kernel's crossover ran dense (records
-        # logged before this field existed count as none).
-        records["dense_prefills"] = [_dense_share(r.get("prefill") or {}) for r in ok]
-        return logged, ok, records, _table(records, conds, shape, sink_n, window_n, unit)
-
-    logged, ok, records, result = evaluate()
-    # --seeds auto: a batch more draws for each control still wider than the target (see ablate.sweep).
-    found = draws.controls(result, "keep", control_width, max_draws, auto)
-    while any(c.stopped == "more" for c in found):
-        added = 0
-        for c in found:
-            batch = conditions(
-                table, [c.k], [c.kind], draws.more(c, max_draws), seed, sink_n, window_n, random_from,
-                (), stable_p, group, task=task,
-            )  # fmt: skip
-            conds.extend(batch[1:])  # less the dense baseline each call starts with
-            added += len(batch) - 1
-        if not added:
-            break  # nothing left to draw (cannot happen while `more` and `status` agree on the cap)
-        record_policies()
-        logged, ok, records, result = evaluate()
-        found = draws.controls(result, "keep", control_width, max_draws, auto)
-    names = {(c.kind, c.keep, c.seed): c.name for c in conds}
-    tail = Tail(
-        HYBRID,
-        result,
-        records,
-        names,
-        found,
-        task,
-        seed,
-        "keep",
-        "full_heads",
-        control_width,
-        max_draws,
-        auto,
-    )
-    over = [(c.keep, c.policy.full) for c in conds if c.kind == RESAMPLED] if rank_resamples else None
-    totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
-    prefill = {"kernel": kernel, "dense_below": dense_below, "layer_prefills": dict(totals)}
-
-    def draw(paths: dict[str, Path]) -> None:
-        from corelens.report.curves import accuracy_vs_kept
-
-        accuracy_vs_kept(
-            result,
-            paths["hybrid"],
-            title=f"hybrid attention on {Path(data).name} (S={sink_n}, W={window_n}, median prompt {median:.0f})",
-        )
-
-    skips = sum(1 for r in logged if r.get("status") == "skipped")
-    finish = {"samples": len(samples), "conditions": len(conds), "skipped": skips}
-    summary, resampled = conclude_sweep(run, tail, over, draw=draw, manifest={"prefill": prefill}, **finish)
-    return HybridCurve(result, records, sink_n, window_n, median, resampled, summary)
 
 
 def _dense_share(prefill: dict) -> float:

@@ -29,8 +29,9 @@ from corelens.choices import PRIORS
 from corelens.choices import SAP_CONTROLS as CONTROLS
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError, InputError
-from corelens.experiments.evaluate import answer, interval, score
+from corelens.experiments.evaluate import interval, score
 from corelens.experiments.loading import run_loaded
+from corelens.experiments.policy_sweep import answer_each
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.policies import SharedPrior
@@ -116,21 +117,24 @@ def measure_sample(
             "SAP needs an answer to score", file=sample.source, line=sample.line, sample=sample.id
         )
     prepared = prepared if prepared is not None else prepare(m, sample)
-    vanilla = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared)
+    # The unmodified model and every condition's policy, answered from the one prepared prompt (the policy
+    # sweep's step, `corelens.experiments.policy_sweep.answer_each`; equal policies would share an answer).
+    policies = [None, *(cond.policy(seed, temperature) for cond in conditions)]
+    todo = [(policy, policy) for policy in policies]
+    vanilla, *preds = [
+        text for text, _ in answer_each(m, prepared, sample, todo, max_new_tokens=max_new_tokens)
+    ]
     ratio, area = key_region(m, sample, prepared) if sample.targets else (float("nan"), float("nan"))
     priors: dict[str, np.ndarray | None] = {}
-    answers = {}
     for cond in conditions:
         if cond.prior not in priors:
             priors[cond.prior] = build_prior(
                 m, sample, prepared, cond.prior, seed=seed, temperature=temperature
             )
-        policy = cond.policy(seed, temperature)
-        pred = answer(m, sample, max_new_tokens=max_new_tokens, prepared=prepared, policy=policy)
-        answers[cond.name] = {
-            "prediction": pred,
-            "correct": score(pred, sample.answer, sample.choices, scorer),
-        }
+    answers = {
+        cond.name: {"prediction": pred, "correct": score(pred, sample.answer, sample.choices, scorer)}
+        for cond, pred in zip(conditions, preds)
+    }
     in_omega = (
         np.isin(prepared.layout.visual, prepared.layout.omega(sample.targets, sample=sample.id))
         if sample.targets
