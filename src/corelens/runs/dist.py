@@ -2,9 +2,10 @@
 
 corelens never starts processes itself. Under `torchrun --nproc-per-node N -m corelens ...` every rank reads
 WORLD_SIZE / RANK / LOCAL_RANK from the environment, joins one gloo process group (plain TCP, so the same
-code runs on CPUs, GPUs and across nodes through torchrun's c10d rendezvous) and uses it only to exchange
-small Python objects: prompt lengths before the loop, a barrier after it, per-rank statistics at the end.
-No tensor ever crosses it, so NCCL is not needed even on GPUs.
+code runs on CPUs, GPUs and across nodes through torchrun's c10d rendezvous) and uses it only for barriers;
+the small Python objects the ranks exchange (prompt lengths before the loop, per-rank statistics at the end)
+pass through the launch's key-value store around a barrier. No tensor ever crosses either, so NCCL is not
+needed even on GPUs.
 
 Examples:
     >>> from corelens.runs.dist import Dist, current
