@@ -105,11 +105,19 @@ def assert_same_tables(command: str, a: Path, b: Path) -> None:
             )
 
 
+def single_run(setup: dict, command: str) -> Path:
+    """Return the one-process run of `command` on the shared setup (run once per worker, then only read)."""
+    single = setup["root"] / f"single-{command}"
+    if single not in setup.setdefault("single", set()):
+        with one_thread():
+            assert main(argv(setup, command, single)) == 0
+        setup["single"].add(single)
+    return single
+
+
 @pytest.mark.parametrize("command", list(TABLES))
 def test_two_ranks_equal_one_process(setup, tmp_path, command):
-    single = tmp_path / "single"
-    with one_thread():
-        assert main(argv(setup, command, single)) == 0
+    single = single_run(setup, command)
     code, log = finish(torchrun(argv(setup, command, tmp_path / "dist")))
     assert code == 0, log
     assert_same_tables(command, single, tmp_path / "dist")
@@ -160,9 +168,9 @@ def _kill_rank_midway(setup: dict, out: Path, after: int, rank: int = 1) -> list
 
 @pytest.mark.parametrize("restart_ranks", [1, 2])
 def test_killed_rank_resumes_with_any_rank_count(setup, tmp_path, restart_ranks):
-    single = tmp_path / "single"
-    with one_thread():
-        assert main(argv(setup, "ablate", single)) == 0
+    single = single_run(
+        setup, "ablate"
+    )  # the same one-process run as test_two_ranks_equal_one_process[ablate]
     ids = [json.loads(line)["id"] for line in (single / "samples.jsonl").read_text().splitlines()]
     total, per_sample = len(ids), len(ids) // 8
     out = tmp_path / "dist"

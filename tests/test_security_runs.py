@@ -244,3 +244,25 @@ def test_frozen_rank_is_reported_by_number(setup, tmp_path):
     lines = [line for line in log.splitlines() if line.startswith("corelens: error: [rank 0 of 2]")]
     assert len(lines) == 1 and "rank 1 did not answer within 5 s" in lines[0], log
     assert "its error is above" not in log and "run the same command again to resume" in lines[0]
+
+
+def test_a_rank_frozen_inside_a_barrier_is_named_too():
+    """Rank 1 arrived (its key is set) and froze inside gloo's barrier: rank 0's timeout names it all the same."""
+    from torch.distributed import HashStore
+
+    from corelens.cli import _peer_message
+    from corelens.runs.dist import Dist, _absent
+
+    store, key = HashStore(), "corelens/barrier/7"
+    store.set(f"{key}/0", "1")
+    assert _absent(Dist(rank=0, world=2), store, key) == "ranks 1 failed to reach the barrier"
+    store.set(f"{key}/1", "1")
+    assert _absent(Dist(rank=0, world=2), store, key) == "ranks 1 froze inside the barrier"
+    assert _peer_message("Timed out\nranks 1 froze inside the barrier").startswith(
+        "rank 1 did not answer within"
+    )
+    # Of three ranks, two still inside cannot be told apart from here: none is named.
+    store.set(f"{key}/2", "1")
+    assert "froze" not in _absent(Dist(rank=0, world=3), store, key)
+    store.set(f"{key}/left/2", "1")
+    assert _absent(Dist(rank=0, world=3), store, key) == "ranks 1 froze inside the barrier"

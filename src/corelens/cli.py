@@ -216,7 +216,8 @@ def _peer_lost(err: RuntimeError) -> bool:
     import torch.distributed as dist
 
     text = str(err)
-    lost = ("gloo", "Connection closed by peer", "failed to reach the barrier", "Timed out", "timed out")
+    lost = ("gloo", "Connection closed by peer", "failed to reach the barrier", "froze inside the barrier",
+            "Timed out", "timed out")  # fmt: skip
     return isinstance(err, dist.DistError) or any(sign in text for sign in lost)
 
 
@@ -225,7 +226,7 @@ def _peer_message(text: str) -> str:
     from corelens.runs.dist import TIMEOUT_ENV, timeout
 
     limit = f"within {timeout().total_seconds():g} s ({TIMEOUT_ENV})"
-    if found := re.search(r"ranks ([\d, ]+) failed to reach the barrier", text):
+    if found := re.search(r"ranks ([\d, ]+) (?:failed to reach|froze inside) the barrier", text):
         ranks = ", ".join(r.strip() for r in found.group(1).split(",") if r.strip())
         return f"rank {ranks} did not answer {limit}"
     if found := re.search(r"from rank (\d+)", text):

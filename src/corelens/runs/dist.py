@@ -2,9 +2,10 @@
 
 corelens never starts processes itself. Under `torchrun --nproc-per-node N -m corelens ...` every rank reads
 WORLD_SIZE / RANK / LOCAL_RANK from the environment, joins one gloo process group (plain TCP, so the same
-code runs on CPUs, GPUs and across nodes through torchrun's c10d rendezvous) and uses it only to exchange
-small Python objects: prompt lengths before the loop, a barrier after it, per-rank statistics at the end.
-No tensor ever crosses it, so NCCL is not needed even on GPUs.
+code runs on CPUs, GPUs and across nodes through torchrun's c10d rendezvous) and uses it only for barriers;
+the small Python objects the ranks exchange (prompt lengths before the loop, per-rank statistics at the end)
+pass through the launch's key-value store around a barrier. No tensor ever crosses either, so NCCL is not
+needed even on GPUs.
 
 Examples:
     >>> from corelens.runs.dist import Dist, current
@@ -19,6 +20,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import pickle
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -58,41 +60,55 @@ class Dist:
         """Return every rank's `obj`, in rank order, on every rank."""
         if self.world == 1:
             return [obj]
-        import torch.distributed as dist
-
-        _barrier(self)  # a rank that stopped answering is named here, before the exchange
-        out: list = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
+        # Each rank leaves its object in the launch's key-value store before the barrier and reads the others'
+        # after it: the barrier is the only collective, so a rank that stops answering is named there.
+        return _barrier(self, pickle.dumps(obj))
 
 
 _BARRIERS = itertools.count()  # every rank passes the same barriers in the same order
 
 
-def _barrier(me: Dist) -> None:
-    """Wait for every rank; after the timeout, raise naming the ranks that never arrived.
+def _barrier(me: Dist, payload: bytes | None = None) -> list:
+    """Wait for every rank; after the timeout, raise naming the ranks that never arrived or never left.
 
     A plain gloo barrier, not `monitored_barrier`: gloo's barrier fails at once when a peer's process ends
-    ("Connection closed by peer"), while the monitored one waits out the whole timeout. Each rank first
-    notes its arrival in the launch's key-value store, so that a rank that froze (alive, silent) is named
-    by the ranks that waited for it.
+    ("Connection closed by peer"), while the monitored one waits out the whole timeout. Each rank notes its
+    arrival (with its `payload`, if any) and its departure in the launch's key-value store, so that a rank
+    that froze (alive, silent) is named by the ranks that waited for it, wherever it froze. Returns every
+    rank's payload, in rank order (empty without one).
     """
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _get_default_store
 
     n, store = next(_BARRIERS), _get_default_store()
-    store.set(f"corelens/barrier/{n}/{me.rank}", "1")
+    key = f"corelens/barrier/{n}"
+    if payload is not None:
+        store.set(f"{key}/payload/{me.rank}", payload)
+    store.set(f"{key}/{me.rank}", "1")
     try:
         dist.barrier()
     except RuntimeError as err:
         if not _timed_out(str(err)):
             raise  # a peer's process ended: its connection closed (cli.py says so)
-        missing = [r for r in range(me.world) if not store.check([f"corelens/barrier/{n}/{r}"])]
-        if not missing:
-            raise  # every rank arrived: the exchange itself timed out
-        raise RuntimeError(
-            f"{err}\nranks {', '.join(map(str, missing))} failed to reach the barrier"
-        ) from None
+        raise RuntimeError(f"{err}\n{_absent(me, store, key)}") from None
+    store.set(f"{key}/left/{me.rank}", "1")
+    # Every payload was stored before its rank arrived: reading them waits for no rank.
+    return [] if payload is None else [pickle.loads(store.get(f"{key}/payload/{r}")) for r in range(me.world)]
+
+
+def _absent(me: Dist, store, key: str) -> str:
+    """Return which ranks a timed-out barrier waited for: those that never arrived, else those inside it.
+
+    A rank that arrived and froze inside the barrier never leaves it; the others that did not leave either
+    are waiting as this rank is, and cannot be told from it, so it is named only when it is the one.
+    """
+    missing = [r for r in range(me.world) if not store.check([f"{key}/{r}"])]
+    if missing:
+        return f"ranks {', '.join(map(str, missing))} failed to reach the barrier"
+    inside = [r for r in range(me.world) if r != me.rank and not store.check([f"{key}/left/{r}"])]
+    if len(inside) == 1:
+        return f"ranks {inside[0]} froze inside the barrier"
+    return "every rank reached the barrier"  # several wait inside it: which one froze is not known here
 
 
 def _timed_out(text: str) -> bool:

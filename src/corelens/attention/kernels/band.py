@@ -46,17 +46,20 @@ def module():
         _STATE["error"] = "disabled by CORELENS_NATIVE=0"
     else:
         try:
-            from torch.utils.cpp_extension import load
+            from torch.utils.cpp_extension import load_inline
 
             venv_bin = Path(sys.executable).parent  # ninja from PyPI (requirements.lock) when none is on PATH
             if shutil.which("ninja") is None and (venv_bin / "ninja").exists():
                 os.environ["PATH"] = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
             suffix, flags = _flags()
-            mod = load(
+            # The source text (not its path) keys the cached build: every checkout of the same band.cpp
+            # reuses one build instead of recompiling (about a minute) whenever another checkout built last.
+            mod = load_inline(
                 name=f"corelens_band_{suffix}",
-                sources=[str(SOURCE)],
+                cpp_sources=[SOURCE.read_text()],
                 extra_cflags=flags,
                 extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP, as in torch itself
+                no_implicit_headers=True,  # band.cpp includes its own headers, after its CPU-capability define
                 verbose=False,
             )
         except Exception as err:  # no compiler / ninja / headers: the pure-PyTorch tiles run instead
