@@ -107,6 +107,31 @@ def test_knockout_gate_at_one_equals_the_knockout_operator(organism, samples):
         assert abs(_gated(m, forced, "knockout", blocked, [head], 1.0) - ours) <= 1e-5
 
 
+@pytest.mark.parametrize("keys", ["visual", "omega"])
+def test_one_knockout_gate_reads_each_prompts_blocked_keys_from_the_context(organism, samples, keys):
+    """A knockout gate built without positions blocks each prompt's `keys` as read from the call's context,
+    serving two prompts and giving exactly what gates built with each prompt's blocked positions give."""
+    from corelens.attention.prompt_context import AttentionContext, attention_context
+    from corelens.errors import CorelensError
+
+    m = organism
+    gate = HeadGate(m, "knockout", keys=keys)
+    gate.gates[0, 5] = gate.gates[1, 2] = 1.0
+    chosen = [s for s in samples if s.targets][:2]
+    assert len(chosen) == 2
+    for sample in chosen:
+        forced = prepare(m, sample, answer=sample.answer)
+        blocked = blocked_positions(sample, forced, "knockout", keys)
+        omega = forced.layout.omega(sample.targets, "any", sample=sample.id)
+        with torch.no_grad(), attention_context(AttentionContext.of(forced, omega=omega)), gate.installed():
+            got = float(answer_logp(m, forced))
+        assert got == _gated(m, forced, "knockout", blocked, [(0, 5), (1, 2)], 1.0)
+        assert got != _gated(m, forced, "zero", None, [], 0.0)  # the knockout moved log p
+    no_context = pytest.raises(CorelensError, match="head gate needs the prompt's positions")
+    with no_context, torch.no_grad(), gate.installed():
+        answer_logp(m, forced)
+
+
 @pytest.mark.parametrize("op", ["zero", "knockout"])
 def test_attribution_equals_the_gate_finite_difference(organism, samples, op):
     """The gradient is the derivative of log p in each head's gate: a central difference with a tiny step."""

@@ -140,3 +140,53 @@ def test_the_probe_loop_reads_nothing_back_until_the_layer_is_done(monkeypatch):
     monkeypatch.undo()
     first = reads.index("chunk")  # before it, the range check of the host rows (host tensors only)
     assert reads[first:] == ["chunk"] * 5 + ["cpu"]  # then one copy to the host, after the last chunk
+
+
+def test_one_probe_serves_two_prompts_from_their_contexts(tiny_dir, tmp_path):
+    """A RamProbe and a KeyMapProbe built without positions, installed once, measure two prompts of different
+    lengths (one probed at its answer rows, which the context carries) from each forward's context, and give
+    exactly what probes built with each prompt's tensors give; without a context they say what they need."""
+    import corelens
+    from corelens.attention import activate
+    from corelens.attention.probes import KeyMapProbe
+    from corelens.attention.prompt_context import AttentionContext, attention_context
+    from corelens.errors import CorelensError
+    from corelens.models.prepare import prepare
+    from corelens.organism.tasks import generate
+
+    m = corelens.load(tiny_dir("qwen2_vl"))
+    samples = [corelens.read_samples(generate(t, tmp_path / t, 1, seed=9))[0][0] for t in ("image", "video")]
+    prompts = [prepare(m, samples[0], answer=samples[0].answer), prepare(m, samples[1])]
+    cases = list(zip(samples, prompts, ["answer", "question"]))
+    assert prompts[0].seq_len != prompts[1].seq_len
+    heads = [(0, 1), (1, 3)]
+    ram, keymap = RamProbe(m.num_layers, m.num_heads, views=True), KeyMapProbe(heads)
+    got = []
+    with torch.no_grad(), activate(m.layer_modules(), ram), activate(m.layer_modules(), keymap):
+        for s, p, query in cases:
+            omega = p.layout.omega(s.targets, sample=s.id)
+            with attention_context(AttentionContext.of(p, omega=omega, query_rows=p.rows(query))):
+                m.model(**p.to(m.device), use_cache=False, logits_to_keep=1)
+            got.append((ram.mass, ram.visual_mass, ram.view_mass, keymap.maps))
+    for (s, p, query), (mass, visual_mass, view_mass, maps) in zip(cases, got):
+        rows, omega = (
+            torch.from_numpy(p.rows(query)),
+            torch.from_numpy(p.layout.omega(s.targets, sample=s.id)),
+        )
+        views = [torch.from_numpy(tokens) for _, tokens in p.layout.views()]
+        old = RamProbe(
+            m.num_layers, m.num_heads, rows, omega, torch.from_numpy(p.layout.visual), p.seq_len, views
+        )
+        old_maps = KeyMapProbe(heads, rows, p.seq_len)
+        with torch.no_grad(), activate(m.layer_modules(), old), activate(m.layer_modules(), old_maps):
+            m.model(**p.to(m.device), use_cache=False, logits_to_keep=1)
+        assert not old.mass.isnan().any() and old.view_mass.numel() and old.mass.sum() > 0
+        assert torch.equal(mass, old.mass) and torch.equal(visual_mass, old.visual_mass)
+        assert torch.equal(view_mass, old.view_mass)
+        assert maps.keys() == old_maps.maps.keys() == set(heads)
+        assert all(torch.equal(maps[h], old_maps.maps[h]) for h in heads)
+    assert not torch.equal(got[0][0], got[1][0])  # two prompts, two measurements
+    for probe in (RamProbe(m.num_layers, m.num_heads), KeyMapProbe(heads)):
+        no_context = pytest.raises(CorelensError, match="probe needs the prompt's positions")
+        with no_context, torch.no_grad(), activate(m.layer_modules(), probe):
+            m.model(**prompts[1].to(m.device), use_cache=False, logits_to_keep=1)

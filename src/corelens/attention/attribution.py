@@ -25,6 +25,8 @@ import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook, activate
 from corelens.attention.interventions import knockout_attention
+from corelens.attention.prompt_context import needs
+from corelens.choices import KEY_SETS
 from corelens.errors import OptionError
 
 if TYPE_CHECKING:
@@ -34,7 +36,11 @@ GATED_OPS = ("zero", "knockout")
 
 
 class HeadGate(AttentionHook):
-    """Gates s (layers, heads) that move each head's output towards its intervened value (module docstring)."""
+    """Gates s (layers, heads) that move each head's output towards its intervened value (module docstring).
+
+    A knockout built without `blocked` blocks the call's context's `keys` ("visual" or "omega": the prompt's
+    V or Omega, `attention_context(AttentionContext.of(prepared, omega=...))`), so one gate serves any prompt.
+    """
 
     kind = "output"
     name = "head gate"
@@ -45,12 +51,14 @@ class HeadGate(AttentionHook):
         op: str = "zero",
         blocked: Sequence[int] | np.ndarray | None = None,
         batch: int | None = None,
+        keys: str = "visual",
     ) -> None:
         if op not in GATED_OPS:
             raise OptionError(f"attribution supports the operators {GATED_OPS}, not {op!r}")
-        if op == "knockout" and blocked is None:
-            raise OptionError("knockout attribution needs the blocked key positions")
+        if op == "knockout" and blocked is None and keys not in KEY_SETS:
+            raise OptionError(f"knockout attribution blocks the keys {KEY_SETS}, not {keys!r}")
         self.op = op
+        self.keys = keys
         self.blocked = None if blocked is None else torch.as_tensor(np.asarray(blocked, dtype=np.int64))
         # (layers, heads) shared by a batch; `batch` gives each copy its own gates (batch, layers, heads).
         shape = (m.num_layers, m.num_heads) if batch is None else (batch, m.num_layers, m.num_heads)
@@ -63,13 +71,21 @@ class HeadGate(AttentionHook):
         with activate(self._modules, self):
             yield self
 
+    def _blocked(self, call: AttentionCall) -> torch.Tensor:
+        """Return the blocked key positions: the constructor's, or the `keys` of the call's prompt."""
+        if self.blocked is not None:
+            return self.blocked
+        context = needs(call.context, self.name)
+        return context.omega if self.keys == "omega" else context.visual
+
     def _target(self, call: AttentionCall, output: torch.Tensor) -> torch.Tensor:
         """Return a: what the intervention puts in each head's output (batch, q_len, heads, dim)."""
         if self.op == "zero":
             return torch.zeros_like(output)
         kv_len = call.key.shape[2]
+        positions = self._blocked(call)
         blocked = torch.zeros(call.query.shape[0], kv_len, dtype=torch.bool, device=call.query.device)
-        inside = self.blocked[(self.blocked >= 0) & (self.blocked < kv_len)].to(blocked.device)
+        inside = positions[(positions >= 0) & (positions < kv_len)].to(blocked.device)
         blocked[:, inside] = True
         if not bool(blocked.any()):  # no key to block: the knockout leaves the call untouched (as `ablate`)
             return output

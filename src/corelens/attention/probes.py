@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook
+from corelens.attention.prompt_context import AttentionContext, needs
+from corelens.errors import CorelensError
 
 # Byte budget of the fp32 scores materialised at once, per device type. On the CPU 4 MiB (2**20 scores), as
 # small blocks matter there for peak memory: glibc keeps freed heap blocks under its mmap threshold. On CUDA
@@ -107,44 +109,41 @@ def _softmax_(scores: torch.Tensor) -> torch.Tensor:
     return scores.div_(scores.sum(dim=-1, keepdim=True))
 
 
-class RamProbe(AttentionHook):
-    """Records, per layer and query head, the mean mass of `rows` on `omega` and on `visual` (fp32).
+class _Sets:
+    """One prompt's probe rows, Omega, V and views (CPU long tensors) and the device copies made from them.
 
-    With `views` (token positions of each view, e.g. `Layout.views()`), `view_mass` (layers, heads, views, 2)
-    also holds each view's mass and its mass on Ω ∩ view.
+    A probe built with tensors holds one; a probe built without keeps one per prompt with the prompt's
+    context (`AttentionContext.derived`), so its device copies are made once per prompt and device.
     """
 
-    reads = "scores"
-    name = "RAM probe"
-
-    def __init__(
-        self,
-        num_layers: int,
-        num_heads: int,
-        rows: torch.Tensor,
-        omega: torch.Tensor,
-        visual: torch.Tensor,
-        seq_len: int,
-        views: list[torch.Tensor] | None = None,
-    ) -> None:
+    def __init__(self, rows: torch.Tensor, omega: torch.Tensor, visual: torch.Tensor, views=None) -> None:
         self.rows = rows.long()
         self.omega = omega.long()
         self.visual = visual.long()
         self.views = [v.long() for v in views or []]
-        self.seq_len = seq_len
-        self.mass = torch.full((num_layers, num_heads), float("nan"))
-        self.visual_mass = torch.full((num_layers, num_heads), float("nan"))
-        self.view_mass = torch.full((num_layers, num_heads, len(self.views), 2), float("nan"))
-        self._indicator: torch.Tensor | None = None
         self._rows_on: torch.Tensor | None = None
+        self._indicator: torch.Tensor | None = None
 
-    def _device_rows(self, device: torch.device) -> torch.Tensor:
+    @classmethod
+    def of(cls, context: AttentionContext, views: bool) -> _Sets:
+        """Return the sets the prompt's context names (`views`: also the layout's views)."""
+        if context.query_rows is None:
+            raise CorelensError("a probe built without rows needs the context's `query_rows`")
+        layout_views = context.layout.views() if views else []
+        return cls(
+            context.query_rows,
+            context.omega,
+            context.visual,
+            [torch.as_tensor(tokens, dtype=torch.long) for _, tokens in layout_views],
+        )
+
+    def device_rows(self, device: torch.device) -> torch.Tensor:
         """Return the probe rows on `device`, copied there once (not per layer)."""
         if self._rows_on is None or self._rows_on.device != device:
             self._rows_on = self.rows.to(device)
         return self._rows_on
 
-    def _indicators(self, kv_len: int, device: torch.device) -> torch.Tensor:
+    def indicators(self, kv_len: int, device: torch.device) -> torch.Tensor:
         # 0/1 columns marking Omega and V: one matmul reduces a block of rows to both masses.
         if self._indicator is None or self._indicator.device != device:
             indicator = torch.zeros(kv_len, 2)
@@ -153,7 +152,7 @@ class RamProbe(AttentionHook):
             self._indicator = indicator.to(device)
         return self._indicator
 
-    def _view_columns(self, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def view_columns(self, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(key, column) pairs: view i's keys go to column 2i, its keys in Omega to column 2i + 1.
 
         As long as the views' tokens together, never keys x views: a sample of many pages stays linear.
@@ -170,53 +169,137 @@ class RamProbe(AttentionHook):
             return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
         return torch.cat(keys), torch.cat(columns)
 
+
+def _prefill(call: AttentionCall, seq_len: int | None) -> bool:
+    """Return whether the call holds the whole sequence as queries: `seq_len` tokens, or (None) any prefill."""
+    q_len, kv_len = call.query.shape[2], call.key.shape[2]
+    if seq_len is None:
+        return q_len == kv_len  # a decoding step has fewer queries than keys
+    return q_len == seq_len and kv_len == seq_len
+
+
+class RamProbe(AttentionHook):
+    """Records, per layer and query head, the mean mass of `rows` on `omega` and on `visual` (fp32).
+
+    With `views` (token positions of each view, e.g. `Layout.views()`), `view_mass` (layers, heads, views, 2)
+    also holds each view's mass and its mass on Ω ∩ view.
+
+    Built without `rows` (and `omega`, `visual`, `seq_len`), the probe reads them from the attention call's
+    context (`attention_context(AttentionContext.of(prepared, omega=..., query_rows=...))`, `views=True`:
+    the layout's views) and measures each prompt it sees anew: one probe serves every prompt of a run.
+    """
+
+    reads = "scores"
+    name = "RAM probe"
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_heads: int,
+        rows: torch.Tensor | None = None,
+        omega: torch.Tensor | None = None,
+        visual: torch.Tensor | None = None,
+        seq_len: int | None = None,
+        views: list[torch.Tensor] | bool | None = None,
+    ) -> None:
+        self.shape = (num_layers, num_heads)
+        self.seq_len = seq_len
+        self._context: AttentionContext | None = None
+        if rows is None:  # the positions come with each call's context
+            self._fixed = None
+            self._views = bool(views)
+            self._reset(_Sets(torch.zeros(0), torch.zeros(0), torch.zeros(0)))
+            return
+        if omega is None or visual is None or seq_len is None or isinstance(views, bool):
+            raise ValueError("a RamProbe built with rows needs omega, visual, seq_len (and views as tensors)")
+        self._fixed = _Sets(rows, omega, visual, views)
+        self._reset(self._fixed)
+
+    def _reset(self, sets: _Sets) -> None:
+        """Make `sets` the measured prompt's and clear the results (NaN until a layer is measured)."""
+        self._sets = sets
+        self.rows, self.omega, self.visual, self.views = sets.rows, sets.omega, sets.visual, sets.views
+        self.mass = torch.full(self.shape, float("nan"))
+        self.visual_mass = torch.full(self.shape, float("nan"))
+        self.view_mass = torch.full((*self.shape, len(self.views), 2), float("nan"))
+
+    def _sets_for(self, call: AttentionCall) -> _Sets:
+        """Return the call's prompt's sets; a new prompt's context clears the last prompt's results."""
+        if self._fixed is not None:
+            return self._fixed
+        context = needs(call.context, self.name)
+        if context is not self._context:
+            self._context = context
+            self._reset(context.derived(("RamProbe", self._views), lambda: _Sets.of(context, self._views)))
+        return self._sets
+
     def pre(self, call: AttentionCall) -> None:
         """Measure on the forward that holds the whole sequence as queries (the prefill); skip others."""
-        if call.key.shape[2] != self.seq_len or call.query.shape[2] != self.seq_len:
+        if not _prefill(call, self.seq_len):
             return
         if call.query.shape[0] != 1:
             raise ValueError("RamProbe measures one sample at a time (batch size 1)")
+        sets = self._sets_for(call)
         heads, kv_len = call.query.shape[1], call.key.shape[2]
         device = call.key.device
-        _check_rows(self.rows, call.q_offset, call.query.shape[2])  # on the host, once per layer
+        _check_rows(sets.rows, call.q_offset, call.query.shape[2])  # on the host, once per layer
         step = rows_per_chunk(heads, kv_len, chunk_bytes(device))
-        rows = self._device_rows(device)
-        indicator = self._indicators(kv_len, device)
+        rows = sets.device_rows(device)
+        indicator = sets.indicators(kv_len, device)
         totals = torch.zeros(heads, indicator.shape[1], device=device)
         # Per-key mass summed over the probed rows: the views' masses are sums of its entries.
-        per_key = torch.zeros(heads, kv_len, device=device) if self.views else None
+        per_key = torch.zeros(heads, kv_len, device=device) if sets.views else None
         for start in range(0, len(rows), step):  # device work only: nothing is read back per chunk
             probs = _softmax_(_scores(call, rows[start : start + step]))[0]  # (heads, rows, kv)
             totals += (probs @ indicator).sum(dim=1)
             if per_key is not None:
                 per_key += probs.sum(dim=1)
-        totals = totals.cpu() / len(self.rows)  # the layer's one copy to the host
+        totals = totals.cpu() / len(sets.rows)  # the layer's one copy to the host
         self.mass[call.layer] = totals[:, 0]
         self.visual_mass[call.layer] = totals[:, 1]
         if per_key is not None:
-            keys, columns = self._view_columns(kv_len)
-            views = torch.zeros(heads, 2 * len(self.views), device=device)
+            keys, columns = sets.view_columns(kv_len)
+            views = torch.zeros(heads, 2 * len(sets.views), device=device)
             views.index_add_(1, columns.to(device), per_key[:, keys.to(device)])
-            self.view_mass[call.layer] = (views.cpu() / len(self.rows)).reshape(heads, len(self.views), 2)
+            self.view_mass[call.layer] = (views.cpu() / len(sets.rows)).reshape(heads, len(sets.views), 2)
 
 
 class KeyMapProbe(AttentionHook):
-    """Records, for chosen (layer, query head) pairs, the mean attention of `rows` over every key (fp32)."""
+    """Records, for chosen (layer, query head) pairs, the mean attention of `rows` over every key (fp32).
+
+    Built without `rows` and `seq_len`, it reads the rows from each call's context (`query_rows`) and keeps
+    the maps of the last prompt it saw.
+    """
 
     reads = "scores"
     name = "key-map probe"
 
-    def __init__(self, heads: list[tuple[int, int]], rows: torch.Tensor, seq_len: int) -> None:
+    def __init__(
+        self, heads: list[tuple[int, int]], rows: torch.Tensor | None = None, seq_len: int | None = None
+    ) -> None:
         self.heads = [(int(layer), int(head)) for layer, head in heads]
-        self.rows = rows.long()
+        self.rows = None if rows is None else rows.long()
+        self._fixed = rows is not None  # built with rows: every call probes them
         self.seq_len = seq_len
+        self._context: AttentionContext | None = None
         self.maps: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _rows_for(self, call: AttentionCall) -> torch.Tensor:
+        """Return the probed rows: the constructor's, or the call's prompt's (a new prompt clears the maps)."""
+        if self._fixed:
+            return self.rows
+        context = needs(call.context, self.name)
+        if context.query_rows is None:
+            raise CorelensError("a key-map probe built without rows needs the context's `query_rows`")
+        if context is not self._context:
+            self._context, self.rows, self.maps = context, context.query_rows, {}
+        return self.rows
 
     def pre(self, call: AttentionCall) -> None:
         """Average the probed rows' attention of this layer's chosen heads (prefill only)."""
         wanted = [h for layer, h in self.heads if layer == call.layer]
-        if not wanted or call.key.shape[2] != self.seq_len or call.query.shape[2] != self.seq_len:
+        if not wanted or not _prefill(call, self.seq_len):
             return
-        probs = row_probabilities(call, self.rows)[0]  # (heads, rows, kv)
+        probs = row_probabilities(call, self._rows_for(call))[0]  # (heads, rows, kv)
         for head in wanted:
             self.maps[(call.layer, head)] = probs[head].mean(0).cpu()

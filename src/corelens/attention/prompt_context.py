@@ -56,12 +56,15 @@ class AttentionContext:
         self._derived: dict[Any, Any] = {}
 
     @classmethod
-    def of(cls, prepared: Any, omega: Any = None, sample: Any = None) -> AttentionContext:
-        """Return the context of a `Prepared` prompt (`omega`: positions or a function returning them)."""
+    def of(
+        cls, prepared: Any, omega: Any = None, sample: Any = None, query_rows: Any = None
+    ) -> AttentionContext:
+        """Return the context of a `Prepared` prompt (`omega`: positions or a function returning them;
+        `query_rows`: the rows a probe reads, when not the question's, e.g. `prepared.rows("answer")`)."""
         return cls(
             prepared.layout.visual,
             omega=omega,
-            query_rows=prepared.question_rows,
+            query_rows=prepared.question_rows if query_rows is None else query_rows,
             prompt_len=prepared.prompt_len,
             layout=prepared.layout,
             prepared=prepared,

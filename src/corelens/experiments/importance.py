@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 
 from corelens.attention.attribution import GATED_OPS, HeadGate
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.data.sample import Sample
 from corelens.errors import InputError, OptionError
 from corelens.errors import warn as default_warn
@@ -88,9 +89,11 @@ def attribution(m: Loaded, sample: Sample, forced: Prepared, op: str, keys: str)
     The estimate of log p(head intervened) - log p is d log p / d s_h at s = 0 (`HeadGate`); the drop is its
     negative.
     """
-    gate = HeadGate(m, op, blocked_positions(sample, forced, op, keys))
+    gate = HeadGate(m, op, keys=keys)  # a knockout blocks the context's visual tokens or Omega
     gate.gates.requires_grad_(True)
-    with torch.enable_grad(), gate.installed():
+    omega = partial(forced.layout.omega, sample.targets, "any", sample=sample.id)  # computed when read
+    context = AttentionContext.of(forced, omega=omega, sample=sample)
+    with torch.enable_grad(), attention_context(context), gate.installed():
         answer_logp(m, forced).backward()
     return -gate.gates.grad.detach().cpu().numpy().astype(np.float64)
 

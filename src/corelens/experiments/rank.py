@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from corelens.attention import RamProbe, activate
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.data.sample import Sample
 from corelens.errors import InputError, warn
 from corelens.experiments.configs import RankConfig
@@ -60,11 +61,13 @@ def measure_sample(
     padding: str = "visual",
     omega: np.ndarray | None = None,
     prepared: Prepared | None = None,
+    probe: RamProbe | None = None,
 ) -> SampleRam:
     """Return the RAM of every (layer, query head) for one sample, from a single probed forward.
 
     `padding` is the padding-cell rule of Omega and V (`corelens.layout.PADDING_RULES`); `omega`, if given,
     is an estimated Omega (token positions, `corelens.experiments.omega`) used instead of the targets'.
+    `probe`: a `RamProbe(layers, heads, views=True)` built without positions, shared by a run's samples.
 
     Examples:
         >>> import corelens as cl
@@ -90,16 +93,10 @@ def measure_sample(
             "the targets cover no visual token", file=sample.source, line=sample.line, sample=sample.id
         )
     views = prepared.layout.views()
-    probe = RamProbe(
-        m.num_layers,
-        m.num_heads,
-        torch.from_numpy(prepared.rows(query)),
-        torch.from_numpy(omega),
-        torch.from_numpy(visual),
-        prepared.seq_len,
-        views=[torch.from_numpy(tokens) for _, tokens in views],
-    )
-    with torch.no_grad(), activate(m.layer_modules(), probe):
+    probe = probe if probe is not None else RamProbe(m.num_layers, m.num_heads, views=True)
+    # The probed rows may be the answer's: the context carries them, with this sample's Omega.
+    context = AttentionContext.of(prepared, omega=omega, sample=sample, query_rows=prepared.rows(query))
+    with torch.no_grad(), attention_context(context), activate(m.layer_modules(), probe):
         m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
     mass = probe.mass.double().numpy()
     vis = probe.visual_mass.double().numpy()
@@ -226,6 +223,9 @@ def rank(
     run = ctx.open("rank", cfg.settings(m, data, ctx), device=m.device)
     omega = cfg.omega_settings
     query, rule, padding = cfg.query, cfg.rule, cfg.padding
+    probe = RamProbe(
+        m.num_layers, m.num_heads, views=True
+    )  # one probe: each forward's context gives the sets
 
     def step(sample: Sample, done: set[str], prepared: Prepared) -> list[dict]:
         if omega is not None:
@@ -234,12 +234,14 @@ def rank(
             if not len(tokens):
                 reason = "estimated Ω is empty: no visual cell lowers the answer's log-probability"
                 return [{"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}]
-            return [_record(sample, measure_sample(m, sample, query, rule, padding, tokens, prepared))]
+            return [_record(sample, measure_sample(m, sample, query, rule, padding, tokens, prepared, probe))]
         if not sample.targets:
             # A question kept for scoring without evidence (MMLongBench-Doc "[]"): RAM needs Ω.
             reason = "no evidence target: RAM needs Ω"
             return [{"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}]
-        return [_record(sample, measure_sample(m, sample, query, rule, padding, prepared=prepared))]
+        return [
+            _record(sample, measure_sample(m, sample, query, rule, padding, prepared=prepared, probe=probe))
+        ]
 
     loop = Loop(
         "rank",

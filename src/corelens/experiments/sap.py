@@ -25,6 +25,7 @@ import torch
 
 from corelens.attention import RamProbe, activate
 from corelens.attention.priors import CONVENTIONS, parse_heads, parse_layers
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.choices import PRIORS
 from corelens.choices import SAP_CONTROLS as CONTROLS
 from corelens.data.sample import Sample
@@ -49,8 +50,12 @@ from corelens.runs.driver import Loop
 from corelens.runs.outputs import SAP, conclude
 
 
-def key_region(m: Loaded, sample: Sample, prepared: Prepared | None = None) -> tuple[float, float]:
-    """Return (key-region ratio Σ_Ω A / Σ_V A at the answer position, averaged over layers and heads, |Ω|/|V|)."""
+def key_region(
+    m: Loaded, sample: Sample, prepared: Prepared | None = None, probe: RamProbe | None = None
+) -> tuple[float, float]:
+    """Return (key-region ratio Σ_Ω A / Σ_V A at the answer position, averaged over layers and heads, |Ω|/|V|).
+
+    `probe`: a `RamProbe(layers, heads)` built without positions, shared by a run's samples."""
     prepared = prepared or prepare(m, sample)
     omega = prepared.layout.omega(sample.targets, sample=sample.id)
     visual = prepared.layout.visual
@@ -58,15 +63,9 @@ def key_region(m: Loaded, sample: Sample, prepared: Prepared | None = None) -> t
         raise InputError(
             "the targets cover no visual token", file=sample.source, line=sample.line, sample=sample.id
         )
-    probe = RamProbe(
-        m.num_layers,
-        m.num_heads,
-        torch.from_numpy(prepared.rows("last")),
-        torch.from_numpy(omega),
-        torch.from_numpy(visual),
-        prepared.seq_len,
-    )
-    with torch.no_grad(), activate(m.layer_modules(), probe):
+    probe = probe if probe is not None else RamProbe(m.num_layers, m.num_heads)
+    context = AttentionContext.of(prepared, omega=omega, sample=sample, query_rows=prepared.rows("last"))
+    with torch.no_grad(), attention_context(context), activate(m.layer_modules(), probe):
         m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
     mass, vis = probe.mass.double().numpy(), probe.visual_mass.double().numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -106,11 +105,13 @@ def measure_sample(
     seed: int = 0,
     temperature: float = 1.0,
     prepared: Prepared | None = None,
+    probe: RamProbe | None = None,
 ) -> dict:
     """Return one sample's record: vanilla answer, key-region ratio, area prior, answers per condition.
 
     `prior_omega` holds each prior's mass on Ω and `prior_spread` its largest / smallest weight; `prepared`
-    is the sample as the driver prepared it (prepared here when not given).
+    is the sample as the driver prepared it (prepared here when not given); `probe` the run's key-region
+    probe (`key_region`).
     """
     if sample.answer is None:
         raise InputError(
@@ -124,7 +125,7 @@ def measure_sample(
     vanilla, *preds = [
         text for text, _ in answer_each(m, prepared, sample, todo, max_new_tokens=max_new_tokens)
     ]
-    ratio, area = key_region(m, sample, prepared) if sample.targets else (float("nan"), float("nan"))
+    ratio, area = key_region(m, sample, prepared, probe) if sample.targets else (float("nan"), float("nan"))
     priors: dict[str, np.ndarray | None] = {}
     for cond in conditions:
         if cond.prior not in priors:
@@ -316,6 +317,8 @@ def sap(
         }
         run = ctx.open("sap", settings, device=m.device)
 
+    probe = RamProbe(m.num_layers, m.num_heads)  # one key-region probe: each forward's context gives the sets
+
     def step(sample: Sample, done: set[str], prepared: Prepared) -> list[dict]:
         record = measure_sample(
             m,
@@ -326,6 +329,7 @@ def sap(
             seed=seed,
             temperature=prior_temperature,
             prepared=prepared,
+            probe=probe,
         )
         return [record]
 

@@ -18,6 +18,7 @@ from PIL import Image
 
 from corelens.attention import activate
 from corelens.attention.probes import KeyMapProbe
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.data.paths import inside, safe_name
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.layout import Segment
@@ -142,12 +143,19 @@ def overlay_figure(
 
 
 def attention_maps(
-    m: Loaded, sample: Sample, heads: list[tuple[int, int]], query: str = "question"
+    m: Loaded,
+    sample: Sample,
+    heads: list[tuple[int, int]],
+    query: str = "question",
+    probe: KeyMapProbe | None = None,
 ) -> tuple[Prepared, dict[tuple[int, int], np.ndarray]]:
-    """Return the prepared prompt and, per head, the mean attention of the `query` rows over every key."""
+    """Return the prepared prompt and, per head, the mean attention of the `query` rows over every key.
+
+    `probe`: a `KeyMapProbe(heads)` built without rows, shared by the samples drawn."""
     prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None)
-    probe = KeyMapProbe(heads, torch.from_numpy(prepared.rows(query)), prepared.seq_len)
-    with torch.no_grad(), activate(m.layer_modules(), probe):
+    probe = probe if probe is not None else KeyMapProbe(heads)
+    context = AttentionContext.of(prepared, sample=sample, query_rows=prepared.rows(query))
+    with torch.no_grad(), attention_context(context), activate(m.layer_modules(), probe):
         m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
     return prepared, {head: values.double().numpy() for head, values in probe.maps.items()}
 
@@ -195,8 +203,9 @@ def write_overlays(
     top = list(zip(ranked["layer"].head(k).astype(int), ranked["head"].head(k).astype(int)))
     bottom = list(zip(ranked["layer"].tail(k).astype(int), ranked["head"].tail(k).astype(int)))
     paths = []
+    probe = KeyMapProbe(top + bottom)  # one probe: each forward's context gives its rows
     for sample in samples:
-        prepared, maps = attention_maps(m, sample, top + bottom, query)
+        prepared, maps = attention_maps(m, sample, top + bottom, query, probe)
         rows = [(f"top {i + 1}: L{lh[0]}H{lh[1]}", maps[lh]) for i, lh in enumerate(top)]
         rows += [(f"bottom: L{lh[0]}H{lh[1]}", maps[lh]) for lh in bottom]
         path = inside(folder, Path(folder) / f"overlay-{safe_name(sample.id)}.png")
