@@ -1,10 +1,12 @@
-"""Test helpers: images that encode their own pixel positions, and random images."""
+"""Test helpers: images that encode their own pixel positions, random images, and a toy registered policy."""
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from PIL import Image
@@ -52,3 +54,21 @@ def released_geometry(family: str) -> dict:
     size = size[0] if isinstance(size, list) else size
     patch = patch[0] if isinstance(patch, list) else patch
     return {"tile": size, "patch": patch}
+
+
+def register_toy_policy(monkeypatch) -> str:
+    """Register, for one test, a zero ablation under a name no integration knows; return that name."""
+    from corelens.policies import HeadsPolicy, PolicyInterface, register
+    from corelens.policies.zero import ZeroHook
+
+    monkeypatch.setattr(PolicyInterface, "_global_mapping", dict(PolicyInterface._global_mapping))
+
+    @register
+    @dataclass(frozen=True)
+    class Silence(HeadsPolicy):
+        name: ClassVar[str] = "silence-test"
+
+        def hooks(self, model, context):
+            return [ZeroHook(self.by_layer(model))]
+
+    return Silence.name

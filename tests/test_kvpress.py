@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar  # at module level: dataclasses read `ClassVar` from the test's module
-
 import pytest
 import torch
+from helpers import register_toy_policy
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import corelens
@@ -142,22 +141,10 @@ def test_any_registered_policy_is_a_press(setup, tmp_path):
 def test_a_policy_the_press_never_names_is_a_press(setup, monkeypatch):
     """Policies `PolicyPress` has no line for: `uniform`, `knockout` (which reads the prompt's positions) and
     one registered in this test, each by name and fields and as JSON, equal to applying the policy."""
-    from dataclasses import dataclass
-
     from corelens.integrations.kvpress import PolicyPress
-    from corelens.policies import HeadsPolicy, Policy, PolicyInterface, UniformHeads, register
-    from corelens.policies.zero import ZeroHook
+    from corelens.policies import Policy, UniformHeads
 
-    monkeypatch.setattr(PolicyInterface, "_global_mapping", dict(PolicyInterface._global_mapping))
-
-    @register
-    @dataclass(frozen=True)
-    class Silence(HeadsPolicy):  # a toy: zero ablation under a name no integration knows
-        name: ClassVar[str] = "silence-test"
-
-        def hooks(self, model, context):
-            return [ZeroHook(self.by_layer(model))]
-
+    toy = register_toy_policy(monkeypatch)  # zero ablation under a name no integration knows
     m, p = setup["m"], setup["prepared"]
     heads = [[0, 1], [1, 2], [2, 3]]
 
@@ -167,7 +154,7 @@ def test_a_policy_the_press_never_names_is_a_press(setup, monkeypatch):
 
     with torch.no_grad():
         plain = m.model(**p.inputs).logits
-    for name, fields in (("uniform", {}), ("knockout", {"keys": "visual"}), ("silence-test", {})):
+    for name, fields in (("uniform", {}), ("knockout", {"keys": "visual"}), (toy, {})):
         policy = Policy.from_dict({"name": name, "heads": heads, **fields})
         want = logits(policy.applied(m, p))
         assert not torch.equal(want, plain), name  # the policy changes the output

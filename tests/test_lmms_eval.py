@@ -14,10 +14,10 @@ import re
 import socket
 import subprocess
 import sys
-from typing import ClassVar  # at module level: dataclasses read `ClassVar` from the test's module
 
 import pandas as pd
 import pytest
+from helpers import register_toy_policy
 from PIL import Image
 
 import corelens
@@ -293,30 +293,18 @@ def test_a_policy_the_integration_never_names_answers_from_its_json(tmp_path, mo
     """`policy=FILE.json` takes any registered policy by its name: `uniform`, `knockout` with Omega (read from
     the sample's targets) and one registered in this test answer as `corelens.answer` under that policy; the
     deprecated wrapper (`from_args`, `read_policy`, `Policy`) warns and still answers the same."""
-    from dataclasses import dataclass
-
     from corelens.integrations.lmms_eval import policy as lmms_policy
     from corelens.models.prepare import prepare
-    from corelens.policies import HeadsPolicy, Policy, PolicyInterface, register
-    from corelens.policies.zero import ZeroHook
+    from corelens.policies import Policy
 
-    monkeypatch.setattr(PolicyInterface, "_global_mapping", dict(PolicyInterface._global_mapping))
-
-    @register
-    @dataclass(frozen=True)
-    class Silence(HeadsPolicy):  # a toy: zero ablation under a name no integration knows
-        name: ClassVar[str] = "silence-test"
-
-        def hooks(self, model, context):
-            return [ZeroHook(self.by_layer(model))]
-
+    toy = register_toy_policy(monkeypatch)  # zero ablation under a name no integration knows
     m = corelens.load(organism_path(), device="cpu")
     sample = read_samples(generate("image", tmp_path / "data", 1, seed=1))[0][0]
     p = prepare(m, sample)
     plain = corelens.answer(m, p, None, max_new_tokens=2)
     core = [[0, 5], [0, 6], [0, 7]]  # the organism's top heads: zeroing or knocking them out changes answers
     changed = 0
-    for data in ({"name": "uniform"}, {"name": "knockout", "keys": "omega"}, {"name": "silence-test"}):
+    for data in ({"name": "uniform"}, {"name": "knockout", "keys": "omega"}, {"name": toy}):
         policy = Policy.from_dict({**data, "heads": core})
         path = tmp_path / f"{policy.name}.json"
         path.write_text(policy.to_json())
