@@ -4,8 +4,10 @@
 each field of the dataclass with its type and default, no other key, as `Policy.from_dict` refuses others);
 `policy_schema()` is the schema of every file `policy=FILE.json` reads: any registered policy, and the older
 files (a hybrid policy, an ablation, a SAP condition; `corelens.attention.schema`). A new registered policy
-appears with no line written here. docs/schemas/ holds the result (tests/test_schemas.py checks it is
-current); regenerate it with `python -m corelens.policies.json_schema docs/schemas`.
+appears with no line written here. Which policies a schema lists depends on what is registered (a user's own
+policies included), so the policy schema is written on demand, never committed:
+`python -m corelens.policies.json_schema DIR` writes it (and the head set's, which docs/schemas/ also holds)
+into DIR.
 """
 
 from __future__ import annotations
@@ -90,6 +92,6 @@ def write(folder: str | Path) -> list[Path]:
     return out
 
 
-if __name__ == "__main__":  # python -m corelens.policies.json_schema docs/schemas
-    for path in write(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas"):
+if __name__ == "__main__":  # python -m corelens.policies.json_schema DIR
+    for path in write(sys.argv[1] if len(sys.argv) > 1 else "."):
         print(path)
