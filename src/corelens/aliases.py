@@ -7,8 +7,9 @@ import finder consulted after the ordinary ones (so only for a path no file answ
 paths of `MOVED`. A file at the old path would be a second module of that name, which `tests/test_layers.py`
 refuses (no two modules of one name in different layers).
 
-The modules `corelens.models.families` absorbed keep their own alias files (`corelens.models.moved`): they
-serve the names of a part of a new module, not a whole module.
+The modules `corelens.models.families` absorbed into a part of a new module (`corelens.models.qwen_vl`...) keep
+their own alias files (`corelens.models.moved`): they serve the names of that part; `corelens.models.registry`,
+all of `corelens.models.families.family`, is served here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ MOVED = {
     "corelens.experiments.overlay": "corelens.report.overlay",
     "corelens.metrics.importance": "corelens.metrics.causal_effects",
     "corelens.metrics.stability": "corelens.metrics.rank_agreement",
+    "corelens.models.registry": "corelens.models.families.family",
     "corelens.organism.model": "corelens.organism.architecture",
     "corelens.report.hybrid": "corelens.report.curves",
     "corelens.report.importance": "corelens.report.ram_vs_causal",
