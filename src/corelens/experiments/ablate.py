@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -35,10 +36,10 @@ from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's re
     same_file_warning,
     sweep_policies,
 )
-from corelens.experiments.sweep import run_sweep, summary_table
+from corelens.experiments.sweep import run_on_path, run_sweep, summary_table
 from corelens.metrics import draws, kvheads
 from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, label, parse_k
-from corelens.models.loaded import Loaded, load
+from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
 from corelens.policies import POLICIES, HeadsPolicy
 from corelens.runs import file_hash
@@ -329,19 +330,6 @@ def sweep(
     return Sweep(swept.table, swept.summary, swept.records, swept.resampled)
 
 
-def sweep_path(
-    model: str | Path,
-    data: str | Path,
-    heads: str | Path,
-    out: str | Path,
-    *,
-    load_options: dict | None = None,
-    **kwargs,
-) -> Sweep:
-    """Load `model` (with `load()`'s `load_options`) and run an ablation sweep into run directory `out`."""
-    return sweep(load(model, **(load_options or {})), data, heads, out=out, **kwargs)
-
-
-def run_command(config, ctx: RunContext, load_options: dict) -> Sweep:
-    """`corelens ablate`: the generic sweep command (`experiments.sweep.run_sweep`) running `sweep`."""
-    return run_sweep(sweep, config, ctx, load_options)
+# Load a model from its path (or hub id) and run an ablation sweep into a run directory; `corelens ablate`.
+sweep_path = partial(run_on_path, sweep)
+run_command = partial(run_sweep, sweep)

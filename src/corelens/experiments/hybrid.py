@@ -38,12 +38,12 @@ from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import interval
 from corelens.experiments.policy_sweep import RECORD, Plan, Preset, sweep_policies
-from corelens.experiments.sweep import run_sweep
+from corelens.experiments.sweep import run_on_path, run_sweep
 from corelens.metrics import draws
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
 from corelens.metrics.kvheads import expand, granularity_of, shares
 from corelens.metrics.uncertainty import RESAMPLED
-from corelens.models.loaded import Loaded, load
+from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prompt_length
 from corelens.policies import AdaptiveHybrid, HybridAttention, Policy
 from corelens.runs import file_hash
@@ -446,19 +446,6 @@ def _dense_share(prefill: dict) -> float:
     return prefill.get("dense", 0) / total if total else 0.0
 
 
-def curve_path(
-    model: str | Path,
-    data: str | Path,
-    heads: str | Path,
-    out: str | Path,
-    *,
-    load_options: dict | None = None,
-    **kwargs,
-) -> HybridCurve:
-    """Load `model` (with `load()`'s `load_options`) and run the hybrid accuracy curve into run directory `out`."""
-    return curve(load(model, **(load_options or {})), data, heads, out=out, **kwargs)
-
-
-def run_command(config, ctx: RunContext, load_options: dict) -> HybridCurve:
-    """`corelens hybrid`: the generic sweep command (`experiments.sweep.run_sweep`) running `curve`."""
-    return run_sweep(curve, config, ctx, load_options)
+# Load a model from its path (or hub id) and run the hybrid accuracy curve into a run directory; `corelens hybrid`.
+curve_path = partial(run_on_path, curve)
+run_command = partial(run_sweep, curve)

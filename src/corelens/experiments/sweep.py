@@ -334,3 +334,20 @@ def run_sweep(entry: Callable, config, ctx, load_options: dict):
 
     heads = resolve_heads(config.heads)
     return entry(load(config.model, **load_options), config.data, heads, ctx=ctx, **config.kwargs())
+
+
+def run_on_path(
+    entry: Callable,
+    model: str | Path,
+    data: str | Path,
+    heads: str | Path,
+    out: str | Path,
+    *,
+    load_options: dict | None = None,
+    **kwargs,
+):
+    """Load `model` (with `load()`'s `load_options`) and run `entry` (`ablate.sweep`, `hybrid.curve`) into
+    run directory `out`."""
+    from corelens.models.loaded import load
+
+    return entry(load(model, **(load_options or {})), data, heads, out=out, **kwargs)
