@@ -13,6 +13,7 @@ the tail (`corelens.experiments.sweep.conclude_sweep`).
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -212,11 +213,12 @@ class Plan:
         return [s for s in self.sets if s in SEEDED]
 
 
-class Preset:
+class Preset(ABC):
     """What one experiment adds to the policy sweep (the module docstring); the defaults add nothing.
 
     A condition (the preset's own type) has `name`, `kind`, `k`, `seed` and `heads` (the head set, None for
-    a dense baseline); `draw`, `baseline` and `resampled` make them, `policy` and `share` answer them.
+    a dense baseline); `draw`, `baseline` and `resampled` make them, `policy` and `share` answer them. A preset
+    defines the abstract methods (what makes and answers its conditions, its sets file entry and its table).
     """
 
     command: str  # the run's command and the loop's name
@@ -228,9 +230,11 @@ class Preset:
 
     def check(self, sets: Sequence[str]) -> None:
         """Refuse options that cannot run together, before anything is read."""
+        return None  # an optional step: nothing by default
 
     def check_plan(self, plan: Plan) -> None:
         """Refuse what the resolved plan cannot run (the head table's granularity, a missing reference)."""
+        return None  # an optional step: nothing by default
 
     def settings(self, plan: Plan) -> dict:
         """Return the preset's own manifest settings."""
@@ -242,33 +246,35 @@ class Preset:
 
     def prepare(self, plan: Plan, run: Run | None) -> None:
         """Prepare what the loop needs (e.g. reference statistics) once the run is open."""
+        return None  # an optional step: nothing by default
 
+    @abstractmethod
     def baseline(self, plan: Plan):
         """Return the condition answering without a head set."""
-        raise NotImplementedError
 
+    @abstractmethod
     def draw(self, plan: Plan, ks: Sequence[str], kinds: Sequence[str], which) -> list:
         """Return the conditions of sets `kinds` at sizes `ks` (draws `which` of the seeded ones)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def resampled(self, plan: Plan, hs: HeadSet):
         """Return the condition of a resampled ranking's top-k set."""
-        raise NotImplementedError
 
+    @abstractmethod
     def set_entry(self, c) -> dict:
         """Return the condition as the run's sets file lists it."""
-        raise NotImplementedError
 
     def annotate(self, plan: Plan, run: Run) -> None:
         """Record the preset's entries in the run's manifest when the sets are written."""
+        return None  # an optional step: nothing by default
 
     def refuse(self, sample: Sample, prepared: Prepared) -> str | None:
         """Return why `sample` cannot be answered under the preset (it is then skipped), or None."""
         return None
 
+    @abstractmethod
     def policy(self, c) -> Policy | None:
         """Return the registered policy condition `c` answers under (None: the model as it is)."""
-        raise NotImplementedError
 
     def share(self, c) -> Hashable:
         """Return what makes two conditions answer alike (they then share one generation)."""
@@ -290,9 +296,9 @@ class Preset:
         """Return the records table with the preset's derived columns."""
         return records
 
+    @abstractmethod
     def table(self, plan: Plan, records: pd.DataFrame, conds: Sequence) -> pd.DataFrame:
         """Return the per-condition table."""
-        raise NotImplementedError
 
     def manifest(self, plan: Plan, ok: Sequence[dict]) -> dict:
         """Return the manifest entries the tail records."""
@@ -300,6 +306,7 @@ class Preset:
 
     def figure(self, plan: Plan, table: pd.DataFrame, paths: dict[str, Path]) -> None:
         """Draw the figure into `paths`."""
+        return None  # an optional step: nothing by default
 
 
 @dataclass
