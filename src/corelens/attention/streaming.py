@@ -240,6 +240,17 @@ class Hybrid:
         self.last_cache: HybridCache | None = None
         self.hook = HybridHook(self)
 
+    @contextmanager
+    def running(self) -> Iterator[Hybrid]:
+        """Mark the session active for the block; then close its trimmed cache (it cannot decode outside)."""
+        self.active = True
+        try:
+            yield self
+        finally:
+            self.active = False
+            if self.last_cache is not None:
+                self.last_cache.close()
+
     def cache(self) -> HybridCache:
         """Return a new cache for one `generate` call: streaming KV heads keep only sinks + window.
 
@@ -441,11 +452,5 @@ def hybrid(
         ('green <|im_end|>', 0.57)
     """
     session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel, decode, dense_below)
-    with activate(session.modules, session.hook):
-        session.active = True
-        try:
-            yield session
-        finally:
-            session.active = False
-            if session.last_cache is not None:
-                session.last_cache.close()  # a trimmed cache cannot decode outside its session
+    with activate(session.modules, session.hook), session.running():
+        yield session

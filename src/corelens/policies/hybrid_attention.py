@@ -32,15 +32,8 @@ class SessionPolicy(Policy):
     @contextmanager
     def applied(self, model, prepared=None, **kwargs) -> Iterator[Applied]:
         """Apply the policy; the session's trimmed cache cannot decode outside the block."""
-        with super().applied(model, prepared, **kwargs) as on:
-            session = on.hooks[0].session
-            session.active = True
-            try:
-                yield on
-            finally:
-                session.active = False
-                if session.last_cache is not None:
-                    session.last_cache.close()
+        with super().applied(model, prepared, **kwargs) as on, on.hooks[0].session.running():
+            yield on
 
     def generate_kwargs(self, applied: Applied) -> dict:
         """Return the session's cache for one `generate`."""
