@@ -77,20 +77,24 @@ def granularity_option(verb: str) -> object:
 
 
 def draw_options(what: str) -> tuple[object, object, object]:
-    """--seeds, --control-width and --max-draws (docs/methods.md#control-head-sets)."""
+    """--draws (alias --seeds), --control-width and --max-draws (docs/methods.md#control-head-sets)."""
     seeds = option(
         draws.AUTO,
-        help=f"draws of {what}: a count, or auto (batches until the mean over draws is known to --control-width)",
+        help=f"how many sets of {what} to draw: a count, or auto (batches until the mean over draws is known "
+        "to --control-width)",
+        flag="--draws",
+        aliases=("--seeds",),
+        metavar="D",
         type=("checked", draws.seeds_arg, "seeds"),
     )
     width = option(
         draws.WIDTH,
-        help="--seeds auto: width of the 95 %% interval of the control's mean accuracy over draws to reach",
+        help="--draws auto: width of the 95 %% interval of the control's mean accuracy over draws to reach",
         type=("checked", draws.width_arg, "width"),
     )
     most = option(
         draws.MAX_DRAWS,
-        help="--seeds auto: the most draws of one control (it stops there and says so)",
+        help="--draws auto: the most draws of one control (it stops there and says so)",
         type="positive",
     )
     return seeds, width, most
@@ -120,7 +124,13 @@ class AblateConfig:
     data: str = data_option(EVAL_DATA)
     heads: str = heads_option()
     out: str = out_option()
-    k: str = option("1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8", type="k_list")
+    k: str = option(
+        "1%,2%,5%,10%",
+        help="how many heads each set holds: counts or shares of all heads, e.g. 1%%,5%% or 4,8",
+        flag="--n-heads",
+        aliases=("--k",),
+        type="k_list",
+    )
     sets: str = option(
         ",".join(SETS),
         help=f"comma-separated, of {', '.join(SETS + OPTIONAL)} (stable: heads with P(top-k) >= --stable-p)",
@@ -158,7 +168,13 @@ class HybridConfig:
     data: str = data_option(EVAL_DATA)
     heads: str = heads_option()
     out: str = out_option()
-    keep: str = option("5%,10%,20%,50%", help="shares (or counts) of heads kept full", type="k_list")
+    keep: str = option(
+        "5%,10%,20%,50%",
+        help="how many heads are kept full: shares of all heads or counts, e.g. 10%% or 8",
+        flag="--n-heads",
+        aliases=("--keep",),
+        type="k_list",
+    )
     sets: str = option(
         "top,random,bottom",
         help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p), "

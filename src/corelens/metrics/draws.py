@@ -33,7 +33,7 @@ LEVEL = 0.95
 
 
 def seeds_arg(text: str) -> int | str:
-    """Parse `--seeds`: "auto" or a count of draws (at least 1).
+    """Parse `--draws` (alias `--seeds`): "auto" or a count of draws (at least 1).
 
     Examples:
         >>> seeds_arg("auto"), seeds_arg("5")
@@ -45,9 +45,9 @@ def seeds_arg(text: str) -> int | str:
     try:
         value = int(text)
     except ValueError:
-        raise OptionError(f"--seeds {text!r}: expected a count of draws (5) or auto") from None
+        raise OptionError(f"--draws {text!r}: expected a count of draws (5) or auto") from None
     if value < 1:
-        raise OptionError(f"--seeds {value}: at least 1 draw (or auto)")
+        raise OptionError(f"--draws {value}: at least 1 draw (or auto)")
     return value
 
 
@@ -65,7 +65,7 @@ def width_arg(text: str) -> float:
 def check(seeds: int | str, width: float, cap: int) -> None:
     """Refuse settings that cannot run: an unknown `seeds`, a width outside (0, 1], a cap below `FIRST`."""
     if seeds != AUTO and not (isinstance(seeds, int) and seeds >= 1):
-        raise OptionError(f"--seeds {seeds!r}: expected a count of draws (at least 1) or auto")
+        raise OptionError(f"--draws {seeds!r}: expected a count of draws (at least 1) or auto")
     width_arg(str(width))
     if seeds == AUTO and cap < FIRST:
         raise OptionError(f"--max-draws {cap}: at least {FIRST} (auto draws {FIRST} before the first check)")
