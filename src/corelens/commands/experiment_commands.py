@@ -154,8 +154,13 @@ sap = experiment_command(
 def show_hybrid(result, config) -> None:
     """Print the per-condition table, the crossover's dense share, S / W and what was written."""
     cols = ["set", "keep", "full_heads", "kv_full_heads", "seed", "accuracy", "n", "ci_low", "ci_high"]
-    cols += ["cache_kept_fraction", "cache_saved_fraction"]
+    cols += ["cache_kept_fraction", "cache_saved_fraction", "prompt_covered"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(
+        "cache_kept_fraction: share of the KV cache a trimmed cache would keep (analytic); cache_saved_fraction: "
+        "share this run's decoding saved (0 with --decode full); prompt_covered: share of the prompts S + W "
+        "covers whole (there hybrid attention changes nothing). Terms: docs/methods.md#hybrid"
+    )
     print_resampled(result, config.rank_resamples)
     dense = result.table[result.table["dense_prefills"] > 0]
     if len(dense):

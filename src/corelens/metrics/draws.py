@@ -16,13 +16,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
-import pandas as pd
-from scipy import stats
+from typing import TYPE_CHECKING
 
 from corelens.errors import OptionError
-from corelens.metrics.headsets import SEEDED
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# numpy, scipy and the head sets are imported where they are used: the command line parses --draws and
+# --control-width with this module's functions, and `corelens ablate --help` must not pay for them.
 
 AUTO = "auto"
 FIRST = 10  # draws before the first check: a batch of 5 misses a head held by 1 set in 3 about 1 time in 8
@@ -84,6 +86,9 @@ def draw_interval(accuracies: Sequence[float], level: float = LEVEL) -> tuple[fl
         >>> round(low, 3), round(high, 3)
         (0.47, 0.73)
     """
+    import numpy as np
+    from scipy import stats
+
     values = np.asarray(accuracies, dtype=np.float64)
     n = len(values)
     if n < 2:
@@ -130,6 +135,8 @@ def more(control: Control, cap: int) -> range:
 
 def controls(table: pd.DataFrame, key: str, target: float, cap: int, auto: bool) -> list[Control]:
     """Return the `Control` of each drawn (set, `key`) group of a result table (one row per draw, `accuracy`)."""
+    from corelens.metrics.headsets import SEEDED
+
     drawn = table[table["set"].isin(SEEDED)]
     return [
         status(group["accuracy"].tolist(), kind, str(k), target, cap, auto)
