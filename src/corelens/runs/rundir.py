@@ -161,8 +161,17 @@ class Run:
             for own in [manifest_path, self.path / LOG, *self.path.glob(SHARDS)]:
                 refuse_link(own)  # not even read through a planted link
             (self.path / "figures").mkdir(exist_ok=True)
-            if manifest_path.is_file() or manifest_path.is_symlink():
-                old = read_manifest(manifest_path)
+            old = (
+                read_manifest(manifest_path)
+                if manifest_path.is_file() or manifest_path.is_symlink()
+                else None
+            )
+            if old is not None and self._unstarted(old):
+                # Stopped before its first sample (an option refused once the model was known): nothing to
+                # resume, so a corrected command starts afresh here (its cached prompt lengths go too).
+                (self.path / "lengths.json").unlink(missing_ok=True)
+                old = None
+            if old is not None:
                 self._check(old)
                 self.manifest = old
                 # The model may have moved: record where it is now (and an old manifest's identity, upgraded).
@@ -196,6 +205,12 @@ class Run:
                 )
             self.manifest = read_manifest(manifest_path)
             self._check(self.manifest)
+
+    def _unstarted(self, old: dict) -> bool:
+        """Return True for a run that never finished and logged no sample (in any process's log)."""
+        if old.get("finished") is not None:
+            return False
+        return not any(read_bytes(log).strip() for log in self.logs())
 
     def _check(self, old: dict) -> None:
         """Refuse a run directory holding another command or other settings; where the model's files are
