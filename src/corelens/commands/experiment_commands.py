@@ -49,7 +49,17 @@ rank = experiment_command(
 
 def show_ablate(result, config) -> None:
     """Print the per-(set, k) summary, the resampled tops' table and what was written."""
-    print(result.summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    from corelens.metrics.draws import known
+
+    table = result.summary.copy()
+    if "draw_width" in table.columns:  # the mean over draws, in points of accuracy, or "not known yet"
+        drawn = table["stopped"].astype(str) != ""
+        table["draw_width"] = [
+            known(w).split(" (")[0] if d else "" for w, d in zip(table["draw_width"], drawn)
+        ]
+        table = table.rename(columns={"draw_width": "mean_over_draws"})
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("accuracy and ci_low / ci_high (95 %) are shares of the answers right; seeds: draws of the set")
     print_resampled(result, config.rank_resamples)
     extra = ", resampled.csv" if result.resampled is not None else ""
     print(

@@ -38,6 +38,10 @@ from corelens.experiments.configs import (
 from corelens.metrics import draws
 from corelens.runs.fields import run_options
 
+# Below this many draws a control's interval is at least each draw's own (Wilson) interval: the two-level
+# bootstrap over 2 draws that agree has width 0, narrower than one set's interval.
+FEW_DRAWS = 3
+
 # The options the head-set sweeps (ablate, hybrid) share, each declared once; `verb` / `what` fill their help.
 
 EVAL_DATA = "samples to evaluate on (JSONL, with answers)"
@@ -267,6 +271,10 @@ def summary_table(
             if answers.shape[1]:
                 low, high = draws_interval(answers.to_numpy(dtype=float), seed=seed)
                 method = "two-level bootstrap"
+            if len(group) < FEW_DRAWS:  # two draws cannot say how far draws differ: no narrower than one
+                each = [interval(int(c), int(m)) for c, m in zip(group["correct"], group["n"])]
+                low, high = min([low, *(e[0] for e in each)]), max([high, *(e[1] for e in each)])
+                method = "widest of draws (few draws)"
         drawn = kind in SEEDED
         d_low, d_high = draws.draw_interval(group["accuracy"]) if drawn else (float("nan"),) * 2
         rows.append(

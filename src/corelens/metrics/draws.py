@@ -97,6 +97,18 @@ def draw_interval(accuracies: Sequence[float], level: float = LEVEL) -> tuple[fl
     return float(values.mean() - half), float(values.mean() + half)
 
 
+def known(width: float) -> str:
+    """Say how well the mean over draws is known, from the width of its 95 % interval (accuracy in [0, 1]).
+
+    Examples:
+        >>> known(0.048), known(4.765), known(float("nan"))
+        ('known to ±2.4 points (95 %)', 'not known yet (too few draws to bound it)', 'not known yet (too few draws to bound it)')
+    """
+    if not width <= 1:  # nan (one draw) or an interval wider than the accuracy scale (two draws that differ)
+        return "not known yet (too few draws to bound it)"
+    return f"known to ±{50 * width:.1f} points (95 %)"
+
+
 @dataclass(frozen=True)
 class Control:
     """Where one control (set, k) stands: its draws, the width of `draw_interval` and why it stopped."""
@@ -109,7 +121,7 @@ class Control:
 
     def line(self, target: float, cap: int) -> str:
         """Return the stderr line that reports it."""
-        text = f"{self.kind} k={self.k}: {self.draws} draws, mean over draws known to {self.width:.3f} (95 %)"
+        text = f"{self.kind} k={self.k}: {self.draws} draws, mean accuracy over draws {known(self.width)}"
         if self.stopped == "cap":
             return text + f"; stopped by --max-draws {cap} before --control-width {target:g}"
         return text + (f" <= --control-width {target:g}" if self.stopped == "width" else "")
