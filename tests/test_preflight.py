@@ -79,3 +79,13 @@ def test_a_run_stopped_before_its_first_sample_does_not_block_the_corrected_one(
     run.lock.release()
     with pytest.raises(CorelensError, match="other settings"):  # a run with answers is still protected
         Run(out, "ablate", {"k": "5"})
+
+
+def test_a_resumed_run_says_what_it_reuses(tmp_path, capsys):
+    out = tmp_path / "run"
+    Run(out, "ablate", {"k": "3"}).lock.release()
+    (out / "samples.jsonl").write_text('{"id": "a", "status": "ok"}\n{"id": "b", "status": "ok"}\n')
+    assert "resumed" not in capsys.readouterr().err  # a fresh run says nothing
+    Run(out, "ablate", {"k": "3"}).lock.release()
+    err = capsys.readouterr().err
+    assert f"corelens: resumed {out}: 2 sample record(s) logged earlier (the run stopped) are reused" in err

@@ -173,6 +173,7 @@ class Run:
                 old = None
             if old is not None:
                 self._check(old)
+                self._say_resumed(old)
                 self.manifest = old
                 # The model may have moved: record where it is now (and an old manifest's identity, upgraded).
                 self.manifest["settings"] = self.settings
@@ -205,6 +206,13 @@ class Run:
                 )
             self.manifest = read_manifest(manifest_path)
             self._check(self.manifest)
+
+    def _say_resumed(self, old: dict) -> None:
+        """Say on stderr that this run goes on from answers logged earlier (after a code change they are old)."""
+        done = sum(read_bytes(log).count(b"\n") for log in self.logs())
+        state = "finished" if old.get("finished") else "stopped"
+        print(f"corelens: resumed {self.path}: {done} sample record(s) logged earlier (the run {state}) are "
+              "reused; use another --out, or delete the folder, to redo them", file=sys.stderr)  # fmt: skip
 
     def _unstarted(self, old: dict) -> bool:
         """Return True for a run that never finished and logged no sample (in any process's log)."""
