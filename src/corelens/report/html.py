@@ -30,7 +30,15 @@ from markupsafe import Markup
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
-from corelens.report.summary import MISSING, anchor, shared_settings, shown_setting, summary_section
+from corelens.report.summary import (
+    MISSING,
+    anchor,
+    shared_settings,
+    shown_path,
+    shown_paths,
+    shown_setting,
+    summary_section,
+)
 from corelens.runs.outputs import FIGURES, MANIFEST, RANK, STABILITY
 
 MAX_ROWS = 12
@@ -122,8 +130,8 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
     versions = manifest.get("versions", {})
     meta = {
         "command": manifest.get("command"),
-        "command line": " ".join(manifest.get("argv") or []),
-        **{f"setting: {k}": shown_setting(k, v) for k, v in settings.items()},
+        "command line": shown_paths(" ".join(manifest.get("argv") or []), run.parent),
+        **{f"setting: {k}": shown_setting(k, v, run.parent) for k, v in settings.items()},
         **{f"version: {k}": v for k, v in versions.items()},
         "started": manifest.get("started"),
         "finished": manifest.get("finished"),
@@ -211,7 +219,10 @@ def write_report_files(
     manifests = [_manifest(p) for p in paths]
     shared = shared_settings(manifests) if len(paths) > 1 else {}
     sections = Markup("\n").join(run_section(p, shared) for p in paths)
-    listing = Markup("").join(Markup("<li>{}</li>").format(p) for p in paths)
+    where = Path(out).resolve().parent
+    listing = Markup("").join(
+        Markup("<li>{}</li>").format(shown_path(str(p.resolve()), where)) for p in paths
+    )
     common = (
         Markup("<details><summary>settings and versions shared by all {} runs</summary>{}</details>").format(
             len(paths), _definition_list(shared)
