@@ -7,17 +7,23 @@ STAMP := $(VENV)/.corelens-installed
 DOCTESTS := src/corelens/runs src/corelens/data/paths.py src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/attention/schema.py src/corelens/experiments/rank.py \
 	src/corelens/experiments/evaluate.py src/corelens/attention/dispatch.py src/corelens/attention/interventions.py \
 	src/corelens/attention/streaming.py src/corelens/heads/artifact.py src/corelens/metrics \
-	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py
+	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py \
+	src/corelens/report/curves.py src/corelens/report/summary.py src/corelens/commands/preflight.py src/corelens/experiments/hybrid.py
 
 .PHONY: demo test lint format bench clean venv
 
 venv: $(STAMP)
 
+# One line per phase, and pip's own progress for the big one (6.4 GB, most of it the CUDA build of torch).
 $(STAMP): requirements.lock requirements-extras.lock pyproject.toml
+	@echo "[install 1/4] creating $(VENV) and upgrading pip"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
-	$(BIN)/python -m pip install -q -r requirements.lock
+	@echo "[install 2/4] the pinned environment of requirements.lock: about 6.4 GB to download and unpack (minutes)"
+	$(BIN)/python -m pip install --progress-bar on -r requirements.lock
+	@echo "[install 3/4] kvpress and lmms-eval (requirements-extras.lock, without dependencies)"
 	$(BIN)/python -m pip install -q --no-deps -r requirements-extras.lock  # kvpress, lmms-eval: see that file
+	@echo "[install 4/4] corelens itself, editable"
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

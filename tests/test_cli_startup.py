@@ -1,4 +1,4 @@
-"""Parsing a command line imports no torch or transformers: `--help` and argument errors answer at once.
+"""Parsing a command line imports no torch, transformers, pandas or scipy: `--help` and argument errors answer at once.
 
 One subprocess (a fresh interpreter, whose sys.modules starts clean) parses an unknown flag and `--help` for
 every command and reports what got imported; times are measured by benchmarks/cli_startup.py, not here.
@@ -12,7 +12,7 @@ import sys
 
 from corelens.commands import COMMANDS
 
-HEAVY = ("torch", "transformers")
+HEAVY = ("torch", "transformers", "pandas", "scipy")  # pandas and scipy: seconds on a loaded machine
 
 PROBE = """
 import contextlib, io, json, sys

@@ -52,6 +52,20 @@ def test_two_level_interval_covers_the_mean_over_all_draws():
     assert pooled_covered / reps < 0.7
 
 
+def test_two_draws_that_agree_get_no_narrower_interval_than_one_draw():
+    """Two draws both right on all 16 questions: the bootstrap over them has width 0 (issue 44); the interval
+    shown is at least each draw's own Wilson interval."""
+    names = {("random", "3", 0): "r0", ("random", "3", 1): "r1"}
+    rows = [{"set": "random", "k": "3", "k_heads": 3, "short_by": 0, "seed": s, "accuracy": 1.0, "n": 16,
+             "correct": 16} for s in (0, 1)]  # fmt: skip
+    recs = [{"condition": c, "sample": f"q{i}", "correct": True} for c in ("r0", "r1") for i in range(16)]
+    table = pd.DataFrame(rows)
+    table["seed"] = table["seed"].astype("Int64")
+    row = _summary(table, pd.DataFrame(recs), names).iloc[0]
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(interval(16, 16))
+    assert row["ci_high"] - row["ci_low"] > 0.15 and row["interval"] == "widest of draws (few draws)"
+
+
 def test_summary_uses_the_two_level_interval_for_drawn_sets_only():
     answers = _draws([0.9, 0.1, 0.8], n=30)
     rows, recs, names = [], [], {}

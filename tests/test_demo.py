@@ -92,3 +92,18 @@ def test_demo_prints_each_contrast_decided_or_not_with_its_interval(tmp_path, ca
     assert (out / "rank-image" / "figures").is_dir() and (
         out / "ablate-video" / "figures" / "dose_response.png"
     ).is_file()
+
+
+def test_the_readmes_quoted_demo_lines_are_what_the_demo_prints(tmp_path, capsys):
+    """The quick start quotes the demo's finding lines: at the demo's defaults they are printed as quoted."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("## Quick start")
+    block = readme[readme.index("```text\n", start) + len("```text\n") :]
+    quoted = block[: block.index("```")].splitlines()
+    assert len(quoted) == 2 and all(line.startswith("[") for line in quoted)
+    assert main(["demo", "--out", str(tmp_path / "demo")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    for line in quoted:
+        assert line in printed, f"README quotes a line the demo does not print:\n{line}"

@@ -444,3 +444,34 @@ def test_trimmed_decoding_steps_keep_fixed_shapes_in_a_doubling_buffer(tiny_dir,
     assert [c for _, c in buffers] == [64, 64, 64, 128, 128, 128]
     assert len({p for p, _ in buffers[:3]}) == len({p for p, _ in buffers[3:]}) == 1  # written in place
     assert h.cache_report()["reserved_bytes"] > 0
+
+
+def test_a_window_that_covers_the_prompts_is_said_in_terminal_table_and_manifest(tiny_dir, tmp_path, capsys):
+    """At the defaults (S = 128, W = 1024) a short prompt is seen whole by every streaming head: hybrid
+    attention changes nothing, and the run says so with settings that would act; S + W that act say nothing."""
+    from corelens.cli import main
+    from corelens.organism.tasks import generate
+
+    model = tiny_dir("qwen2_5_vl")
+    data = generate("document", tmp_path / "data", n=1, seed=7)
+    rows = [(layer, head, 8 - (4 * layer + head)) for layer in range(2) for head in range(4)]
+    heads = tmp_path / "rank" / "heads.csv"
+    heads.parent.mkdir()
+    pd.DataFrame(rows, columns=["layer", "head", "rank"]).assign(mass=0.0).to_csv(heads, index=False)
+    base = ["hybrid", "--model", str(model), "--data", str(data), "--heads", str(heads), "--n-heads", "25%",
+            "--sets", "top", "--max-new-tokens", "1"]  # fmt: skip
+    said = {}
+    for name, sizes in (("defaults", []), ("acting", ["--sink", "2", "--window", "4"])):
+        out = tmp_path / name
+        capsys.readouterr()
+        assert main([*base, *sizes, "--out", str(out)]) == 0
+        printed = capsys.readouterr()
+        table = pd.read_csv(out / "hybrid.csv").set_index("set")
+        manifest = json.loads((out / "manifest.json").read_text())
+        said[name] = (printed.err, printed.out, table.loc["top", "prompt_covered"], manifest["no_effect"])
+    err, out, covered, noted = said["defaults"]
+    assert "S + W = 128 + 1024 tokens cover the whole prompt of 1 of 1 samples" in err
+    assert "--sink 2% --window 10%" in err and noted in err and "prompt_covered" in out
+    assert covered == 1.0
+    err, out, covered, noted = said["acting"]
+    assert "cover the whole prompt" not in err and noted is None and covered == 0.0

@@ -7,20 +7,26 @@ an earlier one), in a temporary folder prepared as the snippets expect:
 - each `data/NAME.jsonl` a snippet names holds 8 organism image samples;
 - `runs/rank` and `runs/headset`, the run folders the README's commands write (`corelens rank`, `corelens
   export`), are made with those commands.
-A block written as an interactive session (`>>>` lines) runs as a doctest, so its printed output is checked.
+A block written as an interactive session (`>>>` lines) runs as a doctest, so its printed output is checked;
+so is a block followed directly by a ```text block: what the block prints must be that text.
 A block that cannot run offline is marked by `<!-- norun: reason -->` on the line before its fence; the
 marker is the only way to skip one.
 
 The README's "Use the heads elsewhere" section and docs/integrations.md run whole: their ```bash and
 ```python blocks in order, each shell block by bash in the same folder (the environment's `corelens`,
-`python`, `accelerate` first on PATH). A hub dataset id given to `--heads` or `heads=` is the exported
-`runs/headset`, laid out in the hub cache as a download; `data/pope/test.parquet` is a few rows in POPE's
-published schema; each lmms-eval command must leave its results under its `--output_path`.
+`python`, `accelerate` first on PATH). The README's section runs verbatim in a folder laid out as the tour
+leaves the repository root (`src/corelens/organism/checkpoint`, the tour's own data command run as written,
+`runs/rank` ranked on the first samples of its `data/rank/document.jsonl`): nothing it names is made for it.
+For docs/integrations.md, a hub dataset id given to `--heads` or `heads=` is the exported `runs/headset`,
+laid out in the hub cache as a download; `data/pope/test.parquet` is a few rows in POPE's published schema.
+Each lmms-eval command must leave its results under its `--output_path`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import doctest
+import io
 import os
 import re
 import shutil
@@ -67,6 +73,23 @@ def blocks(markdown: str, fence: re.Pattern = FENCE) -> list[tuple[int, str, str
         out.append((i + 2, "\n".join(lines[i + 1 : end]) + "\n", marker.group(1) if marker else None))
         i = end + 1
     return out
+
+
+def printed(markdown: str) -> dict[int, str]:
+    """Return {line of a ```python block's first code line: the ```text block right after it} (what it prints)."""
+    lines = markdown.splitlines()
+    out = {}
+    for line, code, _ in blocks(markdown):
+        after = line - 1 + len(code.splitlines()) + 1  # the index of the line after the closing fence
+        if after < len(lines) and lines[after].strip() == "```text":
+            end = next(j for j in range(after + 1, len(lines)) if lines[j].startswith("```"))
+            out[line] = "\n".join(lines[after + 1 : end]) + "\n"
+    return out
+
+
+def test_printed_finds_the_text_block_right_after_a_python_block():
+    text = "```python\nprint(1)\n```\n```text\n1\n```\n\n```python\nx = 2\n```\n\n```text\nnot output\n```\n"
+    assert printed(text) == {2: "1\n"}
 
 
 def test_blocks_finds_code_and_honours_only_the_norun_marker():
@@ -119,9 +142,22 @@ def test_every_python_fence_of_the_readme_is_found():
     assert any("cl.load(" in code for _, code, reason in found if reason is None)
 
 
+def _workflow_lines(document: Path) -> set[int]:
+    """Return the lines of `document` that a section of WORKFLOWS holds (run by test_heads_elsewhere_workflows_run)."""
+    name = str(document.relative_to(ROOT))
+    text = document.read_text()
+    held = set()
+    for doc, heading in WORKFLOWS:
+        if doc == name and heading is not None:
+            held |= {j + 1 for j, line in enumerate(section(text, heading).splitlines()) if line}
+    return held
+
+
 @pytest.mark.parametrize("document", DOCUMENTED, ids=lambda d: str(d.relative_to(ROOT)))
 def test_python_blocks_run(document, tmp_path, monkeypatch):
+    held = _workflow_lines(document)
     runnable = [(line, code) for line, code, reason in blocks(document.read_text()) if reason is None]
+    runnable = [(line, code) for line, code in runnable if line not in held]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
@@ -129,6 +165,7 @@ def test_python_blocks_run(document, tmp_path, monkeypatch):
     _prepare(tmp_path, "".join(code for _, code in runnable))
     namespace: dict = {"__name__": "__readme__"}
     name = str(document.relative_to(ROOT))
+    quoted = printed(document.read_text())
     for line, code in runnable:
         if code.lstrip().startswith(">>>"):  # an interactive session: its printed output is checked too
             test = doctest.DocTestParser().get_doctest(code, namespace, name, name, line - 1)
@@ -136,7 +173,10 @@ def test_python_blocks_run(document, tmp_path, monkeypatch):
             runner.run(test, out=lambda text, at=line: pytest.fail(f"{name}:{at}:\n{text}", pytrace=False))
             continue
         # Padded so that a traceback names the document's own line.
-        exec(compile("\n" * (line - 1) + code, name, "exec"), namespace)
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            exec(compile("\n" * (line - 1) + code, name, "exec"), namespace)
+        if line in quoted:  # the output the document shows is what the block prints
+            assert said.getvalue() == quoted[line], f"{name}:{line}: prints\n{said.getvalue()}"
 
 
 def section(markdown: str, heading: str) -> str:
@@ -202,6 +242,10 @@ def test_heads_elsewhere_workflows_run(document, heading, tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     everything = "".join(code for _, code, _ in shell + python)
     shell_code = "".join(code for _, code, _ in shell)
+    if document == "README.md":  # verbatim, on what the tour leaves behind
+        _tour(tmp_path, (ROOT / document).read_text())
+        _run_blocks(tmp_path, document, shell, python, printed(text))
+        return
     for repo in sorted(set(SHELL_HUB_ID.findall(shell_code)) - set(HUB_ID.findall(everything))):
         _hub_cache(tmp_path / "hf", repo)
     for name in sorted(set(SHELL_DATA.findall(shell_code)) - set(DATA.findall(everything))):
@@ -212,9 +256,33 @@ def test_heads_elsewhere_workflows_run(document, heading, tmp_path, monkeypatch)
     # The export command of the section writes runs/headset itself; the rank run it reads is prepared.
     exported = re.search(r"corelens export \S+ --out runs/headset", shell_code)
     _prepare(tmp_path, everything.replace("runs/headset", "runs/rank") if exported else everything)
+    _run_blocks(tmp_path, document, shell, python, printed(text))
+
+
+def _run_blocks(folder: Path, document: str, shell: list, python: list, quoted: dict[int, str]) -> None:
+    """Run the shell and python blocks in document order in `folder` (a python block's quoted output checked)."""
     namespace: dict = {"__name__": "__readme__"}
     for line, code, kind in sorted(shell + python):
         if kind == "bash":
-            _shell(tmp_path, document, line, code)
-        else:
+            _shell(folder, document, line, code)
+            continue
+        with contextlib.redirect_stdout(io.StringIO()) as said:
             exec(compile("\n" * (line - 1) + code, document, "exec"), namespace)
+        if line in quoted:
+            assert said.getvalue() == quoted[line], f"{document}:{line}: prints\n{said.getvalue()}"
+
+
+def _tour(folder: Path, readme: str) -> None:
+    """Lay `folder` out as the README's tour leaves the repository root: the organism where the repository
+    keeps it, the tour's first command (the samples) run as written, and `runs/rank` ranked with the tour's
+    options on the first 6 of its samples (the full 24 take minutes; the folder's files are the same)."""
+    checkpoint = folder / "src" / "corelens" / "organism" / "checkpoint"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.symlink_to(organism_path(), target_is_directory=True)
+    tour = section(readme, "A tour on the bundled model")
+    first = blocks(tour, SHELL_FENCE)[0]
+    _shell(folder, "README.md", first[0], first[1].split("\nM=")[0])
+    line = next(c for _, c, _ in blocks(tour, SHELL_FENCE) if c.startswith("corelens rank"))
+    args = line.split()[1:]
+    args[args.index("$M")] = str(checkpoint)
+    assert main([*args, "--limit", "6"]) == 0

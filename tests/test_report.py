@@ -62,6 +62,15 @@ def study(tmp_path_factory):
     return root, runs, stable, report
 
 
+def test_the_page_names_no_path_of_this_machine(study):
+    """A page passed to a colleague names the model, data and runs relative to where the runs sit (issue 44):
+    no absolute path of this machine, in the findings, the run sections or the command lines."""
+    root, _, _, report = study
+    page = report.read_text()
+    assert str(root) not in page and str(Path.cwd()) not in page
+    assert "Model: model." in page  # the checkpoint beside the runs, by its relative name
+
+
 def test_rank_draws_overlays_of_top_and_bottom_heads(study):
     _, runs, _, _ = study
     for run in runs:

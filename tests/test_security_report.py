@@ -13,7 +13,9 @@ import base64
 import hashlib
 import http.client
 import json
+import os
 import re
+import stat
 import threading
 from html.parser import HTMLParser
 from pathlib import Path
@@ -333,6 +335,21 @@ def test_the_report_replaces_a_planted_symlink_instead_of_writing_through_it(hos
     files = write_report_files(runs[:1], tmp_path / "r.html", inline=False)
     assert victim.read_text() == "keep me"
     assert not any(f.is_symlink() for f in files) and files[0].read_text().startswith("<!DOCTYPE html>")
+
+
+def test_the_page_is_readable_by_others_and_scales_on_a_phone(hostile, tmp_path):
+    """0644 (less the umask) like every file a run writes, so a colleague on a shared server can open it; a
+    viewport meta, so a phone does not draw it at desktop width (issue 44)."""
+    from corelens.report.html import write_report_files
+
+    _, runs, _, _ = hostile
+    old = os.umask(0o022)
+    try:
+        files = write_report_files(runs[:1], tmp_path / "r.html", inline=False)
+    finally:
+        os.umask(old)
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o644 for f in files), [oct(f.stat().st_mode) for f in files]
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in files[0].read_text()
 
 
 @needs_chromium

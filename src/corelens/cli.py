@@ -16,14 +16,15 @@ import sys
 import traceback
 from importlib.metadata import version
 
-from corelens.commands import COMMANDS, load_command, module_of
+from corelens.commands import COMMANDS, EXAMPLES, WORKFLOW, load_command, module_of
 from corelens.errors import CorelensError
 
 _LEAF = "_corelens_parser"  # namespace attribute: the innermost parser that parsed (for unknown options)
 
 
-class Formatter(argparse.HelpFormatter):
-    """Help lines that end with the option's default, unless it is None or off, or the line already says it."""
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help lines that end with the option's default, unless it is None or off, or the line already says it;
+    the description and the example below the options are shown as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -144,14 +145,30 @@ def _summary(name: str) -> str | None:
     return None
 
 
+def _wrap(text: str) -> str:
+    """Return `text` wrapped for the terminal (the help's description and epilog are shown as written)."""
+    import textwrap
+
+    return textwrap.fill(text, 78)
+
+
+def _describe(summary: str | None) -> str | None:
+    """Return a command's description: its one-line summary as a sentence."""
+    return _wrap(summary[0].upper() + summary[1:] + ".") if summary else None
+
+
 def parser(lazy: bool = False) -> Parser:
     """Return the corelens argument parser with every command registered (`lazy`: each on first use)."""
-    p = Parser(prog="corelens", description="Find, test and exploit visual retrieval heads.")
+    p = Parser(
+        prog="corelens", description="Find, test and exploit visual retrieval heads.", epilog=_wrap(WORKFLOW)
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--version", action="version", version=f"%(prog)s {version('corelens')}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        child = sub.add_parser(name, help=_summary(name), command=name)
+        summary = _summary(name)
+        child = sub.add_parser(name, help=summary, command=name, description=_describe(summary),
+                               epilog=f"example:\n  {EXAMPLES[name]}")  # fmt: skip
         if not lazy:
             child.load()
     return p
@@ -182,6 +199,10 @@ def _run(args: argparse.Namespace, where: str) -> int:
     from corelens.runs.dist import launched
 
     try:
+        if args.command not in ("organism", "export"):  # their --model: a folder to build or to re-read
+            from corelens.commands.preflight import check_model
+
+            check_model(args)  # the model's folder, family or hub cache: before torch and the model load
         if isinstance(getattr(args, "data", None), str) and args.command != "organism":
             _resolve_data(args)
             from corelens.commands.shared import check_data

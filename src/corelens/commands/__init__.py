@@ -15,21 +15,49 @@ from __future__ import annotations
 
 from importlib import import_module
 
-# command -> `module` (of corelens.commands) or `module:name`, in the order `corelens --help` lists them
+# command -> `module` (of corelens.commands) or `module:name`, in the order `corelens --help` lists them: the
+# workflow's order (WORKFLOW), then the other studies and the tools.
 COMMANDS = {
-    "rank": "experiment_commands:rank",
-    "ablate": "experiment_commands:ablate",
-    "importance": "experiment_commands:importance",
     "demo": "experiment_commands:demo",
-    "bench": "bench",
+    "rank": "experiment_commands:rank",
+    "stability": "experiment_commands:stability",
+    "ablate": "experiment_commands:ablate",
+    "hybrid": "experiment_commands:hybrid",
+    "importance": "experiment_commands:importance",
+    "export": "export",
+    "report": "report",
     "flow": "experiment_commands:flow",
     "sap": "experiment_commands:sap",
-    "organism": "organism",
-    "hybrid": "experiment_commands:hybrid",
-    "stability": "experiment_commands:stability",
-    "report": "report",
     "data": "data",
-    "export": "export",
+    "organism": "organism",
+    "bench": "bench",
+}
+
+# The one-line workflow `corelens --help` shows.
+WORKFLOW = (
+    "workflow: rank (find the heads) -> stability (do tasks share them) -> ablate / hybrid (test and use them) "
+    "-> export (publish them) -> report (one HTML page); `corelens demo` runs it on the bundled model"
+)
+
+# One example per command, shown at the end of its help (`corelens COMMAND --help`); the paths are the
+# README tour's (M=src/corelens/organism/checkpoint).
+EXAMPLES = {
+    "demo": "corelens demo --out runs/demo",
+    "rank": "corelens rank --model $M --data data/rank/document.jsonl --out runs/rank",
+    "stability": "corelens stability runs/demo/rank-image runs/demo/rank-video --out runs/stability",
+    "ablate": "corelens ablate --model $M --data data/eval/document.jsonl --heads runs/rank/heads.csv "
+    "--out runs/ablate --n-heads 3,5 --draws 2",
+    "hybrid": "corelens hybrid --model $M --data data/eval/document.jsonl --heads runs/rank/heads.csv "
+    "--out runs/hybrid --n-heads 8 --sink 4 --window 16",
+    "importance": "corelens importance --model $M --data data/eval/document.jsonl --heads runs/rank/heads.csv "
+    "--out runs/importance --limit 8",
+    "export": "corelens export runs/rank --out runs/headset --n-heads 10% --to duo,sparsemm",
+    "report": "corelens report runs/rank runs/ablate runs/hybrid --out runs/report.html",
+    "flow": "corelens flow --model $M --data data/eval/document.jsonl --out runs/flow --limit 8",
+    "sap": "corelens sap --model $M --data data/eval/document.jsonl --out runs/sap --limit 8",
+    "data": "corelens data stats data/eval/document.jsonl",
+    "organism": "corelens organism eval --n 16",
+    "bench": "corelens bench ram --tokens 8192",
 }
 
 

@@ -49,7 +49,17 @@ rank = experiment_command(
 
 def show_ablate(result, config) -> None:
     """Print the per-(set, k) summary, the resampled tops' table and what was written."""
-    print(result.summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    from corelens.metrics.draws import known
+
+    table = result.summary.copy()
+    if "draw_width" in table.columns:  # the mean over draws, in points of accuracy, or "not known yet"
+        drawn = table["stopped"].astype(str) != ""
+        table["draw_width"] = [
+            known(w).split(" (")[0] if d else "" for w, d in zip(table["draw_width"], drawn)
+        ]
+        table = table.rename(columns={"draw_width": "mean_over_draws"})
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("accuracy and ci_low / ci_high (95 %) are shares of the answers right; seeds: draws of the set")
     print_resampled(result, config.rank_resamples)
     extra = ", resampled.csv" if result.resampled is not None else ""
     print(
@@ -154,8 +164,13 @@ sap = experiment_command(
 def show_hybrid(result, config) -> None:
     """Print the per-condition table, the crossover's dense share, S / W and what was written."""
     cols = ["set", "keep", "full_heads", "kv_full_heads", "seed", "accuracy", "n", "ci_low", "ci_high"]
-    cols += ["cache_kept_fraction", "cache_saved_fraction"]
+    cols += ["cache_kept_fraction", "cache_saved_fraction", "prompt_covered"]
     print(result.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(
+        "cache_kept_fraction: share of the KV cache a trimmed cache would keep (analytic); cache_saved_fraction: "
+        "share this run's decoding saved (0 with --decode full); prompt_covered: share of the prompts S + W "
+        "covers whole (there hybrid attention changes nothing). Terms: docs/methods.md#hybrid"
+    )
     print_resampled(result, config.rank_resamples)
     dense = result.table[result.table["dense_prefills"] > 0]
     if len(dense):

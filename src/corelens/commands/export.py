@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> None:
     if args.keep is not None:
         hs.keep = k_count(args.keep, len(hs.heads))
     elif targets:
-        raise CorelensError(f"--to {','.join(targets)} writes a set: give its size with --keep (e.g. 10%)")
+        raise CorelensError(f"--to {','.join(targets)} writes a set: give its size with --n-heads (e.g. 10%)")
     effective = hs.effective(sink=args.sink, window=args.window) if hs.keep else None
     if effective:
         hs.provenance["effective"] = effective  # headset.json states the asked and the effective shares
@@ -77,7 +77,10 @@ def register(sub) -> None:
         help="folder to write (huggingface_hub.upload_folder publishes it)",
     )
     e.add_argument(
+        "--n-heads",
         "--keep",
+        dest="keep",
+        metavar="K",
         type=k_one,
         default=None,
         help="the published set: top K heads, a count or a share (10%%); KV heads for a KV-granular run",
@@ -86,7 +89,7 @@ def register(sub) -> None:
         "--to",
         type=names_of(TARGETS, "format"),
         default=None,
-        help=f"also write these formats (needs --keep): {', '.join(TARGETS)}",
+        help=f"also write these formats (needs --n-heads): {', '.join(TARGETS)}",
     )
     e.add_argument("--sink", type=int, default=128, help="duo: sink tokens S of streaming heads")
     e.add_argument("--window", type=int, default=1024, help="duo: recent window W of streaming heads")

@@ -30,15 +30,41 @@ def parser_type(spec: Any):
     return getattr(argtypes, name)(*arguments)
 
 
+# The help's sections, in order, and the options each holds (by flag); any other option is the method's.
+SECTIONS = ("model", "data", "method", "statistics", "output")
+SECTION_OF = {
+    **dict.fromkeys(
+        "--data --heads --limit --skip-bad --max-pixels --max-pages --reference runs".split(), "data"
+    ),
+    **dict.fromkeys("--allow-same-data".split(), "data"),
+    **dict.fromkeys(
+        "--draws --control-width --max-draws --seed --random-from --n-boot".split(), "statistics"
+    ),
+    **dict.fromkeys("--rank-resamples --stable-p --k --pairs".split(), "statistics"),
+    **dict.fromkeys("--out --repair-log --overlays --explorer --curve".split(), "output"),
+}
+
+
+def sections(parser: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
+    """Return the help sections of `parser` (argument groups, made once, in `SECTIONS` order)."""
+    made = getattr(parser, "_corelens_sections", None)
+    if made is None:
+        made = {name: parser.add_argument_group(f"{name} options") for name in SECTIONS}
+        parser._corelens_sections = made
+    return made
+
+
 def add_config(parser: argparse.ArgumentParser, config: type, helps: dict[str, str] | None = None) -> None:
-    """Add the options of `config`'s fields to `parser`, in field order (`helps`: help lines replaced)."""
+    """Add the options of `config`'s fields to `parser`, in field order (`helps`: help lines replaced), each
+    in its help section (`SECTION_OF`: model, data, method, statistics, output)."""
     # Imported here, when a command's parser is made: `corelens demo --help` (a command kept in one module
     # with the experiment commands) does not pay for the config fields' modules.
     from corelens.runs.fields import RunOptions, options
 
+    groups = sections(parser)
     for f, meta in options(config):
         if meta["group"] == "model":
-            add_model_options(parser)
+            add_model_options(groups["model"])
             continue
         if meta["group"] == "run":  # the run context's block; this config words its --limit
             add_config(parser, RunOptions, {"limit": meta["help"]})
@@ -53,14 +79,14 @@ def add_config(parser: argparse.ArgumentParser, config: type, helps: dict[str, s
         if not flag and meta["type"] is not None:
             kwargs["type"] = parser_type(meta["type"])
         if meta["positional"]:
-            parser.add_argument(f.name, **kwargs)
+            groups[SECTION_OF.get(f.name, "data")].add_argument(f.name, **kwargs)
             continue
         if meta["required"]:
             kwargs["required"] = True
         elif not flag:
             kwargs["default"] = f.default
         name = meta["flag"] or "--" + f.name.replace("_", "-")
-        parser.add_argument(name, *meta["aliases"], dest=f.name, **kwargs)
+        groups[SECTION_OF.get(name, "method")].add_argument(name, *meta["aliases"], dest=f.name, **kwargs)
 
 
 def config_of(config: type, args: argparse.Namespace):

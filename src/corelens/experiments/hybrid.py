@@ -58,8 +58,40 @@ COLUMNS = [
     "set", "keep", "full_heads", "fraction", "seed", "sink", "window", "accuracy", "n", "correct",
     "ci_low", "ci_high", "mean_tokens", "ideal_speedup", "cache_saved_fraction", "short_by",
     "granularity", "asked", "asked_fraction", "kv_full_heads", "kv_fraction", "cache_kept_fraction", "heads",
-    "dense_prefills",
+    "dense_prefills", "prompt_covered",
 ]  # fmt: skip
+MOST = 0.5  # warn when S + W covers the whole prompt of more than this share of the samples
+
+
+def noop_warning(lengths: Sequence[int], sink: int, window: int, full: Sequence[int] = (), total: int = 0):
+    """Return why a hybrid run changes nothing, with settings that would act, or None when it acts.
+
+    S + W covering a prompt lets every streaming head see every key: hybrid attention is then the model's own.
+    `full` is each evaluated set's count of heads kept full, `total` the model's heads: a set of all of them
+    also changes nothing.
+
+    Examples:
+        >>> noop_warning([141, 150, 160], 128, 1024)[:58]
+        'S + W = 128 + 1024 tokens cover the whole prompt of 3 of 3'
+        >>> noop_warning([141, 150, 160], 4, 16) is None
+        True
+        >>> noop_warning([141], 4, 16, full=[8, 32], total=32)[:40]
+        'a set keeps all 32 heads full: it change'
+    """
+    said = []
+    covered = [n for n in lengths if n <= sink + window]
+    if lengths and len(covered) > MOST * len(lengths):
+        median = statistics.median(lengths)
+        s, w = max(1, round(0.02 * median)), max(1, round(0.10 * median))
+        said.append(
+            f"S + W = {sink} + {window} tokens cover the whole prompt of {len(covered)} of {len(lengths)} samples "
+            f"(median prompt {median:.0f} tokens): there every streaming head sees every key and hybrid "
+            f"attention changes nothing; give shares of the prompt (--sink 2% --window 10%) or counts that "
+            f"act (--sink {s} --window {w})"
+        )
+    if total and any(n >= total for n in full):
+        said.append(f"a set keeps all {total} heads full: it changes nothing (give --n-heads below {total})")
+    return "; ".join(said) or None
 
 
 @dataclass(frozen=True)
@@ -213,6 +245,7 @@ def _table(
                 "cache_kept_fraction": eff["cache_kept_fraction"],
                 "heads": "all" if c.policy is None else label(c.policy.full),
                 "dense_prefills": float(got["dense_prefills"].mean()) if n else 0.0,
+                "prompt_covered": float((got["tokens"] <= sink + window).mean()) if n else float("nan"),
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -231,6 +264,7 @@ class HybridCurve:
     median_tokens: float
     resampled: pd.DataFrame | None = None
     summary: pd.DataFrame | None = None  # per (set, keep): mean over draws, two-level interval, draws
+    warning: str | None = None  # why the run changes nothing (S + W covers most prompts, ...), or None
 
 
 def is_share(spec: str | int) -> bool:
@@ -252,6 +286,7 @@ class HybridPreset(Preset):
     median: float = math.nan  # the median prompt length (from the length pass, or the records' tokens)
     lengths: dict | None = None  # each sample's prompt length, measured when S or W is a share
     shape: tuple[int, int, int] = (0, 0, 0)  # the model's layers, query heads and KV heads
+    warning: str | None = None  # why the run changes nothing (`noop_warning`), set with the table
 
     command = "hybrid"
     outputs = HYBRID
@@ -369,12 +404,20 @@ class HybridPreset(Preset):
         if self.lengths is None:  # S and W in tokens: the median prompt is read off the answers
             tokens = dict(zip(records["sample"], records["tokens"]))
             self.median = float(statistics.median(tokens.values())) if tokens else math.nan
-        return _table(records, conds, self.shape, self.sink_n, self.window_n, plan.unit)
+        table = _table(records, conds, self.shape, self.sink_n, self.window_n, plan.unit)
+        self.warning = self.noop(records, table)
+        return table
+
+    def noop(self, records: pd.DataFrame, table: pd.DataFrame) -> str | None:
+        """Return the warning that this run's hybrid attention changes nothing (`noop_warning`), or None."""
+        lengths = [int(n) for n in records.drop_duplicates("sample")["tokens"]] if len(records) else []
+        full = [int(n) for n in table.loc[table["set"] != DENSE, "full_heads"]]
+        return noop_warning(lengths, self.sink_n, self.window_n, full, self.shape[0] * self.shape[1])
 
     def manifest(self, plan: Plan, ok) -> dict:
         totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
         prefill = {"kernel": self.kernel, "dense_below": self.dense_below, "layer_prefills": dict(totals)}
-        return {"prefill": prefill, "median_prompt_tokens": self.median}
+        return {"prefill": prefill, "median_prompt_tokens": self.median, "no_effect": self.warning}
 
     def figure(self, plan: Plan, table: pd.DataFrame, paths: dict[str, Path]) -> None:
         from corelens.report.curves import accuracy_vs_kept
@@ -436,9 +479,12 @@ def curve(
         max_new_tokens=max_new_tokens, ctx=RunContext.of(ctx, **context),
     )  # fmt: skip
     summary = swept.summary
+    if preset.warning:
+        warn(preset.warning)
     return HybridCurve(
-        swept.table, swept.records, preset.sink_n, preset.window_n, preset.median, swept.resampled, summary
-    )
+        swept.table, swept.records, preset.sink_n, preset.window_n, preset.median, swept.resampled, summary,
+        preset.warning,
+    )  # fmt: skip
 
 
 def _dense_share(prefill: dict) -> float:

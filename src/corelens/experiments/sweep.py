@@ -38,6 +38,10 @@ from corelens.experiments.configs import (
 from corelens.metrics import draws
 from corelens.runs.fields import run_options
 
+# Below this many draws a control's interval is at least each draw's own (Wilson) interval: the two-level
+# bootstrap over 2 draws that agree has width 0, narrower than one set's interval.
+FEW_DRAWS = 3
+
 # The options the head-set sweeps (ablate, hybrid) share, each declared once; `verb` / `what` fill their help.
 
 EVAL_DATA = "samples to evaluate on (JSONL, with answers)"
@@ -77,20 +81,24 @@ def granularity_option(verb: str) -> object:
 
 
 def draw_options(what: str) -> tuple[object, object, object]:
-    """--seeds, --control-width and --max-draws (docs/methods.md#control-head-sets)."""
+    """--draws (alias --seeds), --control-width and --max-draws (docs/methods.md#control-head-sets)."""
     seeds = option(
         draws.AUTO,
-        help=f"draws of {what}: a count, or auto (batches until the mean over draws is known to --control-width)",
+        help=f"how many sets of {what} to draw: a count, or auto (batches until the mean over draws is known "
+        "to --control-width)",
+        flag="--draws",
+        aliases=("--seeds",),
+        metavar="D",
         type=("checked", draws.seeds_arg, "seeds"),
     )
     width = option(
         draws.WIDTH,
-        help="--seeds auto: width of the 95 %% interval of the control's mean accuracy over draws to reach",
+        help="--draws auto: width of the 95 %% interval of the control's mean accuracy over draws to reach",
         type=("checked", draws.width_arg, "width"),
     )
     most = option(
         draws.MAX_DRAWS,
-        help="--seeds auto: the most draws of one control (it stops there and says so)",
+        help="--draws auto: the most draws of one control (it stops there and says so)",
         type="positive",
     )
     return seeds, width, most
@@ -120,7 +128,13 @@ class AblateConfig:
     data: str = data_option(EVAL_DATA)
     heads: str = heads_option()
     out: str = out_option()
-    k: str = option("1%,2%,5%,10%", help="set sizes: counts or shares, e.g. 1%%,5%% or 4,8", type="k_list")
+    k: str = option(
+        "1%,2%,5%,10%",
+        help="how many heads each set holds: counts or shares of all heads, e.g. 1%%,5%% or 4,8",
+        flag="--n-heads",
+        aliases=("--k",),
+        type="k_list",
+    )
     sets: str = option(
         ",".join(SETS),
         help=f"comma-separated, of {', '.join(SETS + OPTIONAL)} (stable: heads with P(top-k) >= --stable-p)",
@@ -158,7 +172,13 @@ class HybridConfig:
     data: str = data_option(EVAL_DATA)
     heads: str = heads_option()
     out: str = out_option()
-    keep: str = option("5%,10%,20%,50%", help="shares (or counts) of heads kept full", type="k_list")
+    keep: str = option(
+        "5%,10%,20%,50%",
+        help="how many heads are kept full: shares of all heads or counts, e.g. 10%% or 8",
+        flag="--n-heads",
+        aliases=("--keep",),
+        type="k_list",
+    )
     sets: str = option(
         "top,random,bottom",
         help="full sets: top (CoRe), random, bottom, layer-matched, stable (P(top-k) >= --stable-p), "
@@ -251,6 +271,10 @@ def summary_table(
             if answers.shape[1]:
                 low, high = draws_interval(answers.to_numpy(dtype=float), seed=seed)
                 method = "two-level bootstrap"
+            if len(group) < FEW_DRAWS:  # two draws cannot say how far draws differ: no narrower than one
+                each = [interval(int(c), int(m)) for c, m in zip(group["correct"], group["n"])]
+                low, high = min([low, *(e[0] for e in each)]), max([high, *(e[1] for e in each)])
+                method = "widest of draws (few draws)"
         drawn = kind in SEEDED
         d_low, d_high = draws.draw_interval(group["accuracy"]) if drawn else (float("nan"),) * 2
         rows.append(

@@ -16,13 +16,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
-import pandas as pd
-from scipy import stats
+from typing import TYPE_CHECKING
 
 from corelens.errors import OptionError
-from corelens.metrics.headsets import SEEDED
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# numpy, scipy and the head sets are imported where they are used: the command line parses --draws and
+# --control-width with this module's functions, and `corelens ablate --help` must not pay for them.
 
 AUTO = "auto"
 FIRST = 10  # draws before the first check: a batch of 5 misses a head held by 1 set in 3 about 1 time in 8
@@ -33,7 +35,7 @@ LEVEL = 0.95
 
 
 def seeds_arg(text: str) -> int | str:
-    """Parse `--seeds`: "auto" or a count of draws (at least 1).
+    """Parse `--draws` (alias `--seeds`): "auto" or a count of draws (at least 1).
 
     Examples:
         >>> seeds_arg("auto"), seeds_arg("5")
@@ -45,9 +47,9 @@ def seeds_arg(text: str) -> int | str:
     try:
         value = int(text)
     except ValueError:
-        raise OptionError(f"--seeds {text!r}: expected a count of draws (5) or auto") from None
+        raise OptionError(f"--draws {text!r}: expected a count of draws (5) or auto") from None
     if value < 1:
-        raise OptionError(f"--seeds {value}: at least 1 draw (or auto)")
+        raise OptionError(f"--draws {value}: at least 1 draw (or auto)")
     return value
 
 
@@ -65,7 +67,7 @@ def width_arg(text: str) -> float:
 def check(seeds: int | str, width: float, cap: int) -> None:
     """Refuse settings that cannot run: an unknown `seeds`, a width outside (0, 1], a cap below `FIRST`."""
     if seeds != AUTO and not (isinstance(seeds, int) and seeds >= 1):
-        raise OptionError(f"--seeds {seeds!r}: expected a count of draws (at least 1) or auto")
+        raise OptionError(f"--draws {seeds!r}: expected a count of draws (at least 1) or auto")
     width_arg(str(width))
     if seeds == AUTO and cap < FIRST:
         raise OptionError(f"--max-draws {cap}: at least {FIRST} (auto draws {FIRST} before the first check)")
@@ -84,12 +86,27 @@ def draw_interval(accuracies: Sequence[float], level: float = LEVEL) -> tuple[fl
         >>> round(low, 3), round(high, 3)
         (0.47, 0.73)
     """
+    import numpy as np
+    from scipy import stats
+
     values = np.asarray(accuracies, dtype=np.float64)
     n = len(values)
     if n < 2:
         return math.nan, math.nan
     half = stats.t.ppf((1 + level) / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
     return float(values.mean() - half), float(values.mean() + half)
+
+
+def known(width: float) -> str:
+    """Say how well the mean over draws is known, from the width of its 95 % interval (accuracy in [0, 1]).
+
+    Examples:
+        >>> known(0.048), known(4.765), known(float("nan"))
+        ('known to ±2.4 points (95 %)', 'not known yet (too few draws to bound it)', 'not known yet (too few draws to bound it)')
+    """
+    if not width <= 1:  # nan (one draw) or an interval wider than the accuracy scale (two draws that differ)
+        return "not known yet (too few draws to bound it)"
+    return f"known to ±{50 * width:.1f} points (95 %)"
 
 
 @dataclass(frozen=True)
@@ -104,7 +121,7 @@ class Control:
 
     def line(self, target: float, cap: int) -> str:
         """Return the stderr line that reports it."""
-        text = f"{self.kind} k={self.k}: {self.draws} draws, mean over draws known to {self.width:.3f} (95 %)"
+        text = f"{self.kind} k={self.k}: {self.draws} draws, mean accuracy over draws {known(self.width)}"
         if self.stopped == "cap":
             return text + f"; stopped by --max-draws {cap} before --control-width {target:g}"
         return text + (f" <= --control-width {target:g}" if self.stopped == "width" else "")
@@ -130,6 +147,8 @@ def more(control: Control, cap: int) -> range:
 
 def controls(table: pd.DataFrame, key: str, target: float, cap: int, auto: bool) -> list[Control]:
     """Return the `Control` of each drawn (set, `key`) group of a result table (one row per draw, `accuracy`)."""
+    from corelens.metrics.headsets import SEEDED
+
     drawn = table[table["set"].isin(SEEDED)]
     return [
         status(group["accuracy"].tolist(), kind, str(k), target, cap, auto)

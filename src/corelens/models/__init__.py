@@ -1,7 +1,35 @@
-"""Loading checkpoints and, per family, turning samples into model inputs and a visual token layout."""
+"""Loading checkpoints and, per family, turning samples into model inputs and a visual token layout.
 
-from corelens.attention.modules import decoder_attention_modules
-from corelens.models.families import FAMILIES, Family, family_of
-from corelens.models.loaded import SUPPORTED, Loaded, load
+The names below are imported on first use (PEP 562), as `corelens`' own: `corelens.models.hub` (resolving a
+hub id before the model loads) is then importable without torch.
+"""
 
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "decoder_attention_modules": "corelens.attention.modules",
+    "FAMILIES": "corelens.models.families",
+    "Family": "corelens.models.families",
+    "family_of": "corelens.models.families",
+    "SUPPORTED": "corelens.models.loaded",
+    "Loaded": "corelens.models.loaded",
+    "load": "corelens.models.loaded",
+}
 __all__ = ["FAMILIES", "SUPPORTED", "Family", "Loaded", "decoder_attention_modules", "family_of", "load"]
+
+if TYPE_CHECKING:
+    from corelens.attention.modules import decoder_attention_modules
+    from corelens.models.families import FAMILIES, Family, family_of
+    from corelens.models.loaded import SUPPORTED, Loaded, load
+
+
+def __getattr__(name: str):
+    """Import a public name's module on first use and keep the name."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'corelens.models' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

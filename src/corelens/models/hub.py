@@ -91,6 +91,19 @@ def cache_dir() -> Path:
     return Path(home).expanduser() / "hub"
 
 
+def _fetch(repo: str, revision: str | None, repo_type: str) -> str:
+    """Return the command that downloads `repo` into the hub cache.
+
+    Examples:
+        >>> _fetch("Qwen/Qwen2.5-VL-7B-Instruct", None, "model")
+        '`hf download Qwen/Qwen2.5-VL-7B-Instruct`'
+    """
+    extra = (f" --revision {revision}" if revision else "") + (
+        "" if repo_type == "model" else f" --repo-type {repo_type}"
+    )
+    return f"`hf download {repo}{extra}`"
+
+
 def offline() -> bool:
     """Return True when `HF_HUB_OFFLINE` (or transformers' `TRANSFORMERS_OFFLINE`) forbids downloads."""
     return any(
@@ -152,7 +165,7 @@ def resolve(
         if offline():
             raise CorelensError(
                 f"{repo}{'@' + revision if revision else ''}: not in the hub cache {cache} "
-                "(HF_HUB_OFFLINE is set, so nothing is downloaded)"
+                f"(HF_HUB_OFFLINE is set, so nothing is downloaded); download it first: {_fetch(repo, revision, repo_type)}"
             ) from None
         try:
             folder = snapshot_download(
@@ -162,7 +175,8 @@ def resolve(
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise CorelensError(
                 f"{repo}{'@' + revision if revision else ''}: not in the hub cache {cache}, "
-                f"and the download failed: {first}"
+                f"and the download failed: {first}; download it where the hub is reachable "
+                f"({_fetch(repo, revision, repo_type)}, then copy the cache) or give a local folder"
             ) from None
     folder = Path(folder)
     if cache.resolve() not in folder.resolve().parents:

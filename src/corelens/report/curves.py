@@ -21,6 +21,17 @@ STYLE = {
 }
 
 
+def within_01(mean: pd.Series, spread: pd.Series) -> list[pd.Series]:
+    """Return (below, above) error-bar lengths of `mean` ± `spread`, cut so that the bars stay in [0, 1].
+
+    Examples:
+        >>> below, above = within_01(pd.Series([0.1, 0.9]), pd.Series([0.3, 0.3]))
+        >>> below.round(2).tolist(), above.round(2).tolist()
+        ([0.1, 0.3], [0.3, 0.1])
+    """
+    return [spread.clip(upper=mean), spread.clip(upper=1 - mean)]
+
+
 def dose_response(
     table: pd.DataFrame, path: str | Path, *, total_heads: int, title: str | None = None
 ) -> Path:
@@ -31,7 +42,7 @@ def dose_response(
     """
     base = table[table["set"] == "none"]
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
-    x0, y0 = 0.0, None
+    x0, y0, right = 0.0, None, 0.0
     if len(base):
         y0 = float(base["accuracy"].iloc[0])
         ax.axhline(
@@ -54,24 +65,22 @@ def dose_response(
         seeds = int(group["seed"].notna().groupby(group["k_heads"]).sum().max())
         if seeds > 1:
             label = f"{kind} (mean ± sd over {seeds} seeds)"
-            ax.errorbar(
-                x,
-                stats["acc"],
-                yerr=stats["sd"].fillna(0.0),
-                color=colour,
-                marker=marker,
-                capsize=3,
-                label=label,
-            )
+            ax.errorbar(x, stats["acc"], yerr=within_01(stats["acc"], stats["sd"].fillna(0.0)), color=colour,
+                        marker=marker, capsize=3, label=label, zorder=3)  # fmt: skip
+        elif len(x) == 1:  # one size: a point with its interval, not a band of no width
+            err = [(stats["acc"] - stats["lo"]).clip(lower=0), (stats["hi"] - stats["acc"]).clip(lower=0)]
+            ax.errorbar(x, stats["acc"], yerr=err, color=colour, marker=marker, capsize=3, ls="none",
+                        label=f"{kind} (95 % CI)", zorder=3)  # fmt: skip
         else:
-            ax.plot(x, stats["acc"], color=colour, marker=marker, label=f"{kind} (band: 95 % CI)")
+            ax.plot(x, stats["acc"], color=colour, marker=marker, label=f"{kind} (band: 95 % CI)", zorder=3)
             ax.fill_between(x, stats["lo"], stats["hi"], color=colour, alpha=0.15, lw=0)
+        right = max(right, float(x.max()))
         if y0 is not None:
             ax.plot([x0, x.iloc[0]], [y0, stats["acc"].iloc[0]], color=colour, ls=":", lw=1)
     ax.set_xlabel("heads ablated (% of all layer x head pairs)")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlim(left=0)
+    ax.set_xlim(0, 1.15 * right if right > 0 else 1)
     ax.set_title(title or "ablation dose-response")
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
@@ -92,6 +101,7 @@ def accuracy_vs_kept(table: pd.DataFrame, path: str | Path, *, title: str | None
     min-max range as error bars. The dense model is the dotted line.
     """
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    right = 0.0
     dense = table[table["set"] == "dense"]
     if len(dense):
         y = float(dense["accuracy"].iloc[0])
@@ -106,14 +116,23 @@ def accuracy_vs_kept(table: pd.DataFrame, path: str | Path, *, title: str | None
             .sort_values("fraction")
         )  # fmt: skip
         x = 100 * stats["fraction"]
+        right = max(right, float(x.max()))
         if int(stats["draws"].max()) > 1:
             # Clipped: a mean of equal accuracies may sit a rounding error outside their min-max.
             err = [(stats["acc"] - stats["lo"]).clip(lower=0), (stats["hi"] - stats["acc"]).clip(lower=0)]
             ax.errorbar(x, stats["acc"], yerr=err, color=colour, marker=marker, capsize=3,
                         label=f"{label} (mean, min-max of {int(stats['draws'].max())} draws)")  # fmt: skip
+        elif len(x) == 1:  # one share: a point with its interval (a band of one point draws nothing)
+            err = [
+                (stats["acc"] - stats["ci_lo"]).clip(lower=0),
+                (stats["ci_hi"] - stats["acc"]).clip(lower=0),
+            ]
+            ax.errorbar(x, stats["acc"], yerr=err, color=colour, marker=marker, capsize=3, ls="none",
+                        label=f"{label} (95 % CI)")  # fmt: skip
         else:
             ax.plot(x, stats["acc"], color=colour, marker=marker, label=f"{label} (95 % CI)")
             ax.fill_between(x, stats["ci_lo"], stats["ci_hi"], color=colour, alpha=0.15, lw=0)
+    ax.set_xlim(0, min(100.0, 1.3 * right) if right > 0 else 100.0)  # one share: not an axis of 24-26 %
     ax.set_xlabel("heads kept full (% of all query heads)")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)

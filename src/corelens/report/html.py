@@ -30,12 +30,23 @@ from markupsafe import Markup
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
-from corelens.report.summary import MISSING, anchor, shared_settings, shown_setting, summary_section
+from corelens.report.summary import (
+    MISSING,
+    anchor,
+    shared_settings,
+    shown_path,
+    shown_paths,
+    shown_setting,
+    summary_section,
+)
 from corelens.runs.outputs import FIGURES, MANIFEST, RANK, STABILITY
 
 MAX_ROWS = 12
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 0.8em; max-width: 1100px; color: #222;
+       overflow-wrap: anywhere; }
+@media (max-width: 600px) { body { margin: 0.8em auto; } figure { display: block; margin: 0.5em 0; }
+  dl { grid-template-columns: auto; } }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; } h3 { font-size: 1em; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1em; }
 .table-box { overflow-x: auto; max-width: 100%; } .legend-note { color: #555; font-size: 0.85em; }
@@ -119,8 +130,8 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
     versions = manifest.get("versions", {})
     meta = {
         "command": manifest.get("command"),
-        "command line": " ".join(manifest.get("argv") or []),
-        **{f"setting: {k}": shown_setting(k, v) for k, v in settings.items()},
+        "command line": shown_paths(" ".join(manifest.get("argv") or []), run.parent),
+        **{f"setting: {k}": shown_setting(k, v, run.parent) for k, v in settings.items()},
         **{f"version: {k}": v for k, v in versions.items()},
         "started": manifest.get("started"),
         "finished": manifest.get("finished"),
@@ -172,11 +183,15 @@ def _inline(text: str, written: list[str]) -> Markup:
 
 def _write(path: Path, text: str) -> None:
     """Write `text` to `path` through a new temporary file and a rename: a symlink planted at `path` is
-    replaced, never followed (so the page cannot overwrite the file it points to, nor be served from there)."""
+    replaced, never followed (so the page cannot overwrite the file it points to, nor be served from there);
+    readable by others (0644 less the umask) like every file a run writes, not the temporary file's 0600."""
     with tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
     ) as f:
         f.write(text)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(f.name, 0o644 & ~mask)
     os.replace(f.name, path)
 
 
@@ -204,7 +219,10 @@ def write_report_files(
     manifests = [_manifest(p) for p in paths]
     shared = shared_settings(manifests) if len(paths) > 1 else {}
     sections = Markup("\n").join(run_section(p, shared) for p in paths)
-    listing = Markup("").join(Markup("<li>{}</li>").format(p) for p in paths)
+    where = Path(out).resolve().parent
+    listing = Markup("").join(
+        Markup("<li>{}</li>").format(shown_path(str(p.resolve()), where)) for p in paths
+    )
     common = (
         Markup("<details><summary>settings and versions shared by all {} runs</summary>{}</details>").format(
             len(paths), _definition_list(shared)
@@ -231,6 +249,7 @@ def write_report_files(
     csp = policy(scripts, [style], same_origin_scripts=len(files) > 1)
     page = Markup(
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta http-equiv="Content-Security-Policy" content="{csp}"><title>{title}</title>'
         "<style>{style}</style>{head_script}</head><body><h1>{title}</h1>{summary}{section}"
         "<details><summary>Written {when} from {n} run(s)</summary><ul>{listing}</ul>{common}</details>"

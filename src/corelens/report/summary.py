@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -392,7 +394,11 @@ LEGEND = (
 def summary_section(runs: list[Path], manifests: list[dict]) -> Markup:
     """Return the opening "Findings" section: model, data and sample counts, then one item per run."""
     models = sorted(
-        {str(m.get("settings", {}).get("model")) for m in manifests if m.get("settings", {}).get("model")}
+        {
+            shown_path(str(m["settings"]["model"]), run.parent)
+            for run, m in zip(runs, manifests)
+            if m.get("settings", {}).get("model")
+        }
     )
     counts = [
         Markup("{} {}").format(_link(r), m["samples"])
@@ -421,13 +427,53 @@ def shared_settings(manifests: list[dict]) -> dict:
     return {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat[1:])} if flat else {}
 
 
-def shown_setting(key: str, value: object) -> object:
+_SNAPSHOT = re.compile(r"models--([^/]+)--([^/]+)/snapshots/([0-9a-f]{7,})")
+
+
+def shown_path(path: str, base: Path | None = None) -> str:
+    """Return how the page names an absolute path of this machine: relative to `base` (the folder the runs sit
+    in) or to the working folder when inside them, a hub checkpoint as ORG/NAME@COMMIT, a file of corelens
+    (the bundled model) inside its package, else its last two parts; a relative path as it is.
+
+    Examples:
+        >>> shown_path("/home/me/.cache/huggingface/hub/models--Qwen--Qwen2.5-VL-7B-Instruct/snapshots/0123456789abcdef")
+        'Qwen/Qwen2.5-VL-7B-Instruct@0123456789ab'
+        >>> shown_path("/srv/study/data/eval.jsonl", Path("/srv/study")), shown_path("/a/b/c/d.jsonl")
+        ('data/eval.jsonl', '…/c/d.jsonl')
+        >>> shown_path("runs/rank")
+        'runs/rank'
+    """
+    if not os.path.isabs(path):
+        return path
+    found = _SNAPSHOT.search(path)
+    if found:
+        return f"{found.group(1)}/{found.group(2)}@{found.group(3)[:12]}"
+    import corelens
+
+    package = Path(corelens.__file__).resolve().parent.parent
+    for root in (base, Path.cwd(), package):
+        if root is not None and Path(path).is_relative_to(root):
+            return str(Path(path).relative_to(root)) or "."
+    return "…/" + "/".join(Path(path).parts[-2:])
+
+
+def shown_paths(text: str, base: Path | None = None) -> str:
+    """Return `text` (a command line, a setting) with each absolute path in it as `shown_path` names it."""
+    return " ".join(shown_path(word, base) for word in text.split(" "))
+
+
+def shown_setting(key: str, value: object, base: Path | None = None) -> object:
     """Return a manifest setting as the report shows it: the model's identity (config fields and tensors,
-    corelens.runs.identity) as its one-line description, everything else as it is."""
+    corelens.runs.identity) as its one-line description, a path of this machine as `shown_path` names it
+    (no absolute path in a page that is passed around), everything else as it is."""
     if key == "model_identity" and isinstance(value, dict):
         from corelens.runs.identity import describe
 
         return describe(value)
+    if isinstance(value, str):
+        return shown_paths(value, base)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):  # stability's runs
+        return [shown_paths(v, base) for v in value]
     return value
 
 

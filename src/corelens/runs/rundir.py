@@ -161,9 +161,19 @@ class Run:
             for own in [manifest_path, self.path / LOG, *self.path.glob(SHARDS)]:
                 refuse_link(own)  # not even read through a planted link
             (self.path / "figures").mkdir(exist_ok=True)
-            if manifest_path.is_file() or manifest_path.is_symlink():
-                old = read_manifest(manifest_path)
+            old = (
+                read_manifest(manifest_path)
+                if manifest_path.is_file() or manifest_path.is_symlink()
+                else None
+            )
+            if old is not None and self._unstarted(old):
+                # Stopped before its first sample (an option refused once the model was known): nothing to
+                # resume, so a corrected command starts afresh here (its cached prompt lengths go too).
+                (self.path / "lengths.json").unlink(missing_ok=True)
+                old = None
+            if old is not None:
                 self._check(old)
+                self._say_resumed(old)
                 self.manifest = old
                 # The model may have moved: record where it is now (and an old manifest's identity, upgraded).
                 self.manifest["settings"] = self.settings
@@ -196,6 +206,19 @@ class Run:
                 )
             self.manifest = read_manifest(manifest_path)
             self._check(self.manifest)
+
+    def _say_resumed(self, old: dict) -> None:
+        """Say on stderr that this run goes on from answers logged earlier (after a code change they are old)."""
+        done = sum(read_bytes(log).count(b"\n") for log in self.logs())
+        state = "finished" if old.get("finished") else "stopped"
+        print(f"corelens: resumed {self.path}: {done} sample record(s) logged earlier (the run {state}) are "
+              "reused; use another --out, or delete the folder, to redo them", file=sys.stderr)  # fmt: skip
+
+    def _unstarted(self, old: dict) -> bool:
+        """Return True for a run that never finished and logged no sample (in any process's log)."""
+        if old.get("finished") is not None:
+            return False
+        return not any(read_bytes(log).strip() for log in self.logs())
 
     def _check(self, old: dict) -> None:
         """Refuse a run directory holding another command or other settings; where the model's files are

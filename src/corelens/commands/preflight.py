@@ -1,0 +1,94 @@
+"""What a command checks about its model before torch and the model load (seconds, not minutes).
+
+`--model` must be a checkpoint folder (config.json beside the weights) of a supported family, or a hub id
+that is in the hub cache or can be downloaded; each mistake is one line saying what to do: a folder of
+samples given as the model, a GPT-2 (text-only) checkpoint, an id not in the cache with the exact command
+that downloads it. Only `huggingface_hub` is imported (to resolve an id); the supported model types are the
+family packages' names, read from the source tree (tests/test_preflight.py checks they are the registry's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from corelens.errors import OptionError, UnsupportedModelError
+
+FAMILIES = Path(__file__).resolve().parents[1] / "models" / "families"
+
+
+def supported_types() -> list[str]:
+    """Return the model types corelens supports: one family package each (corelens.models.families).
+
+    Examples:
+        >>> "qwen2_5_vl" in supported_types() and "gpt2" not in supported_types()
+        True
+    """
+    return sorted(p.name for p in FAMILIES.iterdir() if (p / "__init__.py").is_file())
+
+
+def checkpoint_folder(spec: str, revision: str | None = None) -> Path:
+    """Return the folder of `--model spec` (a folder, or a hub id resolved through the cache), or refuse it."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        raise OptionError(f"--model {spec}: a file, not a checkpoint folder; give the folder that holds its "
+                          "config.json and weights")  # fmt: skip
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            samples = sorted(path.glob("*.jsonl"))
+            hint = f"; it holds sample files ({samples[0].name}): give those with --data" if samples else ""
+            raise OptionError(f"--model {spec}: not a checkpoint folder (no config.json); give the folder that "
+                              f"holds config.json and the weights{hint}")  # fmt: skip
+        return path
+    from corelens.models.hub import resolve
+
+    return resolve(spec, revision).path
+
+
+def head_count(config: dict) -> tuple[int, int] | None:
+    """Return (decoder layers, query heads per layer) from a config.json's text config, None if it has none.
+
+    Examples:
+        >>> head_count({"text_config": {"num_hidden_layers": 4, "num_attention_heads": 8}})
+        (4, 8)
+    """
+    text = config.get("text_config") or config.get("llm_config") or config
+    layers, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
+    return (int(layers), int(heads)) if isinstance(layers, int) and isinstance(heads, int) else None
+
+
+def check_sizes(args: argparse.Namespace, config: dict) -> None:
+    """Refuse a head count (--n-heads of ablate / hybrid) above the model's heads, read from its config.json."""
+    sizes = getattr(args, "keep" if args.command == "hybrid" else "k", None)
+    shape = head_count(config)
+    if args.command not in ("ablate", "hybrid") or not isinstance(sizes, str) or shape is None:
+        return
+    total = shape[0] * shape[1]
+    for size in sizes.split(","):
+        if size.strip().isdigit() and int(size) > total:
+            raise OptionError(
+                f"--n-heads {size.strip()}: the model has {total} heads ({shape[0]} layers x {shape[1]}); "
+                f"give at most {total}, or a share such as 10%"
+            )
+
+
+def check_model(args: argparse.Namespace) -> None:
+    """Refuse, before the model loads, a `--model` that is no checkpoint of a supported family, or head
+    counts it does not have."""
+    spec = getattr(args, "model", None)
+    if not isinstance(spec, str) or not spec:
+        return
+    folder = checkpoint_folder(spec, getattr(args, "revision", None))
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        model_type = config.get("model_type")
+    except (OSError, ValueError, AttributeError) as err:
+        raise OptionError(f"--model {spec}: config.json does not read as a JSON object ({err})") from None
+    supported = supported_types()
+    if model_type not in supported:
+        raise UnsupportedModelError(
+            f"--model {spec}: model_type {model_type!r} (config.json) is not a supported vision-language "
+            f"family; supported: {', '.join(supported)} (docs/families.md)"
+        )
+    check_sizes(args, config)
