@@ -25,8 +25,6 @@ import hashlib
 import re
 from pathlib import Path
 
-from corelens.errors import InputError
-
 KEEP = 100  # longest value kept as it is (a file name may hold 255 bytes; room for a suffix)
 SLUG = 60  # longest readable part of a hashed name
 _SAFE = re.compile(r"[a-z0-9._-]+")
@@ -48,11 +46,8 @@ def safe_name(value: object) -> str:
 
 
 def inside(root: str | Path, path: str | Path) -> Path:
-    """Return `path` when, resolved (symlinks followed), it lies under `root` resolved; raise InputError otherwise."""
-    base = Path(root).resolve()
-    resolved = Path(path).resolve()
-    if resolved != base and base not in resolved.parents:
-        raise InputError(
-            f"refusing to write {path}: it resolves to {resolved}, outside {base}", file=str(path)
-        )
-    return Path(path)
+    """Return `path` when, resolved (symlinks followed), it lies under `root` resolved; else raise the one-line
+    `UnsafePath` (an InputError) naming the link that leads out: `corelens.runs.files.within`, the one rule."""
+    from corelens.runs.files import within
+
+    return within(path, root)

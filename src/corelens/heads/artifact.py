@@ -33,7 +33,7 @@ from corelens.errors import CorelensError, warn
 from corelens.heads.card import card
 from corelens.heads.spec import FORMAT, count
 from corelens.metrics import kvheads
-from corelens.runs import identity
+from corelens.runs import files, identity, jsonfile
 
 FILE = "headset.json"
 TABLE = "heads.csv"
@@ -315,14 +315,15 @@ class HeadSet:
 
     def save(self, out: str | Path, manifest: dict | None = None) -> Path:
         """Write the artifact folder (headset.json, heads.csv, manifest.json, README.md card); return it."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        self.heads.to_csv(out / TABLE, index=False)
+        out = files.folder(out)  # every file replaced, never written through a link (one line naming it)
+        files.write_text(out / FILE, json.dumps(self.to_dict(), indent=2) + "\n", root=out)
+        with files.writer(out / TABLE, root=out, mode="w") as f:
+            self.heads.to_csv(f, index=False)
         manifest = manifest if manifest is not None else self.provenance.get("manifest")
         if manifest:
-            (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        (out / CARD).write_text(card(self))
+            text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+            files.write_text(out / MANIFEST, text, root=out)
+        files.write_text(out / CARD, card(self), root=out)
         return out
 
     @classmethod
@@ -332,10 +333,7 @@ class HeadSet:
         if path.is_file() and path.name == FILE:
             path = path.parent
         folder = artifact_folder(path if path.is_dir() else str(spec), revision)
-        try:
-            data = json.loads((folder / FILE).read_text())
-        except (ValueError, RecursionError) as err:  # RecursionError: nesting deeper than json reads
-            raise CorelensError(f"{folder / FILE}: not valid JSON ({err})") from None
+        data = jsonfile.load(folder / FILE, root=folder)  # one line: repeated key, too big or too deep
         return cls.from_dict(data, str(folder / FILE))
 
     @classmethod
@@ -343,11 +341,13 @@ class HeadSet:
         cls, run: str | Path, *, keep: int | None = None, model: str | Path | None = None
     ) -> HeadSet:
         """Return the head set of a `corelens rank` run directory (its heads.csv and manifest.json)."""
-        run = Path(run)
+        from corelens.runs.rundir import read_manifest
+
+        run = files.refuse_links_out(Path(run))  # nothing read through a link leading out of the run
         table_path, manifest_path = run / TABLE, run / MANIFEST
         if not table_path.is_file() or not manifest_path.is_file():
             raise CorelensError(f"{run}: not a rank run (needs {TABLE} and {MANIFEST})")
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_manifest(manifest_path)
         if manifest.get("command") != "rank":
             raise CorelensError(f"{run}: a {manifest.get('command')!r} run, not a rank run")
         settings = manifest.get("settings", {})

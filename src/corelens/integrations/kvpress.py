@@ -164,9 +164,9 @@ class PolicyPress:
         if isinstance(policy, Policy):
             self.policy = policy
         elif isinstance(policy, Path) or (isinstance(policy, str) and policy.endswith(".json")):
-            self.policy = Policy.from_json(Path(policy).read_text())
+            self.policy = Policy.from_file(policy)  # every field checked: one line naming file and field
         elif isinstance(policy, str) and policy.lstrip().startswith("{"):
-            self.policy = Policy.from_json(policy)
+            self.policy = Policy.from_json(policy, "PolicyPress policy")
         else:
             self.policy = Policy.from_dict({"name": policy, **fields})
         self.prepared, self.sample = prepared, sample

@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -153,23 +154,46 @@ class Policy(abc.ABC):
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict) -> Policy:
-        """Return the policy of `to_dict` data; on `Policy` itself, the class its `name` registers."""
+    def from_dict(cls, data: dict, where: str = "policy") -> Policy:
+        """Return the policy of `to_dict` data; on `Policy` itself, the class its `name` registers.
+
+        Every field is checked against the class (`corelens.policies.validation`): a wrong type, a head that
+        is not a pair of integers or an unknown field is one line naming `where` (the file) and the field.
+        """
+        from corelens.policies.validation import check
+
+        if not isinstance(data, dict):
+            raise OptionError(f"{where}: a policy is a JSON object, got {type(data).__name__}")
         data = dict(data)
         name = data.pop("name", cls.name)
+        if not isinstance(name, str) or name not in POLICIES:
+            raise OptionError(f"{where}: field 'name': {name!r} is not a policy; expected one of "
+                              f"{', '.join(sorted(POLICIES))}")  # fmt: skip
         target = POLICIES[name] if cls is Policy or name != cls.name else cls
         known = {f.name for f in fields(target) if f.init}
         unknown = sorted(set(data) - known)
         if unknown:
             raise OptionError(
-                f"policy {name!r}: unknown field(s) {unknown}; expected some of {sorted(known)}"
+                f"{where}: policy {name!r}: unknown field(s) {unknown}; expected some of {sorted(known)}"
             )
-        return target(**data)
+        try:
+            return target(**check(target, data, where))
+        except (TypeError, ValueError) as err:  # a class' own check (__post_init__) of a valid-typed field
+            raise OptionError(f"{where}: not a valid {name!r} policy ({err})") from None
 
     @classmethod
-    def from_json(cls, text: str) -> Policy:
-        """Return the policy of a `to_json` string."""
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str | bytes, where: str = "policy") -> Policy:
+        """Return the policy of a `to_json` string (repeated keys, size and depth bounded: `runs.jsonfile`)."""
+        from corelens.runs.jsonfile import loads
+
+        return cls.from_dict(loads(text, where), where)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Policy:
+        """Return the policy of a JSON file; anything wrong with it is one line naming the file and field."""
+        from corelens.runs.jsonfile import load
+
+        return cls.from_dict(load(path), str(path))
 
 
 def answer(

@@ -31,7 +31,9 @@ from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
 from corelens.report.summary import MISSING, anchor, shared_settings, shown_setting, summary_section
+from corelens.runs.files import refuse_links_out
 from corelens.runs.outputs import FIGURES, MANIFEST, RANK, STABILITY
+from corelens.runs.rundir import read_manifest
 
 MAX_ROWS = 12
 STYLE = """
@@ -59,7 +61,7 @@ def _manifest(run: Path) -> dict:
     path = run / MANIFEST
     if not path.is_file():
         raise CorelensError(f"{run} is not a corelens run directory: {MANIFEST} is missing")
-    return json.loads(path.read_text())
+    return read_manifest(path)
 
 
 def _definition_list(items: dict) -> Markup:
@@ -201,6 +203,9 @@ def write_report_files(
     for p in paths:
         if not p.is_dir():
             raise CorelensError(f"run directory {p} does not exist")
+        # No file from outside a run ends up in a page meant for sharing: a linked figure, table or manifest
+        # leading out of its run folder is refused in one line before anything is read.
+        refuse_links_out(p)
     manifests = [_manifest(p) for p in paths]
     shared = shared_settings(manifests) if len(paths) > 1 else {}
     sections = Markup("\n").join(run_section(p, shared) for p in paths)

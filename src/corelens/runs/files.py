@@ -1,10 +1,14 @@
-"""Writing into a run folder without following links: every table, figure, manifest and log goes through here.
+"""Reading and writing inside a folder the user named without following links out of it: every run-folder
+table, figure, manifest and log, the report's inputs, an exported head set and a converted dataset go through
+here (one rule, `within`).
 
 A run folder may hold links someone else planted (`heads.csv -> ~/.bashrc`). A file is therefore written to a
 fresh temporary name beside it (`tempfile.mkstemp`: created with O_EXCL, never an existing file or link) and
 renamed over the destination, which replaces a link instead of writing through it; a destination that is a
 link, or a folder on the way that leads out of the run folder, is refused with one line naming it. Logs are
 appended through `os.open(..., O_NOFOLLOW)`. A stray temporary file of a crashed write is never reused.
+Reads follow a link only while it stays inside the named folder (`within`, `read_bytes(..., root=)`,
+`refuse_links_out` for a whole folder a command reads, such as `report RUN` or `export RUN`).
 
 Examples:
     >>> import pandas as pd
@@ -26,11 +30,64 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, InputError
 
 
-class UnsafePath(CorelensError):
-    """A path in a run folder that is a link, or leads out of the folder."""
+class UnsafePath(InputError):
+    """A path in a folder the user named that is a link, or leads out of the folder."""
+
+
+def within(path: str | Path, root: str | Path | None) -> Path:
+    """Return `path` when, resolved (links followed), it lies under `root` resolved; else raise `UnsafePath`
+    naming the link on the way that leads out (the one rule of every reader and writer of corelens).
+
+    Examples:
+        >>> top = getfixture("tmp_path")
+        >>> (top / "a").symlink_to("/")
+        >>> within(top / "b.csv", top).name
+        'b.csv'
+        >>> within(top / "a" / "etc", top)
+        Traceback (most recent call last):
+        ...
+        corelens.runs.files.UnsafePath: ...: a link to /, outside ...
+    """
+    path = Path(path)
+    if root is None:
+        return path
+    top, resolved = Path(root).resolve(), path.resolve()
+    if resolved == top or top in resolved.parents:
+        return path
+    link = next((p for p in (*reversed(path.parents), path) if p.is_symlink() and not _under(p, top)), None)
+    what = f"{link}: a link to {link.resolve()}" if link else f"{path}: resolves to {resolved}"
+    raise UnsafePath(
+        f"{what}, outside {top}; corelens reads and writes only inside the folder you named "
+        "(remove the link, or name another folder)"
+    )
+
+
+def _under(path: Path, top: Path) -> bool:
+    resolved = path.resolve()
+    return resolved == top or top in resolved.parents
+
+
+def folder(path: str | Path, root: str | Path | None = None) -> Path:
+    """Create folder `path` (and its parents) unless it leads out of `root` (checked first); return it."""
+    path = within(path, root)
+    path.mkdir(parents=True, exist_ok=True)
+    return within(path, root)
+
+
+def refuse_links_out(folder: str | Path) -> Path:
+    """Raise `UnsafePath` when any entry of `folder` (walked without following links) is a link leading out of
+    it; return `folder`. A command that reads a whole folder (a report's run, an export's rank run) calls it
+    first, so no later reader can embed a file from elsewhere."""
+    folder = Path(folder)
+    for parent, dirs, files in os.walk(folder, followlinks=False):
+        for name in (*dirs, *files):
+            entry = Path(parent) / name
+            if entry.is_symlink():
+                within(entry, folder)
+    return folder
 
 
 def refuse_link(path: Path) -> None:
@@ -41,14 +98,9 @@ def refuse_link(path: Path) -> None:
 
 
 def check_inside(path: Path, root: Path | None) -> None:
-    """Raise `UnsafePath` when `path` is a link or its folder does not resolve under `root` (the run folder)."""
+    """Raise `UnsafePath` when `path` (to be written) is a link or does not resolve under `root`."""
     refuse_link(path)
-    if root is None:
-        return
-    folder, top = path.parent.resolve(), Path(root).resolve()
-    if folder != top and top not in folder.parents:
-        raise UnsafePath(f"{path}: resolves to {folder / path.name}, outside the run folder {top} (a folder "
-                         "on the way is a link); remove the link, or use another --out")  # fmt: skip
+    within(path, root)
 
 
 def refuse_read_only(path: Path) -> None:
@@ -132,12 +184,17 @@ def append(path: str | Path, text: str, *, root: str | Path | None = None) -> No
         os.fsync(f.fileno())
 
 
-def read_bytes(path: str | Path) -> bytes:
-    """Return a run file's bytes; a file the run cannot read is one line naming it."""
+def read_bytes(path: str | Path, *, root: str | Path | None = None) -> bytes:
+    """Return a file's bytes, refusing a link out of `root`; a file the run cannot read is one line naming it."""
     try:
-        return Path(path).read_bytes()
+        return within(path, root).read_bytes()
     except PermissionError as err:
         raise denied(Path(path), err) from None
+
+
+def read_text(path: str | Path, *, root: str | Path | None = None) -> str:
+    """Return a file's text (UTF-8), refusing a link out of `root` (see `read_bytes`)."""
+    return read_bytes(path, root=root).decode("utf-8")
 
 
 def _umask() -> int:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from corelens.errors import CorelensError, InputError, warn
-from corelens.runs import identity
+from corelens.runs import identity, jsonfile
 from corelens.runs.dist import Dist
 from corelens.runs.files import append, check_inside, read_bytes, refuse_link, write_text, writer
 from corelens.runs.lock import Lock
@@ -99,8 +99,8 @@ def write_json(path: Path, data: object, *, root: Path | None = None) -> None:
 def read_manifest(path: Path) -> dict:
     """Return a run's manifest; a damaged or unreadable one is one line naming it."""
     try:
-        manifest = json.loads(read_bytes(path))
-    except ValueError:
+        manifest = jsonfile.loads(read_bytes(path), path)
+    except InputError:
         manifest = None
     if not isinstance(manifest, dict):
         raise CorelensError(f"{path}: is not a corelens manifest (truncated or damaged); restore it, or delete "
