@@ -216,6 +216,9 @@ def rank(
         >>> len(kv.heads), kv.top(1), kv.heads["query_heads"][0]  # KV head 1 of layer 0 holds heads 4-7
         (8, [(0, 1)], '4 5 6 7')
     """
+    from corelens.models.loaded import as_loaded
+
+    m = as_loaded(m, "corelens.rank")  # a bare transformers model is wrapped (Loaded.from_model)
     cfg, context = rank_config(config, dict(options))
     ctx = RunContext.of(ctx, **context)
     check_granularity(cfg.granularity)

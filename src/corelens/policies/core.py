@@ -77,6 +77,16 @@ def layer_modules(model: Any) -> list[tuple[int, torch.nn.Module]]:
     return list(enumerate(decoder_attention_modules(model)))
 
 
+def on_corelens_attention(model: Any) -> None:
+    """Switch the text attention of `model` (a `Loaded` or a bare transformers model) to corelens' with a
+    note, or refuse in one line (`corelens.models.loaded.adopt`); a model already on it is left as it is."""
+    from corelens.models.loaded import adopt
+
+    target = model.model if hasattr(model, "layer_modules") else model
+    if isinstance(target, torch.nn.Module):
+        adopt(target)
+
+
 def model_shape(model: Any) -> tuple[int, int]:
     """Return (decoder layers, query heads per layer) of a `Loaded` model or a bare transformers model."""
     if hasattr(model, "num_layers"):
@@ -133,7 +143,13 @@ class Policy(abc.ABC):
     def applied(
         self, model: Any, prepared: Prepared | None = None, *, sample: Sample | None = None, rule: str = "any"
     ) -> Iterator[Applied]:
-        """Apply the policy to `model` inside the block, for the prompt `prepared` (of `sample`)."""
+        """Apply the policy to `model` inside the block, for the prompt `prepared` (of `sample`).
+
+        A model whose text attention is not corelens' (a user's sdpa model, a kvpress pipeline's) is switched
+        to it first, with the note `corelens.Loaded` gives, or refused in one line: the policy's hooks run
+        inside the corelens attention function, so elsewhere they would silently change nothing.
+        """
+        on_corelens_attention(model)
         context = context_of(prepared, sample, rule)
         hooks = self.hooks(model, context)
         modules = layer_modules(model)
@@ -210,6 +226,13 @@ def answer(
     New tokens only, special tokens dropped. `sample` gives the policies that need it its targets (Omega) or
     images (SAP priors); `stats`, when given, receives what the policy measured (`Policy.report`).
     """
+    from corelens.models.loaded import as_loaded
+
+    model = as_loaded(model, "corelens.answer")
+    if model.processor is None:
+        raise OptionError(
+            "corelens.answer decodes with the model's processor: give corelens.Loaded.from_model(model, processor)"
+        )
     inputs = {k: v.to(model.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
     with torch.no_grad():

@@ -1,0 +1,223 @@
+"""The edges of the security rules (issue 43): links planted beside an export, inside a run a report reads or
+in a converted dataset's folder; policy files of the wrong types, repeated keys, too big or too deep. Each
+case ends in one line naming the link, file or field, with nothing read or written outside the named folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from corelens.cli import main
+from corelens.errors import CorelensError
+from corelens.organism.tasks import WORDS, generate
+
+
+@pytest.fixture(scope="module")
+def rank_run(tmp_path_factory):
+    from corelens.models.tiny import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("edges")
+    model = build_tiny_checkpoint("qwen2_5_vl", root / "model", words=WORDS, layers=2, heads=4, kv_heads=2)
+    data = generate("image", root / "data", 3, seed=5)
+    run = root / "run"
+    argv = ["rank", "--model", str(model), "--data", str(data), "--out", str(run), "--overlays", "0"]
+    assert main(argv) == 0
+    return {"model": model, "data": data, "run": run}
+
+
+def _one_line(capsys, *names: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("corelens: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(name in lines[0] for name in names), lines[0]
+    return lines[0]
+
+
+# --- 1. one safe-path rule: export, report, convert ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["headset.json", "heads.csv", "manifest.json", "README.md"])
+def test_export_does_not_write_through_a_planted_link(rank_run, tmp_path, capsys, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (out / name).symlink_to(victim)
+    assert main(["export", str(rank_run["run"]), "--out", str(out)]) == 2
+    _one_line(capsys, str(out / name), "link")
+    assert victim.read_text() == "precious\n" and (out / name).is_symlink()
+
+
+@pytest.mark.parametrize(("to", "folder"), [("duo", "duo_attention"), ("sparsemm", "visual_head")])
+def test_export_writes_nothing_into_a_linked_folder_outside_out(rank_run, tmp_path, capsys, to, folder):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / folder).symlink_to(elsewhere)
+    assert main(["export", str(rank_run["run"]), "--out", str(out), "--keep", "2", "--to", to]) == 2
+    _one_line(capsys, str(out / folder), "outside")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_export_reads_no_file_linked_out_of_the_run(rank_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(rank_run["run"], run)
+    secret = tmp_path / "secret.csv"
+    shutil.copy(run / "heads.csv", secret)
+    (run / "heads.csv").unlink()
+    (run / "heads.csv").symlink_to(secret)
+    assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
+    _one_line(capsys, str(run / "heads.csv"), "outside")
+
+
+def test_a_link_that_stays_inside_the_run_is_read(rank_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(rank_run["run"], run)
+    (run / "heads.csv").rename(run / "heads-real.csv")
+    (run / "heads.csv").symlink_to("heads-real.csv")
+    assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["figures/linked.png", "linked.csv", "figures/sub"])
+def test_report_embeds_no_file_linked_out_of_the_run(rank_run, tmp_path, capsys, name):
+    run = tmp_path / "run"
+    shutil.copytree(rank_run["run"], run)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "secret.png").write_bytes((rank_run["run"] / "figures" / "heads_mass.png").read_bytes())
+    (secret / "secret.csv").write_text("password\nhunter2\n")
+    target = secret if name == "figures/sub" else secret / f"secret{Path(name).suffix}"
+    (run / name).symlink_to(target)
+    page = tmp_path / "r.html"
+    assert main(["report", str(run), "--out", str(page)]) == 2
+    _one_line(capsys, str(run / name), "outside")
+    assert not page.exists()
+
+
+def test_report_of_a_manifest_that_is_a_list_is_one_line(rank_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(rank_run["run"], run)
+    (run / "manifest.json").write_text("[1, 2]")
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
+    _one_line(capsys, str(run / "manifest.json"), "not a corelens manifest")
+
+
+def test_convert_and_run_folders_share_the_one_rule(tmp_path):
+    from corelens.data.paths import inside
+    from corelens.errors import InputError
+    from corelens.runs.files import UnsafePath, write_text
+
+    out, elsewhere, victim = tmp_path / "out", tmp_path / "elsewhere", tmp_path / "victim.txt"
+    out.mkdir()
+    elsewhere.mkdir()
+    victim.write_text("precious\n")
+    (out / "pages").symlink_to(elsewhere)
+    (out / "skipped.jsonl").symlink_to(victim)
+    with pytest.raises(UnsafePath, match=f"{out / 'pages'}: a link to .*outside") as err:
+        inside(out, out / "pages" / "doc")
+    assert isinstance(err.value, InputError)
+    with pytest.raises(UnsafePath, match="link"):
+        write_text(out / "skipped.jsonl", "x", root=out)
+    assert victim.read_text() == "precious\n" and list(elsewhere.iterdir()) == []
+
+
+# --- 2. policy files through the registry's schema -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"name": "zero", "heads": ["05", "17"]}, "field 'heads[0]'"),
+        ({"name": "zero", "heads": [["0", "5"]]}, "field 'heads[0][0]'"),
+        ({"name": "zero", "heads": [[0.0, 5]]}, "field 'heads[0][0]'"),
+        ({"name": "zero", "heads": [[0, 5.5]]}, "field 'heads[0][1]'"),
+        ({"name": "zero", "heads": [[True, 1]]}, "field 'heads[0][0]'"),
+        ({"name": "zero", "heads": "0-5"}, "field 'heads'"),
+        ({"name": "zero", "heads": [[0, 1]], "seed": 2.0}, "field 'seed'"),
+        ({"name": ["zero"], "heads": [[0, 1]]}, "field 'name'"),
+        ({"name": "nope"}, "field 'name'"),
+        ({"name": "mean", "heads": [[0, 1]], "label": 3}, "field 'label'"),
+        ({"name": "sap", "prior": "noise", "layers": 1}, "field 'layers'"),
+        ({"name": "hybrid", "full": [[0, "1"]]}, "field 'full[0][1]'"),
+    ],
+)
+def test_policy_json_of_the_wrong_type_is_one_line_in_every_reader(doc, field, tmp_path):
+    from corelens.integrations.kvpress import PolicyPress
+    from corelens.integrations.lmms_eval.policy import read_policy
+    from corelens.policies import Policy
+
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(doc))
+    readers = [read_policy, Policy.from_file, PolicyPress]
+    for read in readers:
+        with pytest.raises(CorelensError) as err:
+            read(path)
+        message = str(err.value)
+        assert str(path) in message and field in message and "\n" not in message, (read, message)
+    with pytest.raises(CorelensError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        Policy.from_json(json.dumps(doc))
+
+
+def test_every_registered_policy_round_trips_through_its_checked_json():
+    from corelens.policies import POLICIES, Policy
+
+    for name, cls in POLICIES.items():
+        policy = cls()
+        assert Policy.from_json(policy.to_json()) == policy, name
+
+
+def test_heads_given_as_integer_pairs_are_read():
+    from corelens.policies import Policy, ZeroHeads
+
+    policy = Policy.from_json('{"name": "zero", "heads": [[1, 0], [0, 5]]}')
+    assert policy == ZeroHeads(heads=((0, 5), (1, 0)))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"name": "zero", "name": "mean"}', "key 'name' is repeated"),
+        ('{"name": "zero", "heads": [[0, 1]], "heads": [[1, 1]]}', "key 'heads' is repeated"),
+        ("[" * 5000 + "]" * 5000, "nested more than"),
+        ('{"name": "zero", "heads": [[0, 1]]', "not valid JSON"),
+    ],
+)
+def test_repeated_keys_deep_nesting_and_bad_json_are_one_line(text, message, tmp_path):
+    from corelens.integrations.lmms_eval.policy import read_policy
+    from corelens.policies import Policy
+
+    path = tmp_path / "policy.json"
+    path.write_text(text)
+    for read in (read_policy, Policy.from_file):
+        with pytest.raises(CorelensError, match=message) as err:
+            read(path)
+        assert str(path) in str(err.value)
+
+
+def test_a_headset_with_a_repeated_key_is_refused(rank_run, tmp_path, capsys):
+    out = tmp_path / "set"
+    assert main(["export", str(rank_run["run"]), "--out", str(out)]) == 0
+    text = (out / "headset.json").read_text()
+    (out / "headset.json").write_text(
+        text.replace('{\n  "format"', '{\n  "keep": 1,\n  "keep": null,\n  "format"', 1)
+    )
+    from corelens.heads import HeadSet
+
+    with pytest.raises(CorelensError, match="key 'keep' is repeated"):
+        HeadSet.load(out)
+
+
+def test_an_oversized_json_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from corelens.runs import jsonfile
+
+    path = tmp_path / "headset.json"
+    path.write_text(json.dumps({"pad": "x" * 5000}))
+    monkeypatch.setattr(jsonfile, "MAX_BYTES", 1000)
+    with pytest.raises(CorelensError, match="more than the 1000"):
+        jsonfile.load(path, max_bytes=jsonfile.MAX_BYTES)
+    with pytest.raises(CorelensError, match="more than the 1000"):
+        jsonfile.loads(path.read_text(), path, max_bytes=1000)
