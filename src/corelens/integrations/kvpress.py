@@ -109,6 +109,38 @@ class CorePress(DuoAttentionPress):
             )
         super().post_init_from_model(model)
 
+    def forward_hook(self, module: torch.nn.Module, input: Any, kwargs: dict, output: Any) -> Any:
+        """Run kvpress's hook, handing it the cache under the names it reads (see the module docstring)."""
+        return super().forward_hook(module, input, cache_names(module, kwargs), output)
+
+    @contextmanager
+    def __call__(self, model: Any):
+        """Apply the press to `model` for the duration of the block (kvpress's context manager)."""
+        check_model(self.headset, model)
+        head_masking()
+        with super().__call__(model):
+            yield
+
+    def kept(self, model: Any) -> torch.Tensor:
+        """Return (layers, KV heads): the prompt keys each KV head still attends to after the last prefill."""
+        from corelens.models.loaded import decoder_attention_modules
+
+        rows = []
+        for module in decoder_attention_modules(model):
+            length = self._lengths.get(module.layer_idx)
+            kv = module.config.num_key_value_heads
+            counts = torch.full((kv,), length, dtype=torch.long)
+            masked = getattr(module, "masked_key_indices", None)
+            if masked is not None:
+                counts -= torch.bincount(masked[1].cpu(), minlength=kv)
+            rows.append(counts)
+        return torch.stack(rows)
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        """Record the prompt length per layer, then let DuoAttentionPress mark the streaming keys."""
+        self._lengths[module.layer_idx] = keys.shape[2]
+        return super().compress(module, hidden_states, keys, values, attentions, kwargs)
+
 
 def check_model(headset: HeadSet, model: Any) -> None:
     """Refuse a model the head set was not found on, as the CLI does (`HeadSet.check`: identity, then shape),
@@ -164,38 +196,6 @@ def compatible(press: Any) -> Any:
         press.forward_hook = forward_hook
     head_masking()
     return press
-
-    def forward_hook(self, module: torch.nn.Module, input: Any, kwargs: dict, output: Any) -> Any:
-        """Run kvpress's hook, handing it the cache under the names it reads (see the module docstring)."""
-        return super().forward_hook(module, input, cache_names(module, kwargs), output)
-
-    @contextmanager
-    def __call__(self, model: Any):
-        """Apply the press to `model` for the duration of the block (kvpress's context manager)."""
-        check_model(self.headset, model)
-        head_masking()
-        with super().__call__(model):
-            yield
-
-    def kept(self, model: Any) -> torch.Tensor:
-        """Return (layers, KV heads): the prompt keys each KV head still attends to after the last prefill."""
-        from corelens.models.loaded import decoder_attention_modules
-
-        rows = []
-        for module in decoder_attention_modules(model):
-            length = self._lengths.get(module.layer_idx)
-            kv = module.config.num_key_value_heads
-            counts = torch.full((kv,), length, dtype=torch.long)
-            masked = getattr(module, "masked_key_indices", None)
-            if masked is not None:
-                counts -= torch.bincount(masked[1].cpu(), minlength=kv)
-            rows.append(counts)
-        return torch.stack(rows)
-
-    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
-        """Record the prompt length per layer, then let DuoAttentionPress mark the streaming keys."""
-        self._lengths[module.layer_idx] = keys.shape[2]
-        return super().compress(module, hidden_states, keys, values, attentions, kwargs)
 
 
 class PolicyPress:

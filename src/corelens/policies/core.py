@@ -183,7 +183,7 @@ class Policy(abc.ABC):
         data = dict(data)
         name = data.pop("name", cls.name)
         if not isinstance(name, str) or name not in POLICIES:
-            raise OptionError(f"{where}: field 'name': {name!r} is not a policy; expected one of "
+            raise OptionError(f"{where}: field 'name': unknown policy {name!r}; expected one of "
                               f"{', '.join(sorted(POLICIES))}")  # fmt: skip
         target = POLICIES[name] if cls is Policy or name != cls.name else cls
         known = {f.name for f in fields(target) if f.init}
