@@ -221,3 +221,59 @@ def test_an_oversized_json_file_is_refused_before_it_is_read(tmp_path, monkeypat
         jsonfile.load(path, max_bytes=jsonfile.MAX_BYTES)
     with pytest.raises(CorelensError, match="more than the 1000"):
         jsonfile.loads(path.read_text(), path, max_bytes=1000)
+
+
+# --- 3. bounds and one line -----------------------------------------------------------------------------------
+
+TAKER = """
+import sys, time
+from pathlib import Path
+import corelens.runs.lock
+from corelens.runs.lock import Lock, Locked
+corelens.runs.lock.warn = lambda message: time.sleep(0.3)  # a slow terminal: the window between look and act
+lock = Lock(sys.argv[1])
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # all start taking at the same moment
+try:
+    lock.acquire()
+except Locked:
+    print("refused", flush=True)
+else:
+    print("won", flush=True)
+    while not Path(sys.argv[3]).exists():  # hold it until every other taker has been answered
+        time.sleep(0.05)
+"""
+
+
+def test_a_stale_lock_is_taken_over_by_exactly_one_of_many_takers(tmp_path):
+    """A killed run's lock found by 12 processes at once: one takes it over, every other is refused."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    for trial in range(3):
+        run = tmp_path / f"run{trial}"
+        run.mkdir()
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        holder = {"pid": dead.pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00+0000"}
+        (run / "run.lock").write_text(json.dumps(holder))
+        start, stop = time.time() + 4.0, tmp_path / f"stop{trial}"
+        takers = [
+            subprocess.Popen(
+                [sys.executable, "-c", TAKER, str(run), str(start), str(stop)],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )  # fmt: skip
+            for _ in range(12)
+        ]
+        deadline = time.time() + 120
+        while sum(t.poll() is not None for t in takers) < 11 and time.time() < deadline:
+            time.sleep(0.05)
+        stop.touch()
+        said = [t.communicate(timeout=60)[0].strip() for t in takers]
+        assert sorted(said) == ["refused"] * 11 + ["won"], said

@@ -195,6 +195,14 @@ def _run(args: argparse.Namespace, where: str) -> int:
             traceback.print_exc()
         print(f"{where}{err}", file=sys.stderr)
         return 2
+    except MemoryError:
+        # A size no option bound caught (a count within its bound on a small machine): one line, not a traceback.
+        if args.debug:
+            raise
+        print(f"{where}out of memory while running `corelens {args.command}`: ask for fewer draws, resamples or "
+              "samples (--n-boot, --draws, --seeds, --limit); finished samples are kept in the run directory",
+              file=sys.stderr)  # fmt: skip
+        return 2
     except RuntimeError as err:
         # A rank waiting for the others (gloo) hears that one of them died or stopped answering; torchrun
         # ends this one too; the finished samples are in the run's logs.

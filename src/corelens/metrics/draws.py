@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from corelens.choices import MAX_COUNT
 from corelens.errors import OptionError
 from corelens.metrics.headsets import SEEDED
 
@@ -48,6 +49,8 @@ def seeds_arg(text: str) -> int | str:
         raise OptionError(f"--seeds {text!r}: expected a count of draws (5) or auto") from None
     if value < 1:
         raise OptionError(f"--seeds {value}: at least 1 draw (or auto)")
+    if value > MAX_COUNT:
+        raise OptionError(f"--seeds {value}: at most {MAX_COUNT} draws (more buy no precision; or auto)")
     return value
 
 
