@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import tempfile
 import time
@@ -30,7 +29,15 @@ from markupsafe import Markup
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
-from corelens.report.summary import MISSING, anchor, shared_settings, shown_setting, summary_section
+from corelens.report.summary import (
+    MISSING,
+    anchor,
+    read_heads,
+    shared_settings,
+    shown_setting,
+    summary_section,
+)
+from corelens.runs import jsonfile
 from corelens.runs.files import refuse_links_out
 from corelens.runs.outputs import FIGURES, MANIFEST, RANK, STABILITY
 from corelens.runs.rundir import read_manifest
@@ -132,7 +139,7 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
     parts.append(Markup("<details><summary>manifest</summary>{}</details>").format(_definition_list(meta)))
     heads = RANK.path(run, "heads")
     if manifest.get("command") == "rank" and heads.is_file():
-        stats = sparsity(pd.read_csv(heads))
+        stats = sparsity(read_heads(heads))
         parts.append(
             Markup(
                 "<p>Sparsity: {:.1%} of heads hold 50 % of the mass, {:.1%} hold 80 %; Gini {:.3f}.</p>"
@@ -140,7 +147,7 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
         )
     curve = STABILITY.path(run, "curve_info")
     if curve.is_file():
-        parts.append(_curve_sentence(json.loads(curve.read_text())))
+        parts.append(_curve_sentence(jsonfile.load(curve, root=run)))
     parts += [_table(p) for p in sorted(run.glob("*.csv"))]
     parts += [_figure(p, run) for p in sorted((run / FIGURES).glob("**/*.png"))]
     return Markup("<section id='{}'>{}</section>").format(anchor(run), Markup("\n").join(parts))

@@ -124,6 +124,18 @@ def denied(path: Path, err: OSError) -> CorelensError:
     )
 
 
+def refuse_full(path: Path, err: OSError) -> None:
+    """Raise the one-line error of a full disk (or quota) met while writing `path`; return for any other error.
+
+    Nothing finished is lost: a table or manifest is replaced only once whole, and a log's torn last line is
+    cut off when the run resumes.
+    """
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise CorelensError(
+            f"disk full while writing {path}; nothing finished is lost; rerun to resume"
+        ) from None
+
+
 @contextmanager
 def writer(path: str | Path, *, root: str | Path | None = None, mode: str = "wb") -> Iterator:
     """Yield a file to write `path`'s new content into; on success it replaces `path` atomically.
@@ -139,7 +151,7 @@ def writer(path: str | Path, *, root: str | Path | None = None, mode: str = "wb"
     except PermissionError as err:
         raise denied(path, err) from None
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -147,6 +159,9 @@ def writer(path: str | Path, *, root: str | Path | None = None, mode: str = "wb"
         os.replace(tmp, path)
     except PermissionError as err:
         raise denied(path, err) from None
+    except OSError as err:
+        refuse_full(path, err)
+        raise
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -178,10 +193,14 @@ def append(path: str | Path, text: str, *, root: str | Path | None = None) -> No
         raise UnsafePath(
             f"{path}: {err.strerror}; corelens does not write through links in a run folder"
         ) from None
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:  # a torn last line is cut off when the run resumes
+        refuse_full(path, err)
+        raise
 
 
 def read_bytes(path: str | Path, *, root: str | Path | None = None) -> bytes:

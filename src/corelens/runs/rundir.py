@@ -20,7 +20,7 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from corelens.errors import CorelensError, InputError, warn
@@ -222,8 +222,9 @@ class Run:
         main = self.path / LOG
         return ([main] if main.exists() else []) + shards
 
-    def records(self) -> Iterator[dict]:
-        """Yield the logged per-sample records of every process, each id once, in log order."""
+    def records(self, check: Callable[[dict], None] | None = None) -> Iterator[dict]:
+        """Yield the logged per-sample records of every process, each id once, in log order; `check(record)`
+        (the experiment's) raising ValueError, TypeError or KeyError is one line naming the log and line."""
         seen: set[str] = set()
         for log in self.logs():
             for number, line in enumerate(read_bytes(log).split(b"\n"), 1):
@@ -236,6 +237,16 @@ class Run:
                             file=str(log),
                             line=number,
                         )
+                    if check is not None and record.get("status") == "ok":
+                        try:
+                            check(record)
+                        except (ValueError, TypeError, KeyError) as err:
+                            what = f"field {err.args[0]!r} missing" if isinstance(err, KeyError) else err
+                            raise InputError(
+                                f"damaged run log record ({what}); delete that line to measure its sample again",
+                                file=str(log),
+                                line=number,
+                            ) from None
                     if record["id"] not in seen:
                         seen.add(record["id"])
                         yield record
