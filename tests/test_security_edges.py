@@ -277,3 +277,75 @@ def test_a_stale_lock_is_taken_over_by_exactly_one_of_many_takers(tmp_path):
         stop.touch()
         said = [t.communicate(timeout=60)[0].strip() for t in takers]
         assert sorted(said) == ["refused"] * 11 + ["won"], said
+
+
+def _rank_again(rank_run, run, *extra) -> int:
+    argv = ["rank", "--model", str(rank_run["model"]), "--data", str(rank_run["data"]), "--out", str(run)]
+    return main([*argv, "--overlays", "0", *extra])
+
+
+def test_a_log_record_with_a_mass_of_the_wrong_shape_is_one_line(rank_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(rank_run["run"], run)
+    lines = (run / "samples.jsonl").read_text().splitlines(keepends=True)
+    record = json.loads(lines[1])
+    record["mass"] = record["mass"][0]  # one layer's row instead of layers x heads
+    lines[1] = json.dumps(record) + "\n"
+    (run / "samples.jsonl").write_text("".join(lines))
+    assert _rank_again(rank_run, run) == 2
+    _one_line(capsys, f"{run / 'samples.jsonl'}:2", "field 'mass'", "2 x 4")
+
+
+def test_a_full_disk_is_one_line_and_the_resume_is_identical(rank_run, tmp_path, capsys, monkeypatch):
+    """ENOSPC while a run writes: one line; run again, and the result is the uninterrupted run's."""
+    import errno
+    import os
+
+    run = tmp_path / "run"
+    shutil.copytree(rank_run["run"], run)
+    lines = (run / "samples.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "samples.jsonl").write_bytes(b"".join(lines[:-1]))
+    (run / "heads.csv").unlink()
+    fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert _rank_again(rank_run, run) == 2
+    line = _one_line(capsys, "disk full while writing", "nothing finished is lost; rerun to resume")
+    assert str(run) in line and not list(run.glob(".*.tmp"))
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert _rank_again(rank_run, run) == 0, capsys.readouterr().err
+    base = rank_run["run"]
+    assert (run / "samples.jsonl").read_bytes() == (base / "samples.jsonl").read_bytes()
+    assert (run / "heads.csv").read_bytes() == (base / "heads.csv").read_bytes()
+
+
+@pytest.mark.parametrize(("column", "value"), [("layer", 100_000_000), ("head", -1), ("layer", 0.5)])
+def test_report_of_a_heads_table_with_an_absurd_layer_is_one_line(rank_run, tmp_path, capsys, column, value):
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(rank_run["run"], run)
+    table = pd.read_csv(run / "heads.csv")
+    table[column] = table[column].astype(object)
+    table.loc[3, column] = value
+    table.to_csv(run / "heads.csv", index=False)
+    page = tmp_path / "r.html"
+    assert main(["report", str(run), "--out", str(page)]) == 2
+    _one_line(capsys, str(run / "heads.csv"), "line 5", column)
+    assert not page.exists()
+
+
+def test_control_characters_from_data_reach_the_terminal_escaped(tmp_path, capsys):
+    """A task label carrying escape sequences (set the window title, clear the screen) is printed escaped."""
+    samples = generate("image", tmp_path / "data", 2, seed=1)
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    for record in records:
+        record["task"] = "t\x1b]0;owned\x07\x1b[2Jx"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["data", "stats", str(samples), "--out", str(tmp_path / "stats.json")]) == 0
+    printed = "".join(capsys.readouterr())
+    assert "\x1b" not in printed and "\x07" not in printed, printed
+    assert "t\\x1b]0;owned\\x07\\x1b[2Jx" in printed, printed
