@@ -349,3 +349,73 @@ def test_control_characters_from_data_reach_the_terminal_escaped(tmp_path, capsy
     printed = "".join(capsys.readouterr())
     assert "\x1b" not in printed and "\x07" not in printed, printed
     assert "t\\x1b]0;owned\\x07\\x1b[2Jx" in printed, printed
+
+
+# --- 6. identity with judgement -------------------------------------------------------------------------------
+
+
+def _variant(model: Path, out: Path, change) -> Path:
+    """A copy of checkpoint `model` whose config.json `change(config)` edits."""
+    shutil.copytree(model, out)
+    config = json.loads((out / "config.json").read_text())
+    change(config)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(rank_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("set") / "set"
+    assert main(["export", str(rank_run["run"]), "--out", str(out), "--keep", "2"]) == 0
+    return out
+
+
+def test_a_changed_initializer_range_or_a_bf16_resave_is_a_recorded_warning(
+    rank_run, exported, tmp_path, capsys
+):
+    import torch
+
+    import corelens
+    from corelens.heads import HeadSet
+
+    hs = HeadSet.load(exported)
+    changed = _variant(
+        rank_run["model"], tmp_path / "init", lambda c: c["text_config"].update(initializer_range=0.5)
+    )
+    m = corelens.load(changed, device="cpu")
+    notes = hs.check(m)
+    assert notes and "initializer_range: 0.02 -> 0.5" in notes[0] and m.identity_notes == notes
+    assert "its heads hold" in capsys.readouterr().err
+
+    resaved = tmp_path / "bf16"
+    shutil.copytree(rank_run["model"], resaved)
+    base = corelens.load(rank_run["model"], device="cpu").model.to(torch.bfloat16)
+    base.save_pretrained(resaved)
+    notes = hs.check(corelens.load(resaved, device="cpu"))
+    assert notes and "tensor dtypes" in notes[0] and "F32 -> BF16" in notes[0], notes
+
+
+def test_a_changed_rope_is_refused_unless_allowed_and_then_recorded(rank_run, exported, tmp_path, capsys):
+    import corelens
+    from corelens.heads import HeadSet
+
+    hs = HeadSet.load(exported)
+
+    def rope(config):
+        config["text_config"]["rope_parameters"]["rope_theta"] = 5e5
+
+    other = _variant(rank_run["model"], tmp_path / "rope", rope)
+    with pytest.raises(CorelensError, match="rope_theta.*--allow-other-model"):
+        hs.check(corelens.load(other, device="cpu"))
+    m = corelens.load(other, device="cpu", strict=False)
+    notes = hs.check(m)
+    assert notes and "another model used (--allow-other-model)" in notes[0] and "rope_theta" in notes[0]
+    capsys.readouterr()
+
+    argv = ["ablate", "--model", str(other), "--data", str(rank_run["data"]), "--heads", str(exported),
+            "--out", str(tmp_path / "ablate"), "--k", "1", "--sets", "top", "--max-new-tokens", "1"]  # fmt: skip
+    assert main(argv) == 2
+    _one_line(capsys, "rope_theta", "--allow-other-model")
+    assert main([*argv, "--allow-other-model"]) == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "ablate" / "manifest.json").read_text())
+    assert "rope_theta" in " ".join(manifest["settings"]["model_identity_notes"])

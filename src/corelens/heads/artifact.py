@@ -250,23 +250,45 @@ class HeadSet:
         best = self.heads.head(int(k))
         return list(zip(best["layer"].astype(int), best["head"].astype(int)))
 
-    def check(self, m: Any) -> None:
+    def check(self, m: Any, strict: bool | None = None) -> list[str]:
         """Raise unless `m` (a `Loaded` model, or a checkpoint folder or hub id, read without its weights) is the
         model this head set was found on, wherever its files are; the message names both and what differs.
+        Return the notes of what differs without changing what the heads mean (also warned, and kept in
+        `m.identity_notes`, which the run's manifest records).
 
-        Compared: the identity (`corelens.runs.identity.same`) when the set records one; an imported set
-        (DuoAttention, SparseMM) on the shape it records; a set written before identities on its shape, its
-        old config hash checked only where it can be (same folder), else accepted with a note.
+        Compared: the identity (`corelens.runs.identity.judge`) when the set records one: the architecture,
+        rope, layer / head counts and the tensors' names and shapes refuse; a re-save in another dtype or an
+        initialisation / generation setting is a note. `strict=False` (`--allow-other-model`; by default
+        `m.strict_identity`, else True) turns a refusal into a warning and a note. An imported set (DuoAttention,
+        SparseMM) is compared on the shape it records; a set written before identities on its shape, its old
+        config hash checked only where it can be (same folder), else accepted with a note.
         """
+        strict = getattr(m, "strict_identity", True) if strict is None else strict
         where = m.path if hasattr(m, "identity") else m
         ident = m.identity() if hasattr(m, "identity") else checkpoint_identity(m)
         ours, theirs = self.model, model_info(ident)
         mismatch = [f for f in ("layers", "heads", "kv_heads") if ours.get(f) not in (None, theirs[f])]
         recorded = ours.get("identity")
-        if isinstance(recorded, dict) and not identity.same(recorded, ident):
-            raise CorelensError(
-                f"this head set belongs to {identity.explain(recorded, ident)} (the model loaded from {where})"
-            )
+        notes: list[str] = []
+        if isinstance(recorded, dict):
+            serious, benign = identity.judge(recorded, ident)
+            if serious and strict:
+                raise CorelensError(
+                    f"this head set belongs to {identity.explain(recorded, ident)} (the model loaded from "
+                    f"{where}); --allow-other-model (strict=False) uses it anyway"
+                )
+            if serious:
+                notes.append(f"head set of another model used (--allow-other-model): {'; '.join(serious)}")
+            if benign:
+                notes.append(f"head set of a model that differs only in {'; '.join(benign)}: its heads hold")
+            for note in notes:
+                warn(note)
+            if hasattr(m, "identity_notes"):
+                m.identity_notes.extend(n for n in notes if n not in m.identity_notes)
+            if not serious:
+                mismatch = []
+        if mismatch and not strict:
+            mismatch = []  # the caller takes the set as it is; the heads are checked against the model later
         if mismatch:
             what = "; ".join(f"{f} {ours[f]} -> {theirs[f]}" for f in mismatch)
             raise CorelensError(
@@ -281,6 +303,7 @@ class HeadSet:
                 "which held the model's path): checked on its layers and heads only; export it again "
                 "to record the model's path-free identity"
             )
+        return notes
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON document of `headset.json`."""
@@ -442,8 +465,10 @@ def resolve_heads(spec: str | Path) -> Path:
     return table
 
 
-def check_heads(table_path: str | Path, m: Any) -> None:
-    """Raise when the heads.csv at `table_path` is part of an artifact made on another model config."""
+def check_heads(table_path: str | Path, m: Any) -> list[str]:
+    """Raise when the heads.csv at `table_path` is part of an artifact made on another model (`HeadSet.check`);
+    return the notes of what differs without changing what the heads mean."""
     folder = Path(table_path).parent
     if (folder / FILE).is_file():
-        HeadSet.load(folder).check(m)
+        return HeadSet.load(folder).check(m)
+    return []

@@ -98,6 +98,10 @@ class Loaded:
     model_type: str
     attention_layers: list[torch.nn.Module]  # decoder self-attention modules, in layer order
     source: dict = field(default_factory=dict)  # id, revision and commit of a hub checkpoint
+    # False (--allow-other-model): a head set found on another model is used with a warning, not refused.
+    strict_identity: bool = True
+    # What a head set's model differs in (HeadSet.check): warned, and recorded in the run's manifest.
+    identity_notes: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # A path as from_pretrained takes it (a str) is a Path from here on.
@@ -393,8 +397,12 @@ def load(
     device_map: str | dict | Path | None = None,
     max_memory: str | dict | None = None,
     offload_folder: str | Path | None = None,
+    strict: bool = True,
 ) -> Loaded:
     """Load a VLM checkpoint (folder or hub id) + processor; its text decoder runs on the corelens attention.
+
+    `strict=False` (`--allow-other-model`): a head set found on another model is used with a warning recorded
+    in the run's manifest instead of being refused (`HeadSet.check`).
 
     Examples:
         >>> import corelens as cl
@@ -439,6 +447,7 @@ def load(
         config.model_type,
         decoder_attention_modules(model),
         source=found.to_dict(),
+        strict_identity=strict,
     )
 
 

@@ -79,8 +79,9 @@ def model_data_settings(m, data: str | Path) -> dict:
     another number of ranks.
     """
     ident = m.identity()
+    notes = list(getattr(m, "identity_notes", []))
     return {
-        "model": str(m.path.resolve()),
+        "model": str(Path(m.path).resolve()) if m.path is not None else None,
         "model_id": m.source.get("id"),
         "model_commit": m.source.get("commit"),
         "model_config_hash": ident["digest"],
@@ -88,6 +89,8 @@ def model_data_settings(m, data: str | Path) -> dict:
         "dtype": str(m.dtype).removeprefix("torch."),
         "data": str(Path(data).resolve()),
         "data_sha256": file_hash(data),
+        # What a head set's model differs in, or that it was used anyway (--allow-other-model): HeadSet.check.
+        **({"model_identity_notes": notes} if notes else {}),
     }
 
 
@@ -110,7 +113,7 @@ def read_manifest(path: Path) -> dict:
 
 # Settings that say where the model's files were found, not what the model is: not compared on resume (the
 # identity digest `model_config_hash` is), and updated to the latest location when a run resumes.
-LOCATION = frozenset({"model", "model_id", "model_commit", "model_identity"})
+LOCATION = frozenset({"model", "model_id", "model_commit", "model_identity", "model_identity_notes"})
 
 
 def _legacy_same(before: dict, now: dict) -> bool:
