@@ -30,44 +30,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from corelens.errors import CorelensError, InputError
-
-
-class UnsafePath(InputError):
-    """A path in a folder the user named that is a link, or leads out of the folder."""
-
-
-def within(path: str | Path, root: str | Path | None) -> Path:
-    """Return `path` when, resolved (links followed), it lies under `root` resolved; else raise `UnsafePath`
-    naming the link on the way that leads out (the one rule of every reader and writer of corelens).
-
-    Examples:
-        >>> top = getfixture("tmp_path")
-        >>> (top / "a").symlink_to("/")
-        >>> within(top / "b.csv", top).name
-        'b.csv'
-        >>> within(top / "a" / "etc", top)
-        Traceback (most recent call last):
-        ...
-        corelens.runs.files.UnsafePath: ...: a link to /, outside ...
-    """
-    path = Path(path)
-    if root is None:
-        return path
-    top, resolved = Path(root).resolve(), path.resolve()
-    if resolved == top or top in resolved.parents:
-        return path
-    link = next((p for p in (*reversed(path.parents), path) if p.is_symlink() and not _under(p, top)), None)
-    what = f"{link}: a link to {link.resolve()}" if link else f"{path}: resolves to {resolved}"
-    raise UnsafePath(
-        f"{what}, outside {top}; corelens reads and writes only inside the folder you named "
-        "(remove the link, or name another folder)"
-    )
-
-
-def _under(path: Path, top: Path) -> bool:
-    resolved = path.resolve()
-    return resolved == top or top in resolved.parents
+from corelens.data.paths import UnsafePath, within
+from corelens.errors import CorelensError
 
 
 def folder(path: str | Path, root: str | Path | None = None) -> Path:

@@ -22,9 +22,9 @@ import os
 import pkgutil
 from pathlib import Path
 
+from corelens.data.paths import inside
 from corelens.data.readers.common import Converted, ReaderInterface, reader
 from corelens.errors import CorelensError, OptionError
-from corelens.runs.files import write_text
 
 
 def reader_names() -> tuple[str, ...]:
@@ -90,7 +90,7 @@ def convert(spec: str, out: str | Path, *, skip_bad: bool = False, **options) ->
     result = readers()[name](source, out, skip_bad=skip_bad, **options)
     if result.skipped:
         lines = "".join(json.dumps(record) + "\n" for record in result.skipped)
-        write_text(out / "skipped.jsonl", lines, root=out)  # never through a planted link
+        inside(out, out / "skipped.jsonl").write_text(lines)  # never through a link leading out of `out`
     return result
 
 
@@ -117,7 +117,7 @@ def resolve(spec: str | Path, *, skip_bad: bool = False, **options) -> Path:
         return Path(json.loads(done.read_text())["path"])
     result = convert(str(spec), folder, skip_bad=skip_bad, **options)
     record = {"path": str(result.path), "n": result.n, "skipped": len(result.skipped)}
-    write_text(done, json.dumps(record), root=folder)
+    inside(folder, done).write_text(json.dumps(record))
     return result.path
 
 
