@@ -175,7 +175,8 @@ class HeadSet:
         ['README.md', 'heads.csv', 'headset.json', 'manifest.json']
         >>> cl.HeadSet.load(tmp / "headset").top(2)
         [(0, 7), (0, 5)]
-        >>> hs.check(m)  # raises unless `m` has the config the set was found on
+        >>> hs.check(m)  # raises unless `m` is the model the set was found on; else the notes of what differs
+        []
     """
 
     format: ClassVar[str] = FORMAT  # what headset.json's "format" says (the card quotes it)
