@@ -419,3 +419,41 @@ def test_a_changed_rope_is_refused_unless_allowed_and_then_recorded(rank_run, ex
     assert main([*argv, "--allow-other-model"]) == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "ablate" / "manifest.json").read_text())
     assert "rope_theta" in " ".join(manifest["settings"]["model_identity_notes"])
+
+
+# --- 7. your own model in one call ----------------------------------------------------------------------------
+
+
+def test_your_own_model_in_one_call(rank_run, caplog):
+    """`cl.Loaded.from_model(model, processor, "path")` with a str path; `cl.rank` and `cl.answer` take the bare
+    model (its processor read from its folder), switched to corelens' attention with the note."""
+    from transformers import AutoModelForImageTextToText
+
+    import corelens as cl
+    from corelens.data import read_samples
+
+    path = str(rank_run["model"])
+    model = AutoModelForImageTextToText.from_pretrained(path, attn_implementation="sdpa")
+    with caplog.at_level("WARNING"):
+        m = cl.Loaded.from_model(model, path=path)
+    assert isinstance(m.path, Path) and m.processor is not None and "switched from 'sdpa'" in caplog.text
+    assert m.identity()["digest"] == cl.load(path, device="cpu").identity()["digest"]
+
+    bare = AutoModelForImageTextToText.from_pretrained(path, attn_implementation="sdpa")
+    ranking = cl.rank(bare, rank_run["data"], query="answer")
+    assert ranking.top(2) == cl.rank(m, rank_run["data"], query="answer").top(2)
+    samples, _ = read_samples(rank_run["data"])
+    prepared = cl.prepare(m, samples[0])
+    assert cl.answer(bare, prepared) == cl.answer(m, prepared)
+
+
+def test_a_model_corelens_cannot_take_is_one_line():
+    import torch
+
+    import corelens as cl
+    from corelens.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="corelens.rank takes a corelens.Loaded"):
+        cl.rank(torch.nn.Linear(2, 2), "data.jsonl")
+    with pytest.raises(UnsupportedModelError, match="not a transformers model"):
+        cl.Loaded.from_model(object())
