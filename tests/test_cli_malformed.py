@@ -167,6 +167,32 @@ def test_malformed_value_is_one_clean_error(path, option, value, valid, capsys, 
     assert option in message or value in message or option.lstrip("-") in message, err
 
 
+COUNTS = [
+    pytest.param(path, name(action), id=" ".join((*path, name(action))))
+    for path, p in commands(parser())
+    for action in p._actions
+    if getattr(action.type, "__name__", "") in ("count", "count_or_zero", "seeds")
+]
+
+
+def test_every_count_option_is_bounded() -> None:
+    """The draws, resamples and seeds of every command are typed as counts (a renamed option keeps its type)."""
+    flags = {option for _, option in (c.values for c in COUNTS)}
+    assert {"--n-boot", "--max-draws", "--pairs", "--rank-resamples"} <= flags, flags
+    assert len(COUNTS) >= 8
+
+
+@pytest.mark.parametrize(("path", "option"), COUNTS)
+def test_an_absurd_count_is_one_line_before_anything_runs(path, option, valid, capsys, monkeypatch) -> None:
+    """--n-boot / --draws / --seeds / --max-draws of 1e12 asked for terabytes (a MemoryError traceback)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = [*path, *required(leaf(path), option, valid), option, "1000000000000"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and ERROR.match(lines[-1]) and "at most 100000" in lines[-1], err
+
+
 def test_every_command_is_walked() -> None:
     """The walk reaches nested sub-commands (bench's benchmarks, data's and organism's actions)."""
     walked = {path for path, _ in commands(parser())}

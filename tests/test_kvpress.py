@@ -92,7 +92,7 @@ def test_a_press_for_another_shape_is_refused(setup, tmp_path):
     other = corelens.load(
         build_tiny_checkpoint("qwen2_5_vl", tmp_path, words=WORDS, layers=2, heads=4, kv_heads=2)
     )
-    with pytest.raises(CorelensError, match="3 x 4 heads"), CorePress(heads=setup["folder"])(other.model):
+    with pytest.raises(CorelensError, match="layers 3 -> 2"), CorePress(heads=setup["folder"])(other.model):
         pass
 
 
@@ -165,3 +165,89 @@ def test_a_policy_the_press_never_names_is_a_press(setup, monkeypatch):
             assert press.policy == policy
             assert torch.equal(logits(press(m.model)), want), name
     assert isinstance(PolicyPress("uniform", heads=heads).policy, UniformHeads)
+
+
+@pytest.mark.parametrize("stock", ["StreamingLLMPress", "KnormPress"])
+def test_a_stock_press_runs_once_made_compatible(setup, stock):
+    """A stock kvpress press fails under the pinned transformers (the cache is passed as `cache`); `compatible`
+    makes it run, and it prunes the prompt's cache as kvpress says (half of it at compression_ratio=0.5)."""
+    import kvpress
+
+    from corelens.integrations.kvpress import compatible
+
+    m, inputs = setup["m"], setup["inputs"]
+    n = inputs["input_ids"].shape[1]
+    press = getattr(kvpress, stock)(compression_ratio=0.5)
+    with pytest.raises(KeyError, match="past_key_values"), press(m.model), torch.no_grad():
+        m.model.generate(**inputs, max_new_tokens=2, do_sample=False)
+    with compatible(press)(m.model), torch.no_grad():
+        out = m.model.generate(**inputs, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    kept = out.past_key_values.get_seq_length(0)
+    assert kept == int(n * (1 - 0.5)) + 2  # the pruned prompt, then the two decoded tokens the cache holds
+
+
+def test_a_stock_press_composes_with_corepress(setup):
+    """`ComposedPress([KnormPress, CorePress])` made compatible: Knorm prunes the prompt's cache, then CorePress
+    streams its heads over what is left (a pruning press goes first: CorePress masks positions of the cache
+    it sees)."""
+    from kvpress import ComposedPress, KnormPress
+
+    from corelens.integrations.kvpress import compatible
+
+    m, inputs = setup["m"], setup["inputs"]
+    n = inputs["input_ids"].shape[1]
+    core = CorePress(heads=setup["folder"], sink=SINK, window=WINDOW)
+    composed = compatible(ComposedPress([KnormPress(compression_ratio=0.25), core]))
+    with composed(m.model), torch.no_grad():
+        out = m.model.generate(**inputs, max_new_tokens=2, do_sample=False, return_dict_in_generate=True)
+    pruned = int(n * (1 - 0.25))
+    assert out.past_key_values.get_seq_length(0) == pruned + 1
+    expected = torch.full((3, 2), SINK + WINDOW)
+    expected[0, 0] = expected[2, 1] = pruned  # the CoRe KV heads keep all Knorm kept
+    assert torch.equal(core.kept(m.model), expected)
+
+
+def test_a_policy_on_a_model_off_corelens_attention_switches_it(setup, caplog):
+    """`PolicyPress` or `policy.applied` on a model the user loaded with sdpa: switched (with the note), so the
+    policy acts; without the switch it would silently change nothing."""
+    from transformers import AutoModelForImageTextToText
+
+    from corelens.integrations.kvpress import PolicyPress
+    from corelens.models.loaded import text_attention
+    from corelens.policies import ZeroHeads
+
+    m, inputs = setup["m"], setup["inputs"]
+    bare = AutoModelForImageTextToText.from_pretrained(m.path, attn_implementation="sdpa").eval()
+    policy = ZeroHeads([(layer, head) for layer in range(3) for head in range(4)])
+    with torch.no_grad():
+        plain = bare(**inputs).logits
+        with policy.applied(m):
+            want = m.model(**inputs).logits
+        with caplog.at_level("WARNING"), PolicyPress(policy)(bare):
+            got = bare(**inputs).logits
+    assert text_attention(bare) == NAME and "switched from 'sdpa'" in caplog.text
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, plain, atol=1e-3)
+
+
+def test_corepress_refuses_a_model_of_another_identity(setup, tmp_path):
+    """Same shape, another rope_theta: refused as the CLI refuses it (HeadSet.check), naming what differs."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForImageTextToText
+
+    from corelens.heads.artifact import model_info
+
+    m = setup["m"]
+    other = tmp_path / "other"
+    shutil.copytree(m.path, other)
+    config = json.loads((other / "config.json").read_text())
+    config["text_config"]["rope_parameters"]["rope_theta"] = 12345.0
+    (other / "config.json").write_text(json.dumps(config))
+    hs = HeadSet(model_info(m.identity()), setup["headset"].heads, keep=2)
+    model = AutoModelForImageTextToText.from_pretrained(other)
+    with (
+        pytest.raises(CorelensError, match="rope_theta"),
+        CorePress(heads=hs, sink=SINK, window=WINDOW)(model),
+    ):
+        pass

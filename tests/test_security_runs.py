@@ -85,7 +85,7 @@ def test_linked_figures_folder_is_refused(setup, tmp_path, capsys):
     (run / "figures").symlink_to(outside)
     code, err = _rank(setup, run, capsys)
     assert code == 2
-    _one_line(err, "outside the run folder")
+    _one_line(err, "outside", "figures")
     assert not list(outside.iterdir())
 
 

@@ -9,6 +9,10 @@ or pandas: `corelens ablate --help` and an argument error answer in well under a
 from __future__ import annotations
 
 # attention.interventions: the ablation operators and the knockout key sets (docs/methods.md#interventions).
+# The most draws, bootstrap resamples or seeds a count option takes (--n-boot, --draws, --seeds, --max-draws,
+# --pairs): Monte Carlo error shrinks as 1/sqrt(n), 0.3 % at this bound; above it a typo (1e12) would ask for
+# terabytes before the first sample.
+MAX_COUNT = 100_000
 OPS = ("zero", "mean", "uniform", "knockout")
 KEY_SETS = ("visual", "omega")
 # attention.priors: how SAP writes a prior into a row.

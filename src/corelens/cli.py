@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import difflib
 import importlib.util
 import os
@@ -174,8 +175,58 @@ def parser(lazy: bool = False) -> Parser:
     return p
 
 
+# Control characters a dataset field may carry (a VidSTG `vid`, a task label): shown escaped, never sent raw to
+# the terminal, where an escape sequence could rewrite what is on screen. Tab, newline and carriage return
+# (the progress bar's) pass.
+_CONTROLS = {
+    c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A, 0x0D)
+}
+
+
+class EscapedStream:
+    r"""A text stream that writes control characters escaped (`\x1b`), everything else as it is.
+
+    Examples:
+        >>> import io
+        >>> out = io.StringIO()
+        >>> EscapedStream(out).write("vid \x1b[2Jx\n")
+        10
+        >>> out.getvalue()
+        'vid \\x1b[2Jx\n'
+    """
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(text.translate(_CONTROLS))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def escaped_output():
+    """Inside the block, standard output and error escape control characters (`EscapedStream`)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapedStream(sys.stdout), EscapedStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the corelens command line; return the exit code (2: a malformed command, or a CorelensError)."""
+    """Run the corelens command line; return the exit code (2: a malformed command, or a CorelensError).
+
+    Everything it prints goes through `escaped_output`: no control character from data reaches the terminal.
+    """
+    with escaped_output():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = parser(lazy=True).parse_args(argv)
     except SystemExit as stop:  # argparse printed the usage and one error line (2), or the help (0)
@@ -215,6 +266,14 @@ def _run(args: argparse.Namespace, where: str) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"{where}{err}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        # A size no option bound caught (a count within its bound on a small machine): one line, not a traceback.
+        if args.debug:
+            raise
+        print(f"{where}out of memory while running `corelens {args.command}`: ask for fewer draws, resamples or "
+              "samples (--n-boot, --draws, --seeds, --limit); finished samples are kept in the run directory",
+              file=sys.stderr)  # fmt: skip
         return 2
     except RuntimeError as err:
         # A rank waiting for the others (gloo) hears that one of them died or stopped answering; torchrun

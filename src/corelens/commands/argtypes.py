@@ -44,6 +44,26 @@ def positive(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """argparse `type` of a count of draws, resamples or seeds: a whole number from 1 to `MAX_COUNT`.
+
+    Examples:
+        >>> count("200")
+        200
+    """
+    from corelens.choices import MAX_COUNT
+
+    value = positive(text)
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_COUNT} (more draws buy no precision), got {value}")
+    return value
+
+
+def count_or_zero(text: str) -> int:
+    """argparse `type` of an optional count (0: none), at most `MAX_COUNT` (see `count`)."""
+    return 0 if text.strip() == "0" else count(text)
+
+
 def port(text: str) -> int:
     """argparse `type` of a TCP port: 0 (any free port) to 65535."""
     try:

@@ -33,12 +33,12 @@ def run(args: argparse.Namespace) -> None:
 
     wrote = [FILE, TABLE, MANIFEST, "README.md"]
     if "duo" in targets:
-        write_duo(hs, out / "duo_attention", sink=args.sink, window=args.window)
+        write_duo(hs, out / "duo_attention", sink=args.sink, window=args.window, root=out)
         wrote.append("duo_attention/")
     if "sparsemm" in targets:
-        paths = write_sparsemm(hs, out)
+        paths = write_sparsemm(hs, out, root=out)
         wrote += [p.name for p in paths]
-        loader = write_sparsemm_loader(hs, out)
+        loader = write_sparsemm_loader(hs, out, root=out)
         if loader is None:
             print(f"SparseMM's loader has no head-score file for model type {hs.model.get('model_type')!r}: "
                   f"give it {SPARSEMM_SCORES} by hand")  # fmt: skip

@@ -23,6 +23,12 @@ def add_model_options(
     )
     p.add_argument("--revision", default=None, help="hub branch, tag or commit (also ORG/NAME@REVISION)")
     p.add_argument(
+        "--allow-other-model",
+        action="store_true",
+        help="use a head set found on another model (another architecture, rope or weights) with a warning "
+        "recorded in the manifest, instead of refusing it",
+    )
+    p.add_argument(
         "--device",
         type=device,
         default="auto",
@@ -58,6 +64,7 @@ def load_options(args: argparse.Namespace) -> dict:
         "device_map": args.device_map,
         "max_memory": args.max_memory,
         "offload_folder": args.offload_folder,
+        "strict": not getattr(args, "allow_other_model", False),
     }
 
 

@@ -94,7 +94,9 @@ class RankConfig:
         choices=RULES,
     )
     n_boot: int = option(
-        1000, help="posterior draws of the head means for the intervals and P(top-k) in heads.csv", type=int
+        1000,
+        help="posterior draws of the head means for the intervals and P(top-k) in heads.csv",
+        type="count",
     )
     seed: int = option(0, help="seed of the bootstrap resamples", type=int)
 
@@ -279,7 +281,7 @@ class ImportanceConfig:
     allow_same_data: bool = option(
         False, help="measure on the rank run's own data anyway (with a warning)", action="store_true"
     )
-    draws: int = option(1000, help="posterior draws behind the intervals", type="positive")
+    draws: int = option(1000, help="posterior draws behind the intervals", type="count")
     seed: int = option(0, help="seed of the interval draws", type=int)
     repair_log: bool = repair_log_option()
     max_pixels: int = PIXELS
@@ -310,8 +312,8 @@ class StabilityConfig:
         help="top-k for Jaccard / universal heads / depth: a count or N%% (--curve: a list)",
         type="k_list",
     )
-    pairs: int = option(200, help="--curve: random subset pairs per n", type=int)
+    pairs: int = option(200, help="--curve: random subset pairs per n", type="count")
     n_boot: int = option(
-        1000, help="posterior draws of each run's means for the Spearman intervals", type=int
+        1000, help="posterior draws of each run's means for the Spearman intervals", type="count"
     )
     seed: int = option(0, help="seed of the bootstrap and subset draws", type=int)

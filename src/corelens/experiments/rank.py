@@ -177,6 +177,26 @@ def rank_config(config: RankConfig | None, options: dict) -> tuple[RankConfig, d
     return replace(base, **fields), context
 
 
+def check_record(layers: int, heads: int, record: dict) -> None:
+    """Raise ValueError naming the field when a logged rank record's per-head arrays are not `layers` x
+    `heads` numbers (a resumed run reads records it did not write in this process).
+
+    Examples:
+        >>> check_record(1, 2, {"mass": [[0.5, 0.1]], "share": [[1, 0]], "lift": [[2, 0]]})
+        >>> check_record(1, 2, {"mass": [0.5, 0.1], "share": [[1, 0]], "lift": [[2, 0]]})
+        Traceback (most recent call last):
+        ...
+        ValueError: field 'mass': expected 1 x 2 numbers, got shape (2,)
+    """
+    for name in ("mass", "share", "lift"):
+        try:
+            values = np.asarray(record[name], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"field {name!r}: not an array of numbers") from None
+        if values.shape != (layers, heads):
+            raise ValueError(f"field {name!r}: expected {layers} x {heads} numbers, got shape {values.shape}")
+
+
 def prepare_for(m: Loaded, sample: Sample, query: str = "question", padding: str = "visual") -> Prepared:
     """Prepare `sample` as RAM measures it: the answer appended for `query="answer"` (teacher forcing)."""
     return prepare(m, sample, answer=sample.answer if query == "answer" else None, padding=padding)
@@ -216,6 +236,9 @@ def rank(
         >>> len(kv.heads), kv.top(1), kv.heads["query_heads"][0]  # KV head 1 of layer 0 holds heads 4-7
         (8, [(0, 1)], '4 5 6 7')
     """
+    from corelens.models.loaded import as_loaded
+
+    m = as_loaded(m, "corelens.rank")  # a bare transformers model is wrapped (Loaded.from_model)
     cfg, context = rank_config(config, dict(options))
     ctx = RunContext.of(ctx, **context)
     check_granularity(cfg.granularity)
@@ -248,6 +271,7 @@ def rank(
         step,
         length=partial(prompt_length, m),
         prepare=lambda sample: prepare_for(m, sample, query, padding),
+        check=partial(check_record, m.num_layers, m.num_heads),
     )
     logged = ctx.drive(loop, samples, run, skipped)
     records = [r for r in logged if r["status"] == "ok"]

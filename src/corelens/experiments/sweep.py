@@ -65,7 +65,7 @@ def resamples_option(verb: str) -> object:
     return option(
         0,
         help=f"also {verb} the top-k of R bootstrap resamples of the ranking (needs the run's ram.parquet)",
-        type=int,
+        type="count_or_zero",
     )
 
 
@@ -99,7 +99,7 @@ def draw_options(what: str) -> tuple[object, object, object]:
     most = option(
         draws.MAX_DRAWS,
         help="--draws auto: the most draws of one control (it stops there and says so)",
-        type="positive",
+        type="count",
     )
     return seeds, width, most
 

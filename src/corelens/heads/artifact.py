@@ -33,7 +33,7 @@ from corelens.errors import CorelensError, warn
 from corelens.heads.card import card
 from corelens.heads.spec import FORMAT, count
 from corelens.metrics import kvheads
-from corelens.runs import identity
+from corelens.runs import files, identity, jsonfile
 
 FILE = "headset.json"
 TABLE = "heads.csv"
@@ -175,7 +175,8 @@ class HeadSet:
         ['README.md', 'heads.csv', 'headset.json', 'manifest.json']
         >>> cl.HeadSet.load(tmp / "headset").top(2)
         [(0, 7), (0, 5)]
-        >>> hs.check(m)  # raises unless `m` has the config the set was found on
+        >>> hs.check(m)  # raises unless `m` is the model the set was found on; else the notes of what differs
+        []
     """
 
     format: ClassVar[str] = FORMAT  # what headset.json's "format" says (the card quotes it)
@@ -250,23 +251,45 @@ class HeadSet:
         best = self.heads.head(int(k))
         return list(zip(best["layer"].astype(int), best["head"].astype(int)))
 
-    def check(self, m: Any) -> None:
+    def check(self, m: Any, strict: bool | None = None) -> list[str]:
         """Raise unless `m` (a `Loaded` model, or a checkpoint folder or hub id, read without its weights) is the
         model this head set was found on, wherever its files are; the message names both and what differs.
+        Return the notes of what differs without changing what the heads mean (also warned, and kept in
+        `m.identity_notes`, which the run's manifest records).
 
-        Compared: the identity (`corelens.runs.identity.same`) when the set records one; an imported set
-        (DuoAttention, SparseMM) on the shape it records; a set written before identities on its shape, its
-        old config hash checked only where it can be (same folder), else accepted with a note.
+        Compared: the identity (`corelens.runs.identity.judge`) when the set records one: the architecture,
+        rope, layer / head counts and the tensors' names and shapes refuse; a re-save in another dtype or an
+        initialisation / generation setting is a note. `strict=False` (`--allow-other-model`; by default
+        `m.strict_identity`, else True) turns a refusal into a warning and a note. An imported set (DuoAttention,
+        SparseMM) is compared on the shape it records; a set written before identities on its shape, its old
+        config hash checked only where it can be (same folder), else accepted with a note.
         """
+        strict = getattr(m, "strict_identity", True) if strict is None else strict
         where = m.path if hasattr(m, "identity") else m
         ident = m.identity() if hasattr(m, "identity") else checkpoint_identity(m)
         ours, theirs = self.model, model_info(ident)
         mismatch = [f for f in ("layers", "heads", "kv_heads") if ours.get(f) not in (None, theirs[f])]
         recorded = ours.get("identity")
-        if isinstance(recorded, dict) and not identity.same(recorded, ident):
-            raise CorelensError(
-                f"this head set belongs to {identity.explain(recorded, ident)} (the model loaded from {where})"
-            )
+        notes: list[str] = []
+        if isinstance(recorded, dict):
+            serious, benign = identity.judge(recorded, ident)
+            if serious and strict:
+                raise CorelensError(
+                    f"this head set belongs to {identity.explain(recorded, ident)} (the model loaded from "
+                    f"{where}); --allow-other-model (strict=False) uses it anyway"
+                )
+            if serious:
+                notes.append(f"head set of another model used (--allow-other-model): {'; '.join(serious)}")
+            if benign:
+                notes.append(f"head set of a model that differs only in {'; '.join(benign)}: its heads hold")
+            for note in notes:
+                warn(note)
+            if hasattr(m, "identity_notes"):
+                m.identity_notes.extend(n for n in notes if n not in m.identity_notes)
+            if not serious:
+                mismatch = []
+        if mismatch and not strict:
+            mismatch = []  # the caller takes the set as it is; the heads are checked against the model later
         if mismatch:
             what = "; ".join(f"{f} {ours[f]} -> {theirs[f]}" for f in mismatch)
             raise CorelensError(
@@ -281,6 +304,7 @@ class HeadSet:
                 "which held the model's path): checked on its layers and heads only; export it again "
                 "to record the model's path-free identity"
             )
+        return notes
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON document of `headset.json`."""
@@ -315,14 +339,15 @@ class HeadSet:
 
     def save(self, out: str | Path, manifest: dict | None = None) -> Path:
         """Write the artifact folder (headset.json, heads.csv, manifest.json, README.md card); return it."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        self.heads.to_csv(out / TABLE, index=False)
+        out = files.folder(out)  # every file replaced, never written through a link (one line naming it)
+        files.write_text(out / FILE, json.dumps(self.to_dict(), indent=2) + "\n", root=out)
+        with files.writer(out / TABLE, root=out, mode="w") as f:
+            self.heads.to_csv(f, index=False)
         manifest = manifest if manifest is not None else self.provenance.get("manifest")
         if manifest:
-            (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        (out / CARD).write_text(card(self))
+            text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+            files.write_text(out / MANIFEST, text, root=out)
+        files.write_text(out / CARD, card(self), root=out)
         return out
 
     @classmethod
@@ -332,10 +357,7 @@ class HeadSet:
         if path.is_file() and path.name == FILE:
             path = path.parent
         folder = artifact_folder(path if path.is_dir() else str(spec), revision)
-        try:
-            data = json.loads((folder / FILE).read_text())
-        except (ValueError, RecursionError) as err:  # RecursionError: nesting deeper than json reads
-            raise CorelensError(f"{folder / FILE}: not valid JSON ({err})") from None
+        data = jsonfile.load(folder / FILE, root=folder)  # one line: repeated key, too big or too deep
         return cls.from_dict(data, str(folder / FILE))
 
     @classmethod
@@ -343,11 +365,13 @@ class HeadSet:
         cls, run: str | Path, *, keep: int | None = None, model: str | Path | None = None
     ) -> HeadSet:
         """Return the head set of a `corelens rank` run directory (its heads.csv and manifest.json)."""
-        run = Path(run)
+        from corelens.runs.rundir import read_manifest
+
+        run = files.refuse_links_out(Path(run))  # nothing read through a link leading out of the run
         table_path, manifest_path = run / TABLE, run / MANIFEST
         if not table_path.is_file() or not manifest_path.is_file():
             raise CorelensError(f"{run}: not a rank run (needs {TABLE} and {MANIFEST})")
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_manifest(manifest_path)
         if manifest.get("command") != "rank":
             raise CorelensError(f"{run}: a {manifest.get('command')!r} run, not a rank run")
         settings = manifest.get("settings", {})
@@ -442,8 +466,10 @@ def resolve_heads(spec: str | Path) -> Path:
     return table
 
 
-def check_heads(table_path: str | Path, m: Any) -> None:
-    """Raise when the heads.csv at `table_path` is part of an artifact made on another model config."""
+def check_heads(table_path: str | Path, m: Any) -> list[str]:
+    """Raise when the heads.csv at `table_path` is part of an artifact made on another model (`HeadSet.check`);
+    return the notes of what differs without changing what the heads mean."""
     folder = Path(table_path).parent
     if (folder / FILE).is_file():
-        HeadSet.load(folder).check(m)
+        return HeadSet.load(folder).check(m)
+    return []

@@ -42,8 +42,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, InputError
 from corelens.heads.artifact import HeadSet, count
+from corelens.runs import jsonfile
+from corelens.runs.files import folder, write_text, writer
 
 DUO_TSV = "full_attention_heads.tsv"
 DUO_CONFIG = "config.json"
@@ -63,18 +65,10 @@ _LAYER_HEAD = re.compile(r"([0-9]+)-([0-9]+)")  # a SparseMM score key "L-H"
 def _read_json(path: Path, what: str) -> Any:
     """Read JSON for a head file; a repeated key, bad JSON or nesting too deep is one line naming the file."""
 
-    def unique(pairs: list[tuple[str, Any]]) -> dict:
-        keys = [k for k, _ in pairs]
-        repeated = next((k for k in keys if keys.count(k) > 1), None)
-        if repeated is not None:
-            # json keeps the last of two equal keys silently: a head set would lose the first.
-            raise ValueError(f"key {repeated!r} is repeated")
-        return dict(pairs)
-
     try:
-        return json.loads(path.read_text(), object_pairs_hook=unique)
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nesting deeper than json reads
-        raise CorelensError(f"{path}: cannot read {what} ({err})") from None
+        return jsonfile.load(path)
+    except InputError as err:
+        raise CorelensError(f"{path}: cannot read {what} ({err.reason})") from None
 
 
 def _shape(path: Path, layers: int, heads: int, given: bool) -> None:
@@ -111,19 +105,28 @@ def kv_values(hs: HeadSet, keep: int | None = None) -> np.ndarray:
 
 
 def write_duo(
-    hs: HeadSet, out: str | Path, keep: int | None = None, *, sink: int = 128, window: int = 1024
+    hs: HeadSet,
+    out: str | Path,
+    keep: int | None = None,
+    *,
+    sink: int = 128,
+    window: int = 1024,
+    root: str | Path | None = None,
 ) -> Path:
-    """Write the top `keep` heads as a DuoAttention attention-pattern folder; return it."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    np.savetxt(out / DUO_TSV, kv_values(hs, keep), delimiter="\t", fmt="%.6f")
+    """Write the top `keep` heads as a DuoAttention attention-pattern folder; return it.
+
+    Nothing is written through a link leading out of `root` (the folder the user named; `out` by default).
+    """
+    out = folder(out, root)
+    with writer(out / DUO_TSV, root=root or out) as f:
+        np.savetxt(f, kv_values(hs, keep), delimiter="\t", fmt="%.6f")
     config = {"sink_size": int(sink), "recent_size": int(window), "num_attention_heads": hs.model["heads"]}
     config["corelens"] = {
         "model": hs.model,
         "keep": len(hs.top(keep)),
         "effective": hs.effective(keep, sink=sink, window=window),
     }
-    (out / DUO_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    write_text(out / DUO_CONFIG, json.dumps(config, indent=2) + "\n", root=root or out)
     return out
 
 
@@ -198,15 +201,17 @@ def sparsemm_loader_file(hs: HeadSet) -> str | None:
     return f"{SPARSEMM_DIR}/qwen.json" if "qwen" in kind else None
 
 
-def write_sparsemm(hs: HeadSet, out: str | Path, keep: int | None = None) -> tuple[Path, Path]:
-    """Write `sparsemm_heads.json` ({layer: [heads]} of the top `keep`) and `sparsemm_head_score.json`."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+def write_sparsemm(
+    hs: HeadSet, out: str | Path, keep: int | None = None, *, root: str | Path | None = None
+) -> tuple[Path, Path]:
+    """Write `sparsemm_heads.json` ({layer: [heads]} of the top `keep`) and `sparsemm_head_score.json`,
+    never through a link leading out of `root` (`out` by default)."""
+    out = folder(out, root)
     chosen: dict[str, list[int]] = {str(layer): [] for layer in range(hs.model["layers"])}
     for layer, head in hs.query_top(keep):  # a KV set: all query heads of its KV heads
         chosen[str(layer)].append(head)
-    (out / SPARSEMM_SET).write_text(json.dumps(chosen, indent=1) + "\n")
-    (out / SPARSEMM_SCORES).write_text(json.dumps(sparsemm_scores(hs)) + "\n")
+    write_text(out / SPARSEMM_SET, json.dumps(chosen, indent=1) + "\n", root=root or out)
+    write_text(out / SPARSEMM_SCORES, json.dumps(sparsemm_scores(hs)) + "\n", root=root or out)
     return out / SPARSEMM_SET, out / SPARSEMM_SCORES
 
 
@@ -224,7 +229,7 @@ def sparsemm_scores(hs: HeadSet) -> dict[str, list[float]]:
     return {f"{lyr}-{hd}": [float(s)] for lyr, hd, s in zip(layers, heads, scores)}
 
 
-def write_sparsemm_loader(hs: HeadSet, out: str | Path) -> Path | None:
+def write_sparsemm_loader(hs: HeadSet, out: str | Path, *, root: str | Path | None = None) -> Path | None:
     """Write the head scores (as `sparsemm_head_score.json`) under `out` where SparseMM's loader opens them
     (`sparsemm_loader_file`); return the file, or None for a model type SparseMM has no file for.
 
@@ -234,9 +239,8 @@ def write_sparsemm_loader(hs: HeadSet, out: str | Path) -> Path | None:
     if loader is None:
         return None
     target = Path(out) / loader
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(sparsemm_scores(hs)) + "\n")
-    return target
+    folder(target.parent, root or out)
+    return write_text(target, json.dumps(sparsemm_scores(hs)) + "\n", root=root or out)
 
 
 def _scores(path: Path, data: dict, layers: int | None, heads: int | None) -> HeadSet:

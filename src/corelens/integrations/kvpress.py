@@ -111,22 +111,13 @@ class CorePress(DuoAttentionPress):
 
     def forward_hook(self, module: torch.nn.Module, input: Any, kwargs: dict, output: Any) -> Any:
         """Run kvpress's hook, handing it the cache under the names it reads (see the module docstring)."""
-        if "past_key_values" not in kwargs and kwargs.get("cache") is not None:
-            cache = kwargs["cache"]
-            length = cache.get_seq_length(module.layer_idx)
-            q_len = kwargs["hidden_states"].shape[1]
-            positions = torch.arange(length - q_len, length)
-            kwargs = {**kwargs, "past_key_values": cache, "cache_position": positions}
-        return super().forward_hook(module, input, kwargs, output)
+        return super().forward_hook(module, input, cache_names(module, kwargs), output)
 
     @contextmanager
     def __call__(self, model: Any):
         """Apply the press to `model` for the duration of the block (kvpress's context manager)."""
-        function = ALL_ATTENTION_FUNCTIONS[NAME]
-        if not getattr(function, "kvpress_masking", False):
-            wrapped = attention_patch(function)
-            wrapped.kvpress_masking = True
-            ALL_ATTENTION_FUNCTIONS[NAME] = wrapped
+        check_model(self.headset, model)
+        head_masking()
         with super().__call__(model):
             yield
 
@@ -151,6 +142,62 @@ class CorePress(DuoAttentionPress):
         return super().compress(module, hidden_states, keys, values, attentions, kwargs)
 
 
+def check_model(headset: HeadSet, model: Any) -> None:
+    """Refuse a model the head set was not found on, as the CLI does (`HeadSet.check`: identity, then shape),
+    after switching its text attention to corelens' (with a note) or refusing one it cannot switch."""
+    from corelens.models.loaded import as_loaded
+
+    headset.check(as_loaded(model, "CorePress", with_processor=False))
+
+
+def cache_names(module: torch.nn.Module, kwargs: dict) -> dict:
+    """Return an attention layer's keyword arguments with the cache also under the names kvpress 0.5.5 reads
+    (`past_key_values`, `cache_position`): the decoder layers of transformers >= 5.3 pass it as `cache`."""
+    if "past_key_values" in kwargs or kwargs.get("cache") is None:
+        return kwargs
+    cache = kwargs["cache"]
+    length = cache.get_seq_length(module.layer_idx)
+    q_len = kwargs["hidden_states"].shape[1]
+    return {**kwargs, "past_key_values": cache, "cache_position": torch.arange(length - q_len, length)}
+
+
+def head_masking() -> None:
+    """Wrap the corelens attention function with kvpress's head-wise masking (once; kvpress wraps only the
+    functions registered when it was imported)."""
+    from corelens.attention.dispatch import register
+
+    register()
+    function = ALL_ATTENTION_FUNCTIONS[NAME]
+    if not getattr(function, "kvpress_masking", False):
+        wrapped = attention_patch(function)
+        wrapped.kvpress_masking = True
+        ALL_ATTENTION_FUNCTIONS[NAME] = wrapped
+
+
+def compatible(press: Any) -> Any:
+    """Return `press`, any stock kvpress press (a `ComposedPress` and the presses in it too), made to run
+    under the transformers corelens pins: its forward hook receives the cache under the names kvpress reads
+    (`cache_names`), and the corelens attention function carries kvpress's head-wise masking.
+
+    Examples:
+        press = compatible(ComposedPress([CorePress(heads="runs/headset", keep=4), KnormPress(0.5)]))
+        with press(m.model):
+            out = m.model.generate(**inputs, max_new_tokens=32)
+    """
+    for inner in getattr(press, "presses", None) or []:
+        compatible(inner)
+    hook = press.forward_hook
+    if not getattr(hook, "corelens_cache_names", False):
+
+        def forward_hook(module: torch.nn.Module, input: Any, kwargs: dict, output: Any) -> Any:
+            return hook(module, input, cache_names(module, kwargs), output)
+
+        forward_hook.corelens_cache_names = True
+        press.forward_hook = forward_hook
+    head_masking()
+    return press
+
+
 class PolicyPress:
     """A corelens policy as a kvpress-style press: `with press(model): model.generate(...)`.
 
@@ -164,9 +211,9 @@ class PolicyPress:
         if isinstance(policy, Policy):
             self.policy = policy
         elif isinstance(policy, Path) or (isinstance(policy, str) and policy.endswith(".json")):
-            self.policy = Policy.from_json(Path(policy).read_text())
+            self.policy = Policy.from_file(policy)  # every field checked: one line naming file and field
         elif isinstance(policy, str) and policy.lstrip().startswith("{"):
-            self.policy = Policy.from_json(policy)
+            self.policy = Policy.from_json(policy, "PolicyPress policy")
         else:
             self.policy = Policy.from_dict({"name": policy, **fields})
         self.prepared, self.sample = prepared, sample

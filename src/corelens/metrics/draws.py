@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from corelens.choices import MAX_COUNT
 from corelens.errors import OptionError
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ def seeds_arg(text: str) -> int | str:
         raise OptionError(f"--draws {text!r}: expected a count of draws (5) or auto") from None
     if value < 1:
         raise OptionError(f"--draws {value}: at least 1 draw (or auto)")
+    if value > MAX_COUNT:
+        raise OptionError(f"--draws {value}: at most {MAX_COUNT} draws (more buy no precision; or auto)")
     return value
 
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
@@ -97,12 +98,60 @@ class Loaded:
     model_type: str
     attention_layers: list[torch.nn.Module]  # decoder self-attention modules, in layer order
     source: dict = field(default_factory=dict)  # id, revision and commit of a hub checkpoint
+    # False (--allow-other-model): a head set found on another model is used with a warning, not refused.
+    strict_identity: bool = True
+    # What a head set's model differs in (HeadSet.check): warned, and recorded in the run's manifest.
+    identity_notes: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        # A path as from_pretrained takes it (a str) is a Path from here on.
+        self.path = Path(self.path) if isinstance(self.path, str) else self.path
         # A model the user loaded (any attention) is switched to corelens' attention here; a processor-only
         # Loaded (no weights, no attention layers) has nothing to switch.
         if isinstance(self.model, torch.nn.Module) and self.attention_layers:
             adopt(self.model)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: torch.nn.Module,
+        processor: object = None,
+        path: str | Path | None = None,
+        *,
+        with_processor: bool = True,
+    ) -> Loaded:
+        """Return a user-loaded transformers model (and its processor) as a `Loaded`, its text attention
+        switched to corelens' (with a note) or refused in one line. `path`: its checkpoint folder (`str` or
+        `Path`), by default the folder it was loaded from when that is one; it names the model's identity,
+        and its processor is read from it when none is given (unless `with_processor` is False).
+
+        Examples:
+            >>> import corelens as cl
+            >>> from transformers import AutoModelForImageTextToText
+            >>> from corelens.organism import organism_path
+            >>> model = AutoModelForImageTextToText.from_pretrained(organism_path(), attn_implementation="sdpa")
+            >>> m = cl.Loaded.from_model(model, path=str(organism_path()))
+            >>> m.num_layers, m.num_heads, type(m.path).__name__
+            (4, 8, 'PosixPath')
+        """
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is not a transformers model: give corelens a model from "
+                "from_pretrained (or load one with corelens.load)"
+            )
+        if path is None:
+            named = getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None)
+            path = Path(named) if named and Path(named, "config.json").is_file() else None
+        model_type = getattr(model.config, "model_type", None)
+        try:
+            layers = decoder_attention_modules(model)
+        except Exception as err:  # noqa: BLE001 - a model without decoder layers corelens can find
+            raise UnsupportedModelError(
+                f"{type(model).__name__} ({model_type}): corelens finds no decoder attention layers in it ({err})"
+            ) from None
+        if processor is None and path is not None and with_processor:
+            processor = read_processor(Path(path))  # the checkpoint's own, as corelens.load reads it
+        return cls(model, processor, path, model_type, layers)
 
     @property
     def family(self) -> Family:
@@ -173,6 +222,19 @@ class Loaded:
     def config_hash(self) -> str:
         """Return the digest of the model's identity (config content and weights' metadata; no path)."""
         return self.identity()["digest"]
+
+
+def as_loaded(m: Any, what: str = "this call", *, with_processor: bool = True) -> Loaded:
+    """Return `m` as a `Loaded`: itself, or a bare transformers model wrapped (`Loaded.from_model`); anything
+    else is one line saying what `what` takes."""
+    if isinstance(m, Loaded):
+        return m
+    if isinstance(m, torch.nn.Module) and hasattr(m, "config"):
+        return Loaded.from_model(m, with_processor=with_processor)
+    raise UnsupportedModelError(
+        f"{what} takes a corelens.Loaded (corelens.load, corelens.Loaded.from_model) or a transformers model, "
+        f"got {type(m).__name__}"
+    )
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
@@ -335,8 +397,12 @@ def load(
     device_map: str | dict | Path | None = None,
     max_memory: str | dict | None = None,
     offload_folder: str | Path | None = None,
+    strict: bool = True,
 ) -> Loaded:
     """Load a VLM checkpoint (folder or hub id) + processor; its text decoder runs on the corelens attention.
+
+    `strict=False` (`--allow-other-model`): a head set found on another model is used with a warning recorded
+    in the run's manifest instead of being refused (`HeadSet.check`).
 
     Examples:
         >>> import corelens as cl
@@ -381,6 +447,7 @@ def load(
         config.model_type,
         decoder_attention_modules(model),
         source=found.to_dict(),
+        strict_identity=strict,
     )
 
 

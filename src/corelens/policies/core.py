@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -76,6 +77,16 @@ def layer_modules(model: Any) -> list[tuple[int, torch.nn.Module]]:
     return list(enumerate(decoder_attention_modules(model)))
 
 
+def on_corelens_attention(model: Any) -> None:
+    """Switch the text attention of `model` (a `Loaded` or a bare transformers model) to corelens' with a
+    note, or refuse in one line (`corelens.models.loaded.adopt`); a model already on it is left as it is."""
+    from corelens.models.loaded import adopt
+
+    target = model.model if hasattr(model, "layer_modules") else model
+    if isinstance(target, torch.nn.Module):
+        adopt(target)
+
+
 def model_shape(model: Any) -> tuple[int, int]:
     """Return (decoder layers, query heads per layer) of a `Loaded` model or a bare transformers model."""
     if hasattr(model, "num_layers"):
@@ -132,7 +143,13 @@ class Policy(abc.ABC):
     def applied(
         self, model: Any, prepared: Prepared | None = None, *, sample: Sample | None = None, rule: str = "any"
     ) -> Iterator[Applied]:
-        """Apply the policy to `model` inside the block, for the prompt `prepared` (of `sample`)."""
+        """Apply the policy to `model` inside the block, for the prompt `prepared` (of `sample`).
+
+        A model whose text attention is not corelens' (a user's sdpa model, a kvpress pipeline's) is switched
+        to it first, with the note `corelens.Loaded` gives, or refused in one line: the policy's hooks run
+        inside the corelens attention function, so elsewhere they would silently change nothing.
+        """
+        on_corelens_attention(model)
         context = context_of(prepared, sample, rule)
         hooks = self.hooks(model, context)
         modules = layer_modules(model)
@@ -153,23 +170,46 @@ class Policy(abc.ABC):
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict) -> Policy:
-        """Return the policy of `to_dict` data; on `Policy` itself, the class its `name` registers."""
+    def from_dict(cls, data: dict, where: str = "policy") -> Policy:
+        """Return the policy of `to_dict` data; on `Policy` itself, the class its `name` registers.
+
+        Every field is checked against the class (`corelens.policies.validation`): a wrong type, a head that
+        is not a pair of integers or an unknown field is one line naming `where` (the file) and the field.
+        """
+        from corelens.policies.validation import check
+
+        if not isinstance(data, dict):
+            raise OptionError(f"{where}: a policy is a JSON object, got {type(data).__name__}")
         data = dict(data)
         name = data.pop("name", cls.name)
+        if not isinstance(name, str) or name not in POLICIES:
+            raise OptionError(f"{where}: field 'name': unknown policy {name!r}; expected one of "
+                              f"{', '.join(sorted(POLICIES))}")  # fmt: skip
         target = POLICIES[name] if cls is Policy or name != cls.name else cls
         known = {f.name for f in fields(target) if f.init}
         unknown = sorted(set(data) - known)
         if unknown:
             raise OptionError(
-                f"policy {name!r}: unknown field(s) {unknown}; expected some of {sorted(known)}"
+                f"{where}: policy {name!r}: unknown field(s) {unknown}; expected some of {sorted(known)}"
             )
-        return target(**data)
+        try:
+            return target(**check(target, data, where))
+        except (TypeError, ValueError) as err:  # a class' own check (__post_init__) of a valid-typed field
+            raise OptionError(f"{where}: not a valid {name!r} policy ({err})") from None
 
     @classmethod
-    def from_json(cls, text: str) -> Policy:
-        """Return the policy of a `to_json` string."""
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str | bytes, where: str = "policy") -> Policy:
+        """Return the policy of a `to_json` string (repeated keys, size and depth bounded: `runs.jsonfile`)."""
+        from corelens.runs.jsonfile import loads
+
+        return cls.from_dict(loads(text, where), where)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Policy:
+        """Return the policy of a JSON file; anything wrong with it is one line naming the file and field."""
+        from corelens.runs.jsonfile import load
+
+        return cls.from_dict(load(path), str(path))
 
 
 def answer(
@@ -186,6 +226,13 @@ def answer(
     New tokens only, special tokens dropped. `sample` gives the policies that need it its targets (Omega) or
     images (SAP priors); `stats`, when given, receives what the policy measured (`Policy.report`).
     """
+    from corelens.models.loaded import as_loaded
+
+    model = as_loaded(model, "corelens.answer")
+    if model.processor is None:
+        raise OptionError(
+            "corelens.answer decodes with the model's processor: give corelens.Loaded.from_model(model, processor)"
+        )
     inputs = {k: v.to(model.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     gen = {"max_new_tokens": max_new_tokens, "do_sample": False}
     with torch.no_grad():

@@ -20,6 +20,8 @@ import pandas as pd
 from markupsafe import Markup
 
 from corelens.metrics.ram import read_ram
+from corelens.report.summary import read_heads
+from corelens.runs import jsonfile
 from corelens.runs.files import write_text, writer
 from corelens.runs.outputs import RANK
 
@@ -137,8 +139,8 @@ def _number(value: float) -> float | None:
 def _task(run: Path) -> dict | None:
     if not (run / "explorer.npz").is_file():  # rank run made with --explorer 0, or not a rank run
         return None
-    meta = json.loads(RANK.path(run, "explorer").read_text())
-    heads = pd.read_csv(RANK.path(run, "heads"))
+    meta = jsonfile.load(RANK.path(run, "explorer"), root=run)
+    heads = read_heads(RANK.path(run, "heads"))  # every layer and head inside the grid the table lists
     ram = read_ram(RANK.path(run, "ram"))
     arrays = np.load(run / "explorer.npz")
     ram["name"] = "L" + ram["layer"].astype(str) + "H" + ram["head"].astype(str)

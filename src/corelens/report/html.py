@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import tempfile
 import time
@@ -33,13 +32,17 @@ from corelens.report import explorer
 from corelens.report.summary import (
     MISSING,
     anchor,
+    read_heads,
     shared_settings,
     shown_path,
     shown_paths,
     shown_setting,
     summary_section,
 )
+from corelens.runs import jsonfile
+from corelens.runs.files import refuse_links_out
 from corelens.runs.outputs import FIGURES, MANIFEST, RANK, STABILITY
+from corelens.runs.rundir import read_manifest
 
 MAX_ROWS = 12
 STYLE = """
@@ -70,7 +73,7 @@ def _manifest(run: Path) -> dict:
     path = run / MANIFEST
     if not path.is_file():
         raise CorelensError(f"{run} is not a corelens run directory: {MANIFEST} is missing")
-    return json.loads(path.read_text())
+    return read_manifest(path)
 
 
 def _definition_list(items: dict) -> Markup:
@@ -141,7 +144,7 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
     parts.append(Markup("<details><summary>manifest</summary>{}</details>").format(_definition_list(meta)))
     heads = RANK.path(run, "heads")
     if manifest.get("command") == "rank" and heads.is_file():
-        stats = sparsity(pd.read_csv(heads))
+        stats = sparsity(read_heads(heads))
         parts.append(
             Markup(
                 "<p>Sparsity: {:.1%} of heads hold 50 % of the mass, {:.1%} hold 80 %; Gini {:.3f}.</p>"
@@ -149,7 +152,7 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
         )
     curve = STABILITY.path(run, "curve_info")
     if curve.is_file():
-        parts.append(_curve_sentence(json.loads(curve.read_text())))
+        parts.append(_curve_sentence(jsonfile.load(curve, root=run)))
     parts += [_table(p) for p in sorted(run.glob("*.csv"))]
     parts += [_figure(p, run) for p in sorted((run / FIGURES).glob("**/*.png"))]
     return Markup("<section id='{}'>{}</section>").format(anchor(run), Markup("\n").join(parts))
@@ -216,6 +219,9 @@ def write_report_files(
     for p in paths:
         if not p.is_dir():
             raise CorelensError(f"run directory {p} does not exist")
+        # No file from outside a run ends up in a page meant for sharing: a linked figure, table or manifest
+        # leading out of its run folder is refused in one line before anything is read.
+        refuse_links_out(p)
     manifests = [_manifest(p) for p in paths]
     shared = shared_settings(manifests) if len(paths) > 1 else {}
     sections = Markup("\n").join(run_section(p, shared) for p in paths)

@@ -29,7 +29,9 @@ from pathlib import Path
 import pandas as pd
 from markupsafe import Markup
 
+from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
+from corelens.runs import jsonfile
 from corelens.runs.outputs import ABLATE, FLOW, HYBRID, IMPORTANCE, OUTPUTS, RANK, SAP, STABILITY
 
 TOP = 3
@@ -191,8 +193,24 @@ def _named(rows: pd.DataFrame, count: int) -> str:
     return f" ({names})" if isinstance(names, str) and names and count <= MAX_NAMED else ""
 
 
+def read_heads(path: Path) -> pd.DataFrame:
+    """Return a run's heads.csv as the report reads it: every layer and head an integer inside the grid the
+    table lists, every head once (`corelens.heads.artifact.check_table`); else one line naming the file and
+    line. A layer of 1e8 would otherwise make a heat map and an explorer grid of 1e8 rows.
+    """
+    from corelens.heads.artifact import check_table, csv_line, read_table
+
+    table = read_table(path)
+    try:
+        layers = table["layer"].nunique() if "layer" in table.columns else 0
+        heads = table["head"].nunique() if "head" in table.columns else 0
+        return check_table(table, layers, heads, csv_line)
+    except CorelensError as err:
+        raise CorelensError(f"{path}: {err}") from None
+
+
 def _rank(run: Path, manifest: dict) -> Markup:
-    heads = pd.read_csv(RANK.path(run, "heads")).sort_values("rank")
+    heads = read_heads(RANK.path(run, "heads")).sort_values("rank")
     best = ", ".join(
         f"L{int(r.layer)}H{int(r['head'])} {pct(r.mass)} (lift {number(r.lift, 1)}×)"
         for _, r in heads.head(TOP).iterrows()
@@ -348,7 +366,7 @@ def _sap(run: Path, manifest: dict) -> Markup:
 def _importance(run: Path, manifest: dict) -> Markup:
     """RAM against causal importance (`corelens importance`): their Spearman, its interval, who disagrees."""
     path = IMPORTANCE.path(run, "summary")
-    info = json.loads(path.read_text()) if path.is_file() else {}
+    info = jsonfile.load(path) if path.is_file() else {}
     rho, low, high = info.get("spearman"), info.get("low"), info.get("high")
     text = Markup("{}: on {}, RAM and causal importance ({} of one head, {} drop of the answer's log p) agree with "
                   "Spearman {} [{}, {}]").format(

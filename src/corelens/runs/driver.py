@@ -72,6 +72,7 @@ class Loop:
     skip_key: Callable[[Sample], str] = _sample_id
     length: Callable[[Sample], int] | None = None
     prepare: Callable[[Sample], object] | None = None
+    check: Callable[[dict], None] | None = None  # a record read back from the log: raises naming its field
 
     def run(self, sample: Sample, done: set[str]) -> Iterable[dict]:
         """Return the step's records of `sample`, prepared once here when the loop prepares."""
@@ -178,7 +179,7 @@ def drive(
             run.stats["samples"] += 1
             run.stats["seconds"] = round(run.stats["seconds"] + time.perf_counter() - t0, 3)
     dist.barrier()
-    records = ordered(loop, samples, run.records() if run is not None else memory)
+    records = ordered(loop, samples, run.records(loop.check) if run is not None else memory)
     tally = Tally.of(loop, samples, records, run.path / LOG if run is not None else None)
     source = samples[0].source if samples else (skipped[0].file if skipped else None)
     tally.require(source)

@@ -1,10 +1,14 @@
-"""Writing into a run folder without following links: every table, figure, manifest and log goes through here.
+"""Reading and writing inside a folder the user named without following links out of it: every run-folder
+table, figure, manifest and log, the report's inputs, an exported head set and a converted dataset go through
+here (one rule, `within`).
 
 A run folder may hold links someone else planted (`heads.csv -> ~/.bashrc`). A file is therefore written to a
 fresh temporary name beside it (`tempfile.mkstemp`: created with O_EXCL, never an existing file or link) and
 renamed over the destination, which replaces a link instead of writing through it; a destination that is a
 link, or a folder on the way that leads out of the run folder, is refused with one line naming it. Logs are
 appended through `os.open(..., O_NOFOLLOW)`. A stray temporary file of a crashed write is never reused.
+Reads follow a link only while it stays inside the named folder (`within`, `read_bytes(..., root=)`,
+`refuse_links_out` for a whole folder a command reads, such as `report RUN` or `export RUN`).
 
 Examples:
     >>> import pandas as pd
@@ -26,11 +30,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from corelens.data.paths import UnsafePath, within
 from corelens.errors import CorelensError
 
 
-class UnsafePath(CorelensError):
-    """A path in a run folder that is a link, or leads out of the folder."""
+def folder(path: str | Path, root: str | Path | None = None) -> Path:
+    """Create folder `path` (and its parents) unless it leads out of `root` (checked first); return it."""
+    path = within(path, root)
+    path.mkdir(parents=True, exist_ok=True)
+    return within(path, root)
+
+
+def refuse_links_out(folder: str | Path) -> Path:
+    """Raise `UnsafePath` when any entry of `folder` (walked without following links) is a link leading out of
+    it; return `folder`. A command that reads a whole folder (a report's run, an export's rank run) calls it
+    first, so no later reader can embed a file from elsewhere."""
+    folder = Path(folder)
+    for parent, dirs, files in os.walk(folder, followlinks=False):
+        for name in (*dirs, *files):
+            entry = Path(parent) / name
+            if entry.is_symlink():
+                within(entry, folder)
+    return folder
 
 
 def refuse_link(path: Path) -> None:
@@ -41,14 +62,9 @@ def refuse_link(path: Path) -> None:
 
 
 def check_inside(path: Path, root: Path | None) -> None:
-    """Raise `UnsafePath` when `path` is a link or its folder does not resolve under `root` (the run folder)."""
+    """Raise `UnsafePath` when `path` (to be written) is a link or does not resolve under `root`."""
     refuse_link(path)
-    if root is None:
-        return
-    folder, top = path.parent.resolve(), Path(root).resolve()
-    if folder != top and top not in folder.parents:
-        raise UnsafePath(f"{path}: resolves to {folder / path.name}, outside the run folder {top} (a folder "
-                         "on the way is a link); remove the link, or use another --out")  # fmt: skip
+    within(path, root)
 
 
 def refuse_read_only(path: Path) -> None:
@@ -72,6 +88,18 @@ def denied(path: Path, err: OSError) -> CorelensError:
     )
 
 
+def refuse_full(path: Path, err: OSError) -> None:
+    """Raise the one-line error of a full disk (or quota) met while writing `path`; return for any other error.
+
+    Nothing finished is lost: a table or manifest is replaced only once whole, and a log's torn last line is
+    cut off when the run resumes.
+    """
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise CorelensError(
+            f"disk full while writing {path}; nothing finished is lost; rerun to resume"
+        ) from None
+
+
 @contextmanager
 def writer(path: str | Path, *, root: str | Path | None = None, mode: str = "wb") -> Iterator:
     """Yield a file to write `path`'s new content into; on success it replaces `path` atomically.
@@ -87,7 +115,7 @@ def writer(path: str | Path, *, root: str | Path | None = None, mode: str = "wb"
     except PermissionError as err:
         raise denied(path, err) from None
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -95,6 +123,9 @@ def writer(path: str | Path, *, root: str | Path | None = None, mode: str = "wb"
         os.replace(tmp, path)
     except PermissionError as err:
         raise denied(path, err) from None
+    except OSError as err:
+        refuse_full(path, err)
+        raise
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -126,18 +157,27 @@ def append(path: str | Path, text: str, *, root: str | Path | None = None) -> No
         raise UnsafePath(
             f"{path}: {err.strerror}; corelens does not write through links in a run folder"
         ) from None
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_bytes(path: str | Path) -> bytes:
-    """Return a run file's bytes; a file the run cannot read is one line naming it."""
     try:
-        return Path(path).read_bytes()
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:  # a torn last line is cut off when the run resumes
+        refuse_full(path, err)
+        raise
+
+
+def read_bytes(path: str | Path, *, root: str | Path | None = None) -> bytes:
+    """Return a file's bytes, refusing a link out of `root`; a file the run cannot read is one line naming it."""
+    try:
+        return within(path, root).read_bytes()
     except PermissionError as err:
         raise denied(Path(path), err) from None
+
+
+def read_text(path: str | Path, *, root: str | Path | None = None) -> str:
+    """Return a file's text (UTF-8), refusing a link out of `root` (see `read_bytes`)."""
+    return read_bytes(path, root=root).decode("utf-8")
 
 
 def _umask() -> int:

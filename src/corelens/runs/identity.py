@@ -199,6 +199,76 @@ def differences(a: dict, b: dict) -> list[str]:
     return out or [f"model digest {a.get('digest')} -> {b.get('digest')}"]
 
 
+# Config fields that do not change what a head computes (initialisation, generation and output settings): a head
+# set found on a model that differs from the one loaded only in these, or in its weights' dtypes (a bf16 re-save),
+# holds for it, with a warning recorded in the run's manifest.
+BENIGN = frozenset(
+    {
+        "initializer_range", "use_cache", "output_attentions", "output_hidden_states", "return_dict",
+        "temperature", "top_p", "top_k", "do_sample", "max_length", "min_length", "max_new_tokens",
+        "num_beams", "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "num_return_sequences",
+        "typical_p", "early_stopping", "chunk_size_feed_forward", "tf_legacy_loss", "torchscript",
+    }
+)  # fmt: skip
+
+
+def _shape(spec: str) -> str:
+    """Return the shape of a tensor's "DTYPE[shape]" record (its dtype dropped)."""
+    return spec[spec.find("[") :] if "[" in spec else spec
+
+
+def judge(a: dict, b: dict) -> tuple[list[str], list[str]]:
+    """Return (what makes the heads of `a` mean something else on `b`, what differs without changing that).
+
+    Refused: the family, the layer / head / KV-head counts, any config field outside `BENIGN` (architecture,
+    rope), a tensor's name or shape, a weight file's content. Benign: `BENIGN` config fields and the weights'
+    dtypes (a re-save in bf16 of the same tensors). Two identities that are one model: ([], []).
+
+    Examples:
+        >>> a = {"digest": "1", "config": {"initializer_range": 0.02}, "tensors": {"w": "F32[2, 2]"}}
+        >>> judge(a, {**a, "digest": "2", "config": {"initializer_range": 0.01}, "tensors": {"w": "BF16[2, 2]"}})
+        ([], ['config field initializer_range: 0.02 -> 0.01', 'tensor dtypes of 1 tensor(s): F32 -> BF16'])
+        >>> judge(a, {**a, "digest": "3", "config": {"rope_theta": 1e6}})[0]
+        ['config field rope_theta: absent -> 1000000.0']
+    """
+    if same(a, b):
+        return [], []
+    serious = [
+        f"{name} {a.get(name)} -> {b.get(name)}"
+        for name in ("family", "layers", "heads", "kv_heads")
+        if a.get(name) is not None and b.get(name) is not None and a[name] != b[name]
+    ]
+    ca, cb = a.get("config") or {}, b.get("config") or {}
+    fields = sorted(k for k in set(ca) | set(cb) if ca.get(k, ...) != cb.get(k, ...))
+    benign = [k for k in fields if k.rsplit(".", 1)[-1] in BENIGN]
+    serious += _changes("config field", {k: ca[k] for k in fields if k in ca and k not in benign},
+                        {k: cb[k] for k in fields if k in cb and k not in benign})  # fmt: skip
+    notes = _changes(
+        "config field", {k: ca[k] for k in benign if k in ca}, {k: cb[k] for k in benign if k in cb}
+    )
+    if "tensors" in a and "tensors" in b:
+        ta, tb = a["tensors"], b["tensors"]
+        shapes = _changes(
+            "tensor", {k: _shape(v) for k, v in ta.items()}, {k: _shape(v) for k, v in tb.items()}
+        )
+        serious += shapes
+        if not shapes:
+            dtypes = {k for k in ta if ta[k] != tb[k]}
+            if dtypes:
+                was = sorted({ta[k][: ta[k].find("[")] for k in dtypes})
+                now = sorted({tb[k][: tb[k].find("[")] for k in dtypes})
+                notes.append(f"tensor dtypes of {len(dtypes)} tensor(s): {'/'.join(was)} -> {'/'.join(now)}")
+    elif "files" in a and "files" in b:
+        serious += _changes("weight file", a["files"], b["files"])
+    elif set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
+        serious.append(
+            f"weights recorded as {a.get('kind')} {_weights_kind(a)} -> {b.get('kind')} {_weights_kind(b)}"
+        )
+    if not serious and not notes:
+        serious.append(f"model digest {a.get('digest')} -> {b.get('digest')}")
+    return serious, notes
+
+
 def _weights_kind(ident: dict) -> str:
     return "safetensors headers" if "tensors" in ident else "file hashes" if "files" in ident else "nothing"
 

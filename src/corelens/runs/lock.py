@@ -3,8 +3,11 @@
 The lock (`run.lock` in the run folder) is created whole or not at all: its JSON is written to a temporary
 file that is then hard-linked to the lock's name, which fails when the name exists (and never follows a link
 there). Under torchrun rank 0 holds it for the group. A second process is refused with one line naming the
-holder; a lock whose holder was killed (same host, pid no longer alive) is taken over with a warning. The
-lock is released when the run finishes and when the process exits (also on an error).
+holder; a lock whose holder was killed (same host, pid no longer alive) is taken over with a warning. A
+takeover is atomic: takers queue on an exclusive `flock` of the run folder and each checks, once it is its
+turn, that the lock is still the dead holder's before removing it, so of many processes finding one stale lock
+exactly one wins and the others are refused naming it. The lock is released when the run finishes and when the
+process exits (also on an error).
 
 Examples:
     >>> from corelens.runs.lock import Lock
@@ -18,11 +21,14 @@ Examples:
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from corelens.errors import CorelensError, warn
@@ -65,9 +71,16 @@ class Lock:
                 raise Locked(f"{self.path.parent}: another process is writing this run (pid {holder.get('pid')} "
                              f"on {holder.get('host')}, started {holder.get('started')}); wait for it to "
                              f"finish or use another --out (lock: {self.path})")  # fmt: skip
-            warn(f"{self.path}: taking over the lock of a run that was killed (pid {holder.get('pid')} on "
-                 f"{holder.get('host')}, started {holder.get('started')})")  # fmt: skip
-            self._remove()
+            with _one_taker(self.path.parent):
+                if self._holder() != holder:
+                    continue  # another taker was first: look again (its lock is live)
+                warn(f"{self.path}: taking over the lock of a run that was killed (pid {holder.get('pid')} on "
+                     f"{holder.get('host')}, started {holder.get('started')})")  # fmt: skip
+                self._remove()
+                if self._create(me):
+                    self.held = True
+                    _HELD.add(self)
+                    return
         raise Locked(f"{self.path}: could not take the run lock; another process keeps taking it")
 
     def release(self) -> None:
@@ -116,6 +129,18 @@ class Lock:
 
     def _remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _one_taker(folder: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` of `folder` inside the block: takers of a stale lock go one at a time (the
+    kernel drops it if this process dies)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def release_all() -> None:

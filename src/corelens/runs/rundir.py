@@ -20,11 +20,11 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from corelens.errors import CorelensError, InputError, warn
-from corelens.runs import identity
+from corelens.runs import identity, jsonfile
 from corelens.runs.dist import Dist
 from corelens.runs.files import append, check_inside, read_bytes, refuse_link, write_text, writer
 from corelens.runs.lock import Lock
@@ -79,8 +79,9 @@ def model_data_settings(m, data: str | Path) -> dict:
     another number of ranks.
     """
     ident = m.identity()
+    notes = list(getattr(m, "identity_notes", []))
     return {
-        "model": str(m.path.resolve()),
+        "model": str(Path(m.path).resolve()) if m.path is not None else None,
         "model_id": m.source.get("id"),
         "model_commit": m.source.get("commit"),
         "model_config_hash": ident["digest"],
@@ -88,6 +89,8 @@ def model_data_settings(m, data: str | Path) -> dict:
         "dtype": str(m.dtype).removeprefix("torch."),
         "data": str(Path(data).resolve()),
         "data_sha256": file_hash(data),
+        # What a head set's model differs in, or that it was used anyway (--allow-other-model): HeadSet.check.
+        **({"model_identity_notes": notes} if notes else {}),
     }
 
 
@@ -99,8 +102,8 @@ def write_json(path: Path, data: object, *, root: Path | None = None) -> None:
 def read_manifest(path: Path) -> dict:
     """Return a run's manifest; a damaged or unreadable one is one line naming it."""
     try:
-        manifest = json.loads(read_bytes(path))
-    except ValueError:
+        manifest = jsonfile.loads(read_bytes(path), path)
+    except InputError:
         manifest = None
     if not isinstance(manifest, dict):
         raise CorelensError(f"{path}: is not a corelens manifest (truncated or damaged); restore it, or delete "
@@ -110,7 +113,7 @@ def read_manifest(path: Path) -> dict:
 
 # Settings that say where the model's files were found, not what the model is: not compared on resume (the
 # identity digest `model_config_hash` is), and updated to the latest location when a run resumes.
-LOCATION = frozenset({"model", "model_id", "model_commit", "model_identity"})
+LOCATION = frozenset({"model", "model_id", "model_commit", "model_identity", "model_identity_notes"})
 
 
 def _legacy_same(before: dict, now: dict) -> bool:
@@ -245,8 +248,9 @@ class Run:
         main = self.path / LOG
         return ([main] if main.exists() else []) + shards
 
-    def records(self) -> Iterator[dict]:
-        """Yield the logged per-sample records of every process, each id once, in log order."""
+    def records(self, check: Callable[[dict], None] | None = None) -> Iterator[dict]:
+        """Yield the logged per-sample records of every process, each id once, in log order; `check(record)`
+        (the experiment's) raising ValueError, TypeError or KeyError is one line naming the log and line."""
         seen: set[str] = set()
         for log in self.logs():
             for number, line in enumerate(read_bytes(log).split(b"\n"), 1):
@@ -259,6 +263,16 @@ class Run:
                             file=str(log),
                             line=number,
                         )
+                    if check is not None and record.get("status") == "ok":
+                        try:
+                            check(record)
+                        except (ValueError, TypeError, KeyError) as err:
+                            what = f"field {err.args[0]!r} missing" if isinstance(err, KeyError) else err
+                            raise InputError(
+                                f"damaged run log record ({what}); delete that line to measure its sample again",
+                                file=str(log),
+                                line=number,
+                            ) from None
                     if record["id"] not in seen:
                         seen.add(record["id"])
                         yield record

@@ -22,6 +22,7 @@ import os
 import pkgutil
 from pathlib import Path
 
+from corelens.data.paths import inside
 from corelens.data.readers.common import Converted, ReaderInterface, reader
 from corelens.errors import CorelensError, OptionError
 
@@ -88,9 +89,8 @@ def convert(spec: str, out: str | Path, *, skip_bad: bool = False, **options) ->
     out.mkdir(parents=True, exist_ok=True)
     result = readers()[name](source, out, skip_bad=skip_bad, **options)
     if result.skipped:
-        with open(out / "skipped.jsonl", "w") as f:
-            for record in result.skipped:
-                f.write(json.dumps(record) + "\n")
+        lines = "".join(json.dumps(record) + "\n" for record in result.skipped)
+        inside(out, out / "skipped.jsonl").write_text(lines)  # never through a link leading out of `out`
     return result
 
 
@@ -116,7 +116,8 @@ def resolve(spec: str | Path, *, skip_bad: bool = False, **options) -> Path:
     if done.is_file():
         return Path(json.loads(done.read_text())["path"])
     result = convert(str(spec), folder, skip_bad=skip_bad, **options)
-    done.write_text(json.dumps({"path": str(result.path), "n": result.n, "skipped": len(result.skipped)}))
+    record = {"path": str(result.path), "n": result.n, "skipped": len(result.skipped)}
+    inside(folder, done).write_text(json.dumps(record))
     return result.path
 
 

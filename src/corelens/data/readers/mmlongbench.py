@@ -143,7 +143,7 @@ def _convert(
     finally:
         for document in opened.values():
             document.close()
-        (out / "render.json").write_text(
+        inside(out, out / "render.json").write_text(
             json.dumps(
                 {
                     "renderer": "pypdfium2",

@@ -14,7 +14,6 @@ it, are deprecated (they warn and still work for one release).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from corelens.models.prepare import prepare
 from corelens.policies import POLICIES, HybridAttention, MeanHeads, SharedPrior, answer
 from corelens.policies import Policy as CorePolicy
 from corelens.policies.legacy import ablation_policy, deprecated
+from corelens.runs import jsonfile
 
 
 def answer_sample(m: Loaded, sample: Sample, policy: CorePolicy | None, max_new_tokens: int) -> str:
@@ -126,9 +126,9 @@ def load_policy(path: str | Path, means: str | None = None) -> CorePolicy:
     ({"prior": ..., "layers": ...})."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise CorelensError(f"policy={path}: cannot read a policy ({err})") from None
+        data = jsonfile.load(path)  # a repeated key, a file too big or nested too deep: one line
+    except CorelensError as err:
+        raise CorelensError(f"policy={err}") from None
     if not isinstance(data, dict):
         raise CorelensError(f"policy={path}: expected a JSON object")
     where = f"policy={path}"
@@ -139,11 +139,8 @@ def load_policy(path: str | Path, means: str | None = None) -> CorePolicy:
         return ablation_policy(validate(AblationFile, data, where).model_dump(), means)
     if "prior" in data and "layers" in data and "name" not in data:
         return SharedPrior(**validate(SapFile, data, where).model_dump())
-    if data.get("name") in POLICIES:
-        try:
-            return _with_means(CorePolicy.from_dict(data), means)
-        except (TypeError, ValueError) as err:
-            raise CorelensError(f"{where}: not a valid {data['name']!r} policy ({err})") from None
+    if "name" in data:  # a registered policy: its name (of any JSON type) is checked by from_dict
+        return _with_means(CorePolicy.from_dict(data, where), means)  # every field checked, one line
     raise CorelensError(
         f"policy={path}: not a hybrid policy ({HYBRID_FORMAT}), a registered policy (name: "
         f"{', '.join(POLICIES)}), an ablation (heads + op) or a SAP prior (prior + layers)"
