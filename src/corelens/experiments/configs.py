@@ -16,6 +16,7 @@ from corelens.choices import (
     DEFAULT_ALPHA,
     DEFAULT_RULE,
     GRANULARITIES,
+    HEAD_SCORES,
     KEY_SETS,
     POSITION_SETS,
     PRIORS,
@@ -47,6 +48,12 @@ class RankConfig:
     model: str = model_option()
     data: str = data_option()
     out: str = out_option()
+    score: str = option(
+        "ram",
+        help="the head score ranked: RAM, the retrieval (top-1 key in Omega) score, the attention mass outside "
+        "sink + window, or the single-head causal effect (docs/methods.md#head-scores)",
+        choices=HEAD_SCORES,
+    )
     query: str = option(
         "question",
         help="attention rows measured: the question's tokens, the last prompt token, or the answer's",
