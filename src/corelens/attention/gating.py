@@ -12,7 +12,8 @@ of W recent keys, the rule every hybrid kernel runs). At alpha = 1 the model is 
 everything upstream, so `experiments.gates` trains alpha with the model's weights frozen. A prompt no longer
 than S + W streams nothing (the rule keeps every pair), so the streaming pass is skipped.
 
-The gates are held in fp32 whatever the model's dtype; the mix is computed in fp32 and cast back. The streaming
+The gates are held in fp32 whatever the model's dtype; the mix is computed in fp32 (fp64 for a float64
+model) and cast back. The streaming
 pass materialises its (batch, 1, q, k) boolean mask: gates train on prompts of training length, not on the
 longest a kernel serves. One gate row per batch copy (`alpha` of shape (batch, layers, heads)) evaluates a
 different gate setting per copy in one forward.
@@ -94,9 +95,10 @@ class GateHook(AttentionHook):
     def _mixed(self, inner, layer, module, query, key, value, attention_mask, scaling=None, **kwargs):
         full, _ = inner(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         stream = streaming_attention(query, key, value, attention_mask, self.pattern, scaling)
-        a = self.alpha[..., layer, :].to(full.device, torch.float32)  # (heads,) or (batch, heads)
+        dtype = torch.promote_types(full.dtype, torch.float32)  # fp32, or fp64 for a float64 model
+        a = self.alpha[..., layer, :].to(full.device, dtype)  # (heads,) or (batch, heads)
         a = a[None, None, :, None] if a.dim() == 1 else a[:, None, :, None]
-        mixed = a * full.float() + (1 - a) * stream.float()
+        mixed = a * full.to(dtype) + (1 - a) * stream.to(dtype)
         return mixed.to(full.dtype), None
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,18 +132,27 @@ def _targets(m: Any, forced: Prepared, loss: str) -> torch.Tensor:
 
 
 def _answer_hidden(m: Any, forced: Prepared) -> torch.Tensor:
-    """Return the final hidden states (answer rows, hidden) in fp32: transformers' last `hidden_states`."""
+    """Return the final hidden states (answer rows, hidden) in fp32 at least: transformers' last `hidden_states`."""
     out = m.model(**forced.to(m.device), use_cache=False, output_hidden_states=True, logits_to_keep=1)
     rows = torch.as_tensor(forced.answer_rows, device=out.hidden_states[-1].device)
-    return out.hidden_states[-1][0, rows].float()
+    hidden = out.hidden_states[-1][0, rows]
+    return hidden.to(torch.promote_types(hidden.dtype, torch.float32))
 
 
 def distance(m: Any, forced: Prepared, target: torch.Tensor, loss: str) -> torch.Tensor:
     """Return the distance of the (gated) model to the dense `target` on one sample (module docstring)."""
     if loss == "logp":
-        return (target - answer_logp(m, forced)).float()
+        return target - answer_logp(m, forced)  # fp64
     hidden = _answer_hidden(m, forced)
     return (hidden - target.to(hidden.device)).pow(2).mean(dim=-1).mean()
+
+
+def gate_distance(
+    m: Any, forced: Prepared, target: torch.Tensor, alpha: torch.Tensor, settings: GateSettings
+) -> torch.Tensor:
+    """Return one sample's distance to the dense `target` under the gates `alpha` (layers, query heads)."""
+    with gated(m, alpha, sink=settings.sink, window=settings.window):
+        return distance(m, forced, target, settings.loss)
 
 
 def expand(param: torch.Tensor, heads: int) -> torch.Tensor:
@@ -213,7 +223,9 @@ def fit_gates(
     total = per_epoch * settings.epochs
     rows: list[dict] = []
     step = 0
-    path = None if folder is None else folder / CHECKPOINT
+    path = None if folder is None else Path(folder) / CHECKPOINT
+    if path is not None and dist.main:
+        path.parent.mkdir(parents=True, exist_ok=True)
     state = None if path is None else _load(path)
     if state is not None:
         if state["world"] != dist.world:
@@ -240,8 +252,7 @@ def fit_gates(
                     forced[i] = prepare(m, samples[i], answer=samples[i].answer)
                     targets[i] = _targets(m, forced[i], settings.loss)
                 alpha = param if settings.granularity == "query" else expand(param, heads)
-                with gated(m, alpha, sink=settings.sink, window=settings.window):
-                    d = distance(m, forced[i], targets[i], settings.loss)
+                d = gate_distance(m, forced[i], targets[i], alpha, settings)
                 (d / len(batch)).backward()
                 dist_sum += float(d.detach())
             reg = settings.lam * param.mean()
