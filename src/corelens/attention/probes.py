@@ -4,11 +4,16 @@
 keys (from the post-RoPE queries and keys the model uses, GQA-aware, with the model's causal/padding mask),
 and reduces them to the mass on the target set Omega and on the visual set V.
 
+`TopKeyProbe` (the retrieval score's top-1 key in Omega) and `OutsideWindowProbe` (the mass outside sink +
+window) reduce the same rows to one value per head.
+
 All probe rows of a layer run as one batched computation, cut into chunks of rows by a byte budget on the
 fp32 scores (`chunk_bytes`), with nothing read back to the host until the layer's totals are complete.
 """
 
 from __future__ import annotations
+
+import abc
 
 import torch
 
@@ -303,3 +308,75 @@ class KeyMapProbe(AttentionHook):
         probs = row_probabilities(call, self._rows_for(call))[0]  # (heads, rows, kv)
         for head in wanted:
             self.maps[(call.layer, head)] = probs[head].mean(0).cpu()
+
+
+class _RowProbe(AttentionHook, abc.ABC):
+    """A probe of the context's `query_rows` on the prefill: `reduce(call, probs or scores)` fills one
+    (heads,) value per layer of `values` (NaN until a layer is measured); a new prompt clears them."""
+
+    reads = "scores"
+    softmax = True  # whether `reduce` reads probabilities (else the masked scores)
+
+    def __init__(self, num_layers: int, num_heads: int) -> None:
+        self.shape = (num_layers, num_heads)
+        self._context: AttentionContext | None = None
+        self.values = torch.full(self.shape, float("nan"))
+
+    @abc.abstractmethod
+    def reduce(self, call: AttentionCall, rows: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        """Return (heads,) summed over a block of `rows` (`block`: (heads, rows, kv_len))."""
+
+    def pre(self, call: AttentionCall) -> None:
+        """Measure the probed rows, one chunk of rows at a time, on the prefill; skip decoding steps."""
+        if not _prefill(call, None):
+            return
+        if call.query.shape[0] != 1:
+            raise ValueError(f"the {self.name} measures one sample at a time (batch size 1)")
+        context = needs(call.context, self.name)
+        if context.query_rows is None:
+            raise CorelensError(f"the {self.name} needs the context's `query_rows`")
+        if context is not self._context:
+            self._context = context
+            self.values = torch.full(self.shape, float("nan"))
+        rows = torch.as_tensor(context.query_rows, dtype=torch.long)
+        _check_rows(rows, call.q_offset, call.query.shape[2])
+        heads, kv_len = call.query.shape[1], call.key.shape[2]
+        device = call.key.device
+        on = rows.to(device)
+        step = rows_per_chunk(heads, kv_len, chunk_bytes(device))
+        total = torch.zeros(heads, device=device)
+        for start in range(0, len(rows), step):
+            scores = _scores(call, on[start : start + step])
+            block = _softmax_(scores) if self.softmax else scores
+            total += self.reduce(call, on[start : start + step], block[0])
+        self.values[call.layer] = total.cpu() / len(rows)
+
+
+class TopKeyProbe(_RowProbe):
+    """Records, per layer and query head, the share of the context's `query_rows` whose top-1 key (the
+    highest score, the first on a tie) lies in the context's Omega: the retrieval score's hit rate."""
+
+    name = "top-key probe"
+    softmax = False  # the top key of the scores is the top key of the probabilities
+
+    def reduce(self, call: AttentionCall, rows: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        inside = torch.zeros(block.shape[-1], dtype=torch.bool, device=block.device)
+        inside[torch.as_tensor(call.context.omega, dtype=torch.long, device=block.device)] = True
+        return inside[block.argmax(dim=-1)].float().sum(dim=1)
+
+
+class OutsideWindowProbe(_RowProbe):
+    """Records, per layer and query head, the mean attention mass of the context's `query_rows` outside the
+    first `sink` keys and the `window` latest keys (row r keeps keys < sink and r - window < key <= r): the
+    mass a streaming head with S = `sink`, W = `window` loses. Set `sink` / `window` before each forward."""
+
+    name = "outside-window probe"
+
+    def __init__(self, num_layers: int, num_heads: int, sink: int = 0, window: int = 1) -> None:
+        super().__init__(num_layers, num_heads)
+        self.sink, self.window = sink, window
+
+    def reduce(self, call: AttentionCall, rows: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        keys = torch.arange(block.shape[-1], device=block.device)
+        lost = (keys[None, :] >= self.sink) & (keys[None, :] <= rows[:, None] - self.window)  # (rows, kv)
+        return (block * lost[None]).sum(dim=(1, 2))

@@ -16,6 +16,7 @@ from corelens.choices import (
     DEFAULT_ALPHA,
     DEFAULT_RULE,
     GRANULARITIES,
+    HEAD_SCORES,
     KEY_SETS,
     POSITION_SETS,
     PRIORS,
@@ -40,6 +41,9 @@ from corelens.runs.fields import (
 PIXELS, PAGES = limits_options()
 
 
+IMPORTANCE_OPS = ("zero", "knockout")  # the single-head operators attribution patching supports too
+
+
 @dataclass(frozen=True)
 class RankConfig:
     """The settings of `corelens rank` (and of `rank()`): one field per option, in the order of its help."""
@@ -47,6 +51,12 @@ class RankConfig:
     model: str = model_option()
     data: str = data_option()
     out: str = out_option()
+    score: str = option(
+        "ram",
+        help="the head score ranked: RAM, the retrieval (top-1 key in Omega) score, the attention mass outside "
+        "sink + window, or the single-head causal effect (docs/methods.md#head-scores)",
+        choices=HEAD_SCORES,
+    )
     query: str = option(
         "question",
         help="attention rows measured: the question's tokens, the last prompt token, or the answer's",
@@ -97,6 +107,44 @@ class RankConfig:
         1000, help="posterior draws of the head means for the intervals and P(top-k) in heads.csv", type=int
     )
     seed: int = option(0, help="seed of the bootstrap resamples", type=int)
+    # The scorers' settings (`--score`), each named like the field of its scorer class; the manifest records
+    # them through the scorer (settings key `score`), not one by one.
+    sink: str = option(
+        "128",
+        help="outside-window: sink tokens S, a count or a share of each prompt (4, 5%%)",
+        group="score",
+        setting=False,
+    )
+    window: str = option(
+        "1024",
+        help="outside-window: recent keys W, a count or a share of each prompt (16, 25%%)",
+        group="score",
+        setting=False,
+    )
+    all_answers: bool = option(
+        False,
+        help="retrieval: count every answer, not only the correct ones",
+        action="store_true",
+        group="score",
+        setting=False,
+    )
+    op: str = option(
+        "zero",
+        help="causal: single-head operator (docs/methods.md#interventions)",
+        choices=IMPORTANCE_OPS,
+        group="score",
+        setting=False,
+    )
+    keys: str = option(
+        "visual", help="causal: knockout key set", choices=KEY_SETS, group="score", setting=False
+    )
+    effect: str = option(
+        "exact",
+        help="causal: exact log-p drop (one forward per head) or its attribution-patching estimate",
+        choices=("exact", "attribution"),
+        group="score",
+        setting=False,
+    )
 
     @property
     def omega_settings(self):
@@ -247,7 +295,6 @@ class FlowConfig:
         return {"baselines": tuple(self.baseline or BASELINES), "options": options}
 
 
-IMPORTANCE_OPS = ("zero", "knockout")  # the single-head operators attribution patching supports too
 IMPORTANCE_METHODS = ("exact", "attribution", "both")
 
 

@@ -1,119 +1,38 @@
-"""Rank heads by Retrieval Attention Mass: samples -> per-head RAM -> ram.parquet, heads.csv, heatmap.
+"""Rank heads by a registered head score (RAM by default): samples -> per-head score -> ram.parquet,
+heads.csv, heatmap.
 
-ram.parquet has one row per (sample, layer, head); its `views` column lists, per view of the prompt (base
-view, tile, thumbnail, page, frame group: `Layout.views()`), the head's mass on the view, its mass on
-Ω ∩ view, their ratio (the view's Ω share) and the view's token counts.
+The score is a `Scorer` of `corelens.experiments.scorers` (`--score NAME`: ram, retrieval, outside-window,
+causal, ...); every scorer's records make the same tables, so the `mass` column of ram.parquet and heads.csv
+holds the chosen score and the manifest's settings name it (key `score`, absent for RAM). ram.parquet has one
+row per (sample, layer, head); with RAM, its `views` column lists, per view of the prompt (base view, tile,
+thumbnail, page, frame group: `Layout.views()`), the head's mass on the view, its mass on Ω ∩ view, their
+ratio (the view's Ω share) and the view's token counts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import torch
 
-from corelens.attention import RamProbe, activate
-from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.data.sample import Sample
-from corelens.errors import InputError, warn
+from corelens.errors import warn
 from corelens.experiments.configs import RankConfig
-from corelens.experiments.omega import OmegaSettings, estimate_omega
+from corelens.experiments.omega import OmegaSettings
+from corelens.experiments.scorers import ScoreJob, Scorer, scorer_of
+
+# RAM's per-sample measure lives with its scorer; kept importable from here, where it was.
+from corelens.experiments.scorers.ram_mass import SampleRam, measure_sample, prepare_for  # noqa: F401
 from corelens.metrics.headsets import k_count, parse_k
 from corelens.metrics.kvheads import check_granularity, group_size, kv_frame, mark_kv
 from corelens.metrics.posterior import few_samples
 from corelens.metrics.ram import head_table, sample_frame, top_heads
 from corelens.metrics.uncertainty import bootstrap_heads, uncertain_heads
 from corelens.models.loaded import Loaded, load
-from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.runs import Run
 from corelens.runs.context import RunContext
-from corelens.runs.driver import Loop
 from corelens.runs.outputs import RANK, conclude
-
-
-@dataclass
-class SampleRam:
-    """RAM of one sample: (layers, heads) arrays of mass, visual share and lift, and the set sizes.
-
-    Per view (`views`: labels of `Layout.views()`): `view_mass` (layers, heads, views, 2) holds each view's
-    mass and its mass on Ω; `view_tokens` / `view_omega` count the view's tokens in V and in Ω.
-    """
-
-    mass: np.ndarray
-    share: np.ndarray
-    lift: np.ndarray
-    n_omega: int
-    n_visual: int
-    views: list[str] = field(default_factory=list)
-    view_mass: np.ndarray | None = None
-    view_tokens: list[int] = field(default_factory=list)
-    view_omega: list[int] = field(default_factory=list)
-
-
-def measure_sample(
-    m: Loaded,
-    sample: Sample,
-    query: str = "question",
-    rule: str = "any",
-    padding: str = "visual",
-    omega: np.ndarray | None = None,
-    prepared: Prepared | None = None,
-    probe: RamProbe | None = None,
-) -> SampleRam:
-    """Return the RAM of every (layer, query head) for one sample, from a single probed forward.
-
-    `padding` is the padding-cell rule of Omega and V (`corelens.layout.PADDING_RULES`); `omega`, if given,
-    is an estimated Omega (token positions, `corelens.experiments.omega`) used instead of the targets'.
-    `probe`: a `RamProbe(layers, heads, views=True)` built without positions, shared by a run's samples.
-
-    Examples:
-        >>> import corelens as cl
-        >>> from corelens.organism import organism_path
-        >>> from corelens.organism.tasks import generate
-        >>> m = cl.load(organism_path(), device="cpu")
-        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
-        >>> r = cl.measure_sample(m, samples[0], query="answer")
-        >>> r.mass.shape, r.n_omega, r.n_visual
-        ((4, 8), 1, 36)
-        >>> r.mass[0].round(2).tolist()  # layer 0: heads 5 and 7 put half their attention on Ω
-        [0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.15, 0.5]
-    """
-    prepared = prepared if prepared is not None else prepare_for(m, sample, query, padding)
-    if query == "answer" and sample.answer is None:
-        raise InputError(
-            "query 'answer' needs an answer", file=sample.source, line=sample.line, sample=sample.id
-        )
-    omega = prepared.layout.omega(sample.targets, rule, sample=sample.id) if omega is None else omega
-    visual = prepared.layout.visual
-    if not len(omega):
-        raise InputError(
-            "the targets cover no visual token", file=sample.source, line=sample.line, sample=sample.id
-        )
-    views = prepared.layout.views()
-    probe = probe if probe is not None else RamProbe(m.num_layers, m.num_heads, views=True)
-    # The probed rows may be the answer's: the context carries them, with this sample's Omega.
-    context = AttentionContext.of(prepared, omega=omega, sample=sample, query_rows=prepared.rows(query))
-    with torch.no_grad(), attention_context(context), activate(m.layer_modules(), probe):
-        m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
-    mass = probe.mass.double().numpy()
-    vis = probe.visual_mass.double().numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(vis > 0, mass / vis, np.nan)
-    lift = share / (len(omega) / len(visual))
-    return SampleRam(
-        mass,
-        share,
-        lift,
-        len(omega),
-        len(visual),
-        [label for label, _ in views],
-        probe.view_mass.double().numpy(),
-        [len(tokens) for _, tokens in views],
-        [int(np.isin(tokens, omega).sum()) for _, tokens in views],
-    )
 
 
 @dataclass
@@ -132,23 +51,6 @@ class Ranking:
     def top(self, k: int | float) -> list[tuple[int, int]]:
         """Return the top-k (layer, head) pairs (KV heads at KV granularity); a float in (0, 1) is a share."""
         return top_heads(self.heads, k)
-
-
-def _record(sample: Sample, result: SampleRam) -> dict:
-    return {
-        "id": sample.id,
-        "task": sample.task,
-        "status": "ok",
-        "n_omega": result.n_omega,
-        "n_visual": result.n_visual,
-        "mass": result.mass.tolist(),
-        "share": result.share.tolist(),
-        "lift": result.lift.tolist(),
-        "views": result.views,
-        "view_mass": result.view_mass.tolist() if result.view_mass is not None else [],
-        "view_tokens": result.view_tokens,
-        "view_omega": result.view_omega,
-    }
 
 
 # rank()'s keyword arguments of earlier releases, and those it names differently from the command line.
@@ -175,11 +77,6 @@ def rank_config(config: RankConfig | None, options: dict) -> tuple[RankConfig, d
     elif omega is None and "omega" in fields:
         fields["omega"] = "targets"
     return replace(base, **fields), context
-
-
-def prepare_for(m: Loaded, sample: Sample, query: str = "question", padding: str = "visual") -> Prepared:
-    """Prepare `sample` as RAM measures it: the answer appended for `query="answer"` (teacher forcing)."""
-    return prepare(m, sample, answer=sample.answer if query == "answer" else None, padding=padding)
 
 
 def rank(
@@ -216,40 +113,15 @@ def rank(
         >>> len(kv.heads), kv.top(1), kv.heads["query_heads"][0]  # KV head 1 of layer 0 holds heads 4-7
         (8, [(0, 1)], '4 5 6 7')
     """
-    cfg, context = rank_config(config, dict(options))
+    options = dict(options)
+    given = options.pop("score") if isinstance(options.get("score"), (Scorer, dict)) else None
+    cfg, context = rank_config(config, options)
+    scorer = scorer_of(given if given is not None else cfg.score, cfg)
     ctx = RunContext.of(ctx, **context)
     check_granularity(cfg.granularity)
     samples, skipped = ctx.read(data)
-    run = ctx.open("rank", cfg.settings(m, data, ctx), device=m.device)
-    omega = cfg.omega_settings
-    query, rule, padding = cfg.query, cfg.rule, cfg.padding
-    probe = RamProbe(
-        m.num_layers, m.num_heads, views=True
-    )  # one probe: each forward's context gives the sets
-
-    def step(sample: Sample, done: set[str], prepared: Prepared) -> list[dict]:
-        if omega is not None:
-            # The driver's prompt is Ω's own unless the answer was appended to it (--query answer).
-            tokens, _ = estimate_omega(m, sample, omega, padding, None if query == "answer" else prepared)
-            if not len(tokens):
-                reason = "estimated Ω is empty: no visual cell lowers the answer's log-probability"
-                return [{"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}]
-            return [_record(sample, measure_sample(m, sample, query, rule, padding, tokens, prepared, probe))]
-        if not sample.targets:
-            # A question kept for scoring without evidence (MMLongBench-Doc "[]"): RAM needs Ω.
-            reason = "no evidence target: RAM needs Ω"
-            return [{"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}]
-        return [
-            _record(sample, measure_sample(m, sample, query, rule, padding, prepared=prepared, probe=probe))
-        ]
-
-    loop = Loop(
-        "rank",
-        step,
-        length=partial(prompt_length, m),
-        prepare=lambda sample: prepare_for(m, sample, query, padding),
-    )
-    logged = ctx.drive(loop, samples, run, skipped)
+    run = ctx.open("rank", score_settings(cfg.settings(m, data, ctx), scorer), device=m.device)
+    logged = scorer.score(m, samples, ScoreJob(cfg, ctx, run, skipped=skipped))
     records = [r for r in logged if r["status"] == "ok"]
     ranking, uncertainty, group = _tables(m, records, cfg)
     message = few_samples(len(records))
@@ -260,7 +132,7 @@ def rank(
         return ranking
 
     def draw(paths: dict[str, Path]) -> None:
-        _figures(m, ranking, samples, records, run, cfg, ctx, uncertainty, group, paths)
+        _figures(m, ranking, samples, records, run, cfg, ctx, uncertainty, group, paths, scorer.label)
 
     manifest = {"uncertainty": uncertainty} if uncertainty else {}
     manifest["granularity"] = {
@@ -273,6 +145,11 @@ def rank(
     tables = {"ram": ranking.ram, "heads": ranking.heads}
     conclude(run, RANK, tables, draw=draw, manifest=manifest, samples=len(records), skipped=skipped_n)
     return ranking
+
+
+def score_settings(settings: dict, scorer: Scorer) -> dict:
+    """Return a rank run's manifest settings with its scorer (`to_dict`): absent for RAM, as before scorers."""
+    return settings if scorer.name == "ram" else {**settings, "score": scorer.to_dict()}
 
 
 def _tables(m: Loaded, records: list[dict], cfg: RankConfig) -> tuple[Ranking, dict | None, int]:
@@ -307,6 +184,7 @@ def _figures(
     uncertainty: dict | None,
     group: int,
     paths: dict[str, Path],
+    label: str = "RAM",
 ) -> None:
     """Draw the head heatmap, and the overlays and explorer maps the config asks for."""
     from corelens.report.heatmap import head_heatmap
@@ -315,7 +193,7 @@ def _figures(
     head_heatmap(
         ranking.heads,
         paths["heads_mass"],
-        title=f"Mean RAM ({cfg.query} queries{kv_title})",
+        title=f"Mean {label} ({cfg.query} queries{kv_title})",
         marked=uncertain_heads(ranking.heads) if uncertainty else None,
     )
     # Overlays and the explorer draw query heads' attention maps: they read the query-head table.

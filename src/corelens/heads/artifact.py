@@ -9,8 +9,9 @@ as a dataset as it is, and `HeadSet.load(path_or_hub_id)` reads it back (a hub i
   heads per layer, and `identity` (the digest with the summary a refusal names differences from);
 - `heads`: every (layer, head) with its rank and scores (mass, share, lift, n and any other heads.csv column);
 - `keep`: the size of the published set (the top `keep` heads), or null when the whole ranking is the product;
-- `provenance`: data file name and sha256, query rows, box rule, padding, samples, corelens version and the
-  rank run's manifest.
+- `provenance`: data file name and sha256, query rows, box rule, padding, the head score and its settings
+  (`score`: `{"name": "ram"}` unless `rank --score` chose another), samples, corelens version and the rank
+  run's manifest.
 
 The folder also holds the rank run's `manifest.json` beside `heads.csv`, so every command that takes a
 heads.csv (`--heads`) reads an exported folder the same way, same-data warning included.
@@ -362,6 +363,8 @@ class HeadSet:
             "query": settings.get("query"),
             "rule": settings.get("rule"),
             "padding": settings.get("padding"),
+            # The head score ranked (`rank --score`): a run before scorers, or RAM's, records none.
+            "score": settings.get("score") or {"name": "ram"},
             "samples": manifest.get("samples"),
             "corelens_version": manifest.get("versions", {}).get("corelens"),
             "manifest": manifest,

@@ -1,0 +1,198 @@
+"""`Scorer`: one way to score the heads of a model on data, as small registered plain data.
+
+The contract every scorer keeps (`corelens rank --score NAME`, `cl.rank(m, data, score=...)`):
+
+- A scorer is a frozen dataclass of its settings with a registered `name` (`@register`). `to_dict()` is
+  `{"name": ..., **settings}` and `Scorer.from_dict(d)` builds the registered class back from it; a rank run
+  records it in its manifest's settings (key `score`, so a resumed run refuses another scorer) and `corelens
+  export` in headset.json's `provenance["score"]`. `from_config(cfg)` builds it from a `RankConfig`, taking
+  the config's fields that are named like the scorer's settings (so a setting is one field of `RankConfig`).
+- `score(m, samples, job)` returns the run's records: one dict per sample with an `"id"` and a `"status"`,
+  `"ok"` or `"skipped"` (with a `"reason"`). An ok record holds the sample's `"task"`, `"n_omega"`,
+  `"n_visual"` (0 where the score needs no Omega) and three (layers, query heads) arrays as nested lists:
+  `"mass"`, the score itself (higher = the head matters more: keep it full), and `"share"`, `"lift"`
+  (NaN where the score has none). Ranking, KV heads (`kv_rule` over each sample's query heads), bootstrap
+  intervals and P(top-k) are computed from these records by `rank()`, identically for every scorer: the
+  score of a head is its mean over the ok records, and the records are the bootstrap's units.
+- The default `score` drives a resumable sample loop (`job.drive`): it prepares each sample with
+  `prepare(m, sample, job)` and logs `measure(m, sample, prepared, job)`'s record. A scorer that needs a
+  training loop or many forwards over all samples at once overrides `score` and returns its records the
+  same way (one per sample where it can: per-sample values make the intervals; one record with id "all"
+  gives intervals of zero width), logging what it needs to resume under `job.run` (None: no output folder).
+- Attention is read inside the one registered attention function (probes of `corelens.attention.probes`),
+  never as an N x N matrix.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from corelens.errors import OptionError
+from corelens.models.prepare import prepare, prompt_length
+from corelens.registry import Registry
+from corelens.runs.driver import Loop
+
+if TYPE_CHECKING:
+    from corelens.data.sample import Sample
+    from corelens.experiments.configs import RankConfig
+    from corelens.models.loaded import Loaded
+    from corelens.models.prepare import Prepared
+    from corelens.runs import Run
+    from corelens.runs.context import RunContext
+
+
+class ScorerInterface(Registry):
+    """name -> Scorer class (`corelens.registry.Registry`), keyed by each class' `name`."""
+
+    kind = "head scorer"
+
+    @staticmethod
+    def name_of(scorer: type[Scorer]) -> str:
+        if not getattr(scorer, "name", None):
+            raise OptionError(f"{scorer.__name__} has no `name` to register it under")
+        return scorer.name
+
+    @classmethod
+    def _add(cls, name: str, impl: type[Scorer]) -> type[Scorer]:
+        if inspect.isabstract(impl):
+            missing = ", ".join(sorted(impl.__abstractmethods__))
+            raise OptionError(
+                f"{cls.kind} {name!r} ({impl.__name__}) is abstract: it does not define {missing}"
+            )
+        existing = cls._global_mapping.get(name)
+        if existing is not None and (existing.__module__, existing.__qualname__) != (
+            impl.__module__,
+            impl.__qualname__,
+        ):
+            raise OptionError(f"{cls.kind} {name!r} is registered already ({existing.__module__})")
+        return super()._add(name, impl)
+
+
+SCORERS = ScorerInterface()
+register = ScorerInterface.register
+
+
+@dataclass
+class ScoreJob:
+    """What a scorer runs under: the rank settings `cfg`, the run context `ctx`, the open run (None without an
+    output folder) and the samples the reader skipped. `drive(loop)` runs a resumable sample loop in it."""
+
+    cfg: RankConfig
+    ctx: RunContext
+    run: Run | None = None
+    samples: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    cache: dict = field(default_factory=dict)
+
+    def shared(self, key: str, make: Callable[[], Any]) -> Any:
+        """Return the object stored under `key`, made by `make()` the first time (a probe shared by samples)."""
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
+
+    def drive(self, loop) -> list[dict]:
+        """Run `loop` (`corelens.runs.driver.Loop`) over `samples` in the job's run; return every record."""
+        return self.ctx.drive(loop, self.samples, self.run, self.skipped)
+
+
+@dataclass(frozen=True)
+class Scorer(abc.ABC):
+    """Base class of a head score (module docstring: the contract): a scorer defines `score`, or derives from
+    `SampleScorer` and defines `measure` (one record per sample)."""
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""  # the score in a sentence or a figure title, e.g. "RAM"
+
+    @abc.abstractmethod
+    def score(self, m: Loaded, samples: list[Sample], job: ScoreJob) -> list[dict]:
+        """Return the run's records (module docstring)."""
+
+    def omega(self, m: Loaded, sample: Sample, prepared: Prepared, job: ScoreJob) -> tuple[Any, str | None]:
+        """Return (Omega's token positions, None) or (None, why the sample is skipped): Omega from the targets,
+        or estimated from the model with `--omega causal` (`cfg.omega_settings`)."""
+        settings = job.cfg.omega_settings
+        if settings is not None:
+            from corelens.experiments.omega import estimate_omega
+
+            # The driver's prompt is Omega's own unless the answer was appended to it (--query answer).
+            own = None if job.cfg.query == "answer" else prepared
+            tokens, _ = estimate_omega(m, sample, settings, job.cfg.padding, own)
+            if not len(tokens):
+                return None, "estimated Ω is empty: no visual cell lowers the answer's log-probability"
+            return tokens, None
+        if not sample.targets:
+            # A question kept for scoring without evidence (MMLongBench-Doc "[]"): the score needs Ω.
+            return None, f"no evidence target: {self.label} needs Ω"
+        return prepared.layout.omega(sample.targets, job.cfg.rule, sample=sample.id), None
+
+    def skip(self, sample: Sample, reason: str) -> dict:
+        """Return the record of a sample the score cannot use."""
+        return {"id": sample.id, "status": "skipped", "line": sample.line, "reason": reason}
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Scorer:
+        """Return the scorer with the settings of `cfg` (a `RankConfig`) named like its fields."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls) if f.init and hasattr(cfg, f.name)})
+
+    def to_dict(self) -> dict:
+        """Return the scorer as JSON-ready data, its registered `name` first."""
+        return {"name": self.name, **json.loads(json.dumps(asdict(self)))}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Scorer:
+        """Return the scorer of `to_dict` data; on `Scorer` itself, the class its `name` registers."""
+        data = dict(data)
+        name = data.pop("name", cls.name)
+        target = SCORERS[name] if cls is Scorer or name != cls.name else cls
+        known = {f.name for f in fields(target) if f.init}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise OptionError(
+                f"head scorer {name!r}: unknown setting(s) {unknown}; expected some of {sorted(known)}"
+            )
+        return target(**data)
+
+
+@dataclass(frozen=True)
+class SampleScorer(Scorer):
+    """A scorer of one record per sample, measured in a resumable sample loop (`measure`)."""
+
+    def score(self, m: Loaded, samples: list[Sample], job: ScoreJob) -> list[dict]:
+        """Return the run's records: `measure` of each sample, in a resumable loop (`job.drive`)."""
+
+        def step(sample: Sample, done: set[str], prepared: Prepared) -> list[dict]:
+            return [self.measure(m, sample, prepared, job)]
+
+        loop = Loop(
+            "rank",
+            step,
+            length=partial(prompt_length, m),
+            prepare=lambda sample: self.prepare(m, sample, job),
+        )
+        job.samples = samples
+        return job.drive(loop)
+
+    def prepare(self, m: Loaded, sample: Sample, job: ScoreJob) -> Prepared:
+        """Return the prompt `measure` reads: the answer appended (teacher-forced) for `--query answer`."""
+        answer = sample.answer if job.cfg.query == "answer" else None
+        return prepare(m, sample, answer=answer, padding=job.cfg.padding)
+
+    @abc.abstractmethod
+    def measure(self, m: Loaded, sample: Sample, prepared: Prepared, job: ScoreJob) -> dict:
+        """Return one sample's record (module docstring)."""
+
+
+def scorer_of(score: str | Scorer | dict, cfg: Any = None) -> Scorer:
+    """Return the scorer `score` names (settings from `cfg`), is, or describes (a `to_dict` dict)."""
+    if isinstance(score, Scorer):
+        return score
+    if isinstance(score, dict):
+        return Scorer.from_dict(score)
+    cls = SCORERS[score]
+    return cls.from_config(cfg) if cfg is not None else cls()
