@@ -23,9 +23,11 @@ dominates small models. Each sample's teacher-forced inputs are prepared once.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,8 +41,12 @@ from corelens.errors import InputError, OptionError
 from corelens.experiments.importance import answer_logp
 from corelens.models.prepare import Prepared, prepare
 from corelens.policies import HybridAttention, Policy, ZeroHeads
+from corelens.runs.dist import Dist
+from corelens.runs.dist import current as current_launch
+from corelens.runs.files import read_bytes, write_text
 
 MODES = ("hybrid", "ablate")
+CHECKPOINT = "greedy.json"
 
 Head = tuple[int, int]
 
@@ -200,11 +206,15 @@ def greedy_heads(
     settings: GreedySettings | None = None,
     *,
     value: Callable[[Sequence[Head]], float] | None = None,
+    folder: str | Path | None = None,
+    dist: Dist | None = None,
     progress: bool = False,
 ) -> GreedyResult:
     """Grow the kept set greedily over `samples` (each with its answer); return the order and the gains.
 
-    `value`, when given, replaces the policy evaluation of a set (the samples are then not read).
+    `value`, when given, replaces the policy evaluation of a set (the samples are then not read). `folder`:
+    each step's choice is saved there (`greedy.json`, by rank 0) and a later call resumes after
+    the last saved step.
 
     Examples:
         >>> import corelens as cl
@@ -218,22 +228,36 @@ def greedy_heads(
         (2, 6)
     """
     settings = settings or GreedySettings()
+    dist = dist or current_launch()
     if value is None:
         missing = [s.id for s in samples if s.answer is None]
         if missing:
             raise InputError("greedy scores the gold answer: this sample has none", sample=missing[0])
         if not samples:
             raise InputError("greedy: no sample to score")
-        items = [(s, prepare(m, s, answer=s.answer)) for s in samples]
+        # Under torchrun each rank scores its share of the samples; the sums are added over the ranks.
+        items = [(s, prepare(m, s, answer=s.answer)) for s in samples[dist.rank :: dist.world]]
         if settings.batch:
             encoded_items = [(s, f, encoded(m, f)) for s, f in items]
-            values_of = partial(batched_values, m, encoded_items, settings=settings)
+            mine = partial(batched_values, m, encoded_items, settings=settings)
         else:
 
-            def value(heads: Sequence[Head]) -> float:
-                return set_value(m, items, settings.policy(heads))
+            def mine(sets: Sequence[Sequence[Head]]) -> list[float]:
+                return [set_value(m, items, settings.policy(h)) for h in sets]
 
-    if value is not None:
+        def values_of(sets: Sequence[Sequence[Head]]) -> list[float]:
+            sums = (
+                torch.tensor(mine(sets), dtype=torch.float64) * len(items)
+                if items
+                else torch.zeros(len(sets), dtype=torch.float64)
+            )
+            if dist.world > 1:
+                import torch.distributed as tdist
+
+                tdist.all_reduce(sums)
+            return (sums / len(samples)).tolist()
+
+    else:
         values_of = lambda sets: [value(h) for h in sets]  # noqa: E731
 
     pool = list(settings.candidates) if settings.candidates is not None else [
@@ -244,9 +268,21 @@ def greedy_heads(
     chosen: list[Head] = []
     gains: list[float] = []
     values: list[float] = []
-    base = current = values_of([()])[0]
-    evaluations = 1
-    for step in range(min(settings.budget, len(pool))):
+    path = None if folder is None else Path(folder) / CHECKPOINT
+    saved = json.loads(read_bytes(path)) if path is not None and path.is_file() else None
+    if saved is not None:
+        chosen = [tuple(h) for h in saved["order"]]
+        gains, values, base, evaluations = (
+            saved["gains"],
+            saved["values"],
+            saved["base"],
+            saved["evaluations"],
+        )
+        current = values[-1] if values else base
+    else:
+        base = current = values_of([()])[0]
+        evaluations = 1
+    for step in range(len(chosen), min(settings.budget, len(pool))):
         left = [head for head in pool if head not in chosen]
         vs = values_of([tuple(chosen) + (head,) for head in left])
         evaluations += len(left)
@@ -258,6 +294,16 @@ def greedy_heads(
         chosen.append(best)
         values.append(best_value)
         current = best_value
+        if path is not None and dist.main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            state = {
+                "order": chosen,
+                "gains": gains,
+                "values": values,
+                "base": base,
+                "evaluations": evaluations,
+            }
+            write_text(path, json.dumps(state), root=path.parent)
         if progress:
             print(f"greedy step {step + 1}: L{best[0]}H{best[1]} gain {gains[-1]:.4f}", flush=True)
     return GreedyResult(chosen, gains, values, base, settings, evaluations)
