@@ -5,8 +5,10 @@
 # W = 16). Gates: one gate per query head, the hidden-state loss, 2 epochs of 4-sample steps. Each run's
 # manifest.json records its wall time ("timings"), printed at the end.
 # Results: runs/organism/score-gates-<task>/ (heads.csv, gates.csv, gate_losses.csv, figures/gate_loss.png)
-# and runs/organism/score-greedy-<task>/ (heads.csv, greedy.csv). LIMIT=N uses the first N samples (a
-# quick check); OUT and CORELENS move the output folder and the corelens command.
+# and runs/organism/score-greedy-<task>/ (heads.csv, greedy.csv), copied to results/gates-<task>.csv,
+# gate-losses-<task>.csv and greedy-<task>.csv; each run's wall time to results/gates-timing.csv.
+# LIMIT=N uses the first N samples (a quick check: nothing is copied to results/); OUT, CORELENS and PYTHON
+# move the output folder, the corelens command and the interpreter.
 set -euo pipefail
 OUT=${OUT:-runs/organism}
 CL=${CORELENS:-.venv/bin/corelens}
@@ -23,12 +25,28 @@ for task in ${TASKS:-image video document}; do
   "$CL" rank "${common[@]}" --data "$data" --score gates --gate-epochs 2 --gate-batch 4 --out "$OUT/score-gates-$task"
   "$CL" rank "${common[@]}" --data "$data" --score greedy --greedy-budget 8 --out "$OUT/score-greedy-$task"
 done
-"$PY" - "$OUT" <<'PY'
+"$PY" - "$OUT" "${LIMIT:-}" <<'PY'
 import json
+import shutil
 import sys
 from pathlib import Path
 
-for run in sorted(Path(sys.argv[1]).glob("score-g*-*/manifest.json")):
-    manifest = json.loads(run.read_text())
-    print(f"{run.parent.name}: {manifest.get('timings')} s, {manifest.get('samples')} samples")
+import pandas as pd
+
+out, limit = Path(sys.argv[1]), sys.argv[2]
+results = Path("benchmarks/organism/results")
+rows = []
+for manifest_path in sorted(out.glob("score-g*-*/manifest.json")):
+    run = manifest_path.parent
+    manifest = json.loads(manifest_path.read_text())
+    scorer, task = run.name.removeprefix("score-").split("-", 1)
+    rows.append({"scorer": scorer, "task": task, "seconds": manifest["timings"][-1], "resumed": manifest["resumed"]})
+    print(f"{run.name}: {manifest['timings']} s")
+    if not limit:
+        for name, to in [("gates.csv", f"gates-{task}.csv"), ("gate_losses.csv", f"gate-losses-{task}.csv"),
+                         ("greedy.csv", f"greedy-{task}.csv")]:
+            if (run / name).is_file():
+                shutil.copy(run / name, results / to)
+if not limit:
+    pd.DataFrame(rows).to_csv(results / "gates-timing.csv", index=False)
 PY
