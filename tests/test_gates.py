@@ -161,3 +161,22 @@ def test_resume_gives_the_uninterrupted_gates(organism, samples, tmp_path):
     assert np.array_equal(resumed.alpha, whole.alpha)
     assert resumed.losses.equals(whole.losses)
     assert (whole.alpha < 1).any() and (whole.alpha >= 0).all()  # the gates moved, and stayed clamped
+
+
+def test_rank_score_gates_writes_the_gates_as_the_head_score(organism, samples, tmp_path):
+    """`rank(score="gates")`: heads.csv's score is each head's learned alpha, the manifest names the scorer,
+    and the loss curve is in the run (table and figure)."""
+    import json
+
+    import pandas as pd
+
+    data = generate("image", tmp_path / "data", 3, seed=3)
+    score = {"name": "gates", "sink": str(S), "window": str(W), "gate_epochs": 1, "gate_batch": 3}
+    corelens.rank(organism, data, score=score, k=None, out=tmp_path / "run")
+    heads = pd.read_csv(tmp_path / "run" / "heads.csv").set_index(["layer", "head"])["mass"]
+    gates = pd.read_csv(tmp_path / "run" / "gates.csv").set_index(["layer", "head"])["alpha"]
+    assert np.allclose(heads.sort_index().to_numpy(), gates.sort_index().to_numpy())
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["settings"]["score"]["name"] == "gates"
+    assert len(pd.read_csv(tmp_path / "run" / "gate_losses.csv")) == 1
+    assert (tmp_path / "run" / "figures" / "gate_loss.png").is_file()
