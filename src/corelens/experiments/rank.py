@@ -94,6 +94,9 @@ def rank(
     `overlays` > 0 also draws the top and bottom heads' attention on the first `overlays` ranked samples;
     `explorer` > 0 stores the head explorer's attention maps of the first `explorer` ranked samples.
     Under torchrun every rank measures its share of the samples and rank 0 writes the tables.
+    `score` picks the head score (docs/methods.md#head-scores): a registered name ("ram", the default;
+    "retrieval", "outside-window", "causal", ...; its settings as keywords, e.g. `sink="4", window="16"`),
+    a `Scorer` (`corelens.experiments.scorers`) or its `to_dict()`; the `mass` columns then hold that score.
     `omega="causal"` estimates each sample's Omega from the model instead of its targets
     (`--omega causal`, docs/methods.md#causal-omega): samples need no targets.
     `granularity="kv"` ranks KV heads, each scored by `kv_rule` ("sum", "mean" or "max") over its query
@@ -112,6 +115,9 @@ def rank(
         >>> kv = cl.rank(m, data, query="answer", granularity="kv", ks=None)
         >>> len(kv.heads), kv.top(1), kv.heads["query_heads"][0]  # KV head 1 of layer 0 holds heads 4-7
         (8, [(0, 1)], '4 5 6 7')
+        >>> lost = cl.rank(m, data, query="answer", score="outside-window", sink="4", window="16", ks=None)
+        >>> lost.top(2), round(float(lost.heads["mass"][0]), 2)  # L0H7: 94 % of its attention beyond S + W
+        ([(0, 7), (3, 4)], 0.94)
     """
     options = dict(options)
     given = options.pop("score") if isinstance(options.get("score"), (Scorer, dict)) else None
