@@ -33,7 +33,7 @@ RANDOM_FROM = ("all", "non-top")
 OPTIONAL = ("stable",)  # asked for by name only: its size varies with the ranking's uncertainty
 STABLE_P = 0.9
 # experiments.scorers: the registered head scores of `rank --score` (tests/test_scorers.py checks the registry).
-HEAD_SCORES = ("causal", "outside-window", "ram", "retrieval")
+HEAD_SCORES = ("causal", "gates", "greedy", "outside-window", "ram", "retrieval")
 # experiments.evaluate: how an answer is scored.
 SCORERS = ("auto", "exact", "choice", "yesno")
 # experiments.hybrid: what a hybrid sweep's `sets` may name.

@@ -54,7 +54,8 @@ class RankConfig:
     score: str = option(
         "ram",
         help="the head score ranked: RAM, the retrieval (top-1 key in Omega) score, the attention mass outside "
-        "sink + window, or the single-head causal effect (docs/methods.md#head-scores)",
+        "sink + window, the single-head causal effect, DuoAttention's learned gates, or a greedy joint "
+        "selection (docs/methods.md#head-scores)",
         choices=HEAD_SCORES,
     )
     query: str = option(
@@ -113,13 +114,13 @@ class RankConfig:
     # them through the scorer (settings key `score`), not one by one.
     sink: str = option(
         "128",
-        help="outside-window: sink tokens S, a count or a share of each prompt (4, 5%%)",
+        help="outside-window: sink tokens S, a count or a share of each prompt (4, 5%%); gates, greedy: a count",
         group="score",
         setting=False,
     )
     window: str = option(
         "1024",
-        help="outside-window: recent keys W, a count or a share of each prompt (16, 25%%)",
+        help="outside-window: recent keys W, a count or a share of each prompt (16, 25%%); gates, greedy: a count",
         group="score",
         setting=False,
     )
@@ -130,6 +131,37 @@ class RankConfig:
         group="score",
         setting=False,
     )
+    gate_loss: str = option(
+        "hidden",
+        help="gates: distance to the dense model at the answer rows: final hidden states (mean squared "
+        "error, DuoAttention's) or the answer's negative log-likelihood",
+        choices=("hidden", "logp"),
+        group="score",
+        setting=False,
+    )
+    gate_lambda: float = option(0.05, help="gates: weight of mean(alpha) in the loss", type=float, group="score",
+                                setting=False)  # fmt: skip
+    gate_lr: float = option(
+        0.02, help="gates: Adam's learning rate", type=float, group="score", setting=False
+    )
+    gate_epochs: int = option(
+        2, help="gates: passes over the samples", type=int, group="score", setting=False
+    )
+    gate_batch: int = option(4, help="gates: samples per step", type=int, group="score", setting=False)
+    gate_seed: int = option(0, help="gates: seed of the sample order", type=int, group="score", setting=False)
+    greedy_mode: str = option(
+        "hybrid",
+        help="greedy: grow the set of full heads under hybrid attention (largest gain in log p) or of zeroed "
+        "heads (largest loss)",
+        choices=("hybrid", "ablate"),
+        group="score",
+        setting=False,
+    )
+    greedy_budget: int = option(8, help="greedy: heads selected", type=int, group="score", setting=False)
+    greedy_batch: int = option(
+        32, help="greedy: candidate sets per forward (0: one per forward, by policy)", type=int, group="score",
+        setting=False,
+    )  # fmt: skip
     op: str = option(
         "zero",
         help="causal: single-head operator (docs/methods.md#interventions)",
