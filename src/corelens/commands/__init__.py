@@ -3,7 +3,7 @@
 A command is either a module of its own, named after it (`bench`, `organism`, `report`, `data`, `export`),
 with `register(subparsers)` adding its parser, or, written `module:name`, the `Command` (run, register)
 called `name` in a module that holds several: `experiment_commands` holds every command that runs one
-experiment (rank, ablate, importance, demo, flow, sap, hybrid, stability), each the generic driver of
+experiment (rank, ablate, importance, demo, flow, sap, hybrid, frontier, stability), each the generic driver of
 `options.py` specialised. The rule: a module here is never named like a module of a lower layer (an
 experiment of `corelens.experiments`, a package's module), so that no two modules of one name sit in different
 layers (tests/test_layers.py); a new experiment's command joins `experiment_commands`.
@@ -26,6 +26,7 @@ COMMANDS = {
     "sap": "experiment_commands:sap",
     "organism": "organism",
     "hybrid": "experiment_commands:hybrid",
+    "frontier": "experiment_commands:frontier",
     "stability": "experiment_commands:stability",
     "report": "report",
     "data": "data",
