@@ -53,7 +53,8 @@ class Method:
 
 
 def recorded_scorer(heads: Path) -> str:
-    """Return the scorer a ranking records: its headset.json's, or its rank run manifest's settings; "" if none."""
+    """Return the scorer a ranking records (`scorer` or `score`, at the top of its headset.json or rank manifest,
+    or in their settings / source / ranking); "" if none."""
     for name in ("headset.json", "manifest.json"):
         path = heads.parent / name
         if path.is_file():
@@ -61,7 +62,10 @@ def recorded_scorer(heads: Path) -> str:
                 data = json.loads(path.read_text())
             except ValueError:
                 continue
-            for where in (data, data.get("settings", {}) if isinstance(data, dict) else {}):
+            nested = (
+                [data.get(k, {}) for k in ("settings", "source", "ranking")] if isinstance(data, dict) else []
+            )
+            for where in (data, *nested):
                 if isinstance(where, dict):
                     for key in ("scorer", "score"):
                         if isinstance(where.get(key), str):
