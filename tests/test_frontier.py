@@ -54,9 +54,11 @@ def test_frontier_cells_are_hybrid_and_ablate_on_the_same_set(tmp_path):
     from corelens.report.summary import frontier_sentences
 
     said = frontier_sentences(out, json.loads((out / "manifest.json").read_text()))
-    assert len(said) == 3 and all(
-        line.startswith(("ram keeps", "random keeps", "reversed keeps")) for line in said
+    assert len(said) == 4 and all(
+        line.startswith(("ram keeps", "random keeps", "reversed keeps")) for line in said[:3]
     )
+    assert said[0].startswith("ram keeps ≥ 95 % of dense accuracy") and "from 8 full heads" in said[0]
+    assert said[3].startswith("Least KV cache kept at ≥ 95 % of dense accuracy: ram (query heads)")
 
     # The same set through `corelens hybrid` and `corelens ablate`: the same accuracies, cell by cell.
     hyb, abl = tmp_path / "hybrid", tmp_path / "ablate"

@@ -343,6 +343,11 @@ def frontier_sentences(run: Path, manifest: dict) -> list[str]:
                     f"cache), keeps {pct(best['hybrid_accuracy'])} [{pct(best['hybrid_ci_low'])}, "
                     f"{pct(best['hybrid_ci_high'])}]")  # fmt: skip
         said.append(text)
+    reached = budgets[budgets["reached"].astype(bool) & (budgets["method"] != "random")]
+    if len(reached):
+        best = reached.sort_values("cache_kept_fraction").iloc[0]
+        said.append(f"Least KV cache kept at ≥ 95 % of dense accuracy: {best['method']} ({best['granularity']} "
+                    f"heads), {pct(best['cache_kept_fraction'])} of the cache")  # fmt: skip
     return said
 
 
