@@ -3,7 +3,7 @@
 A command is either a module of its own, named after it (`bench`, `organism`, `report`, `data`, `export`),
 with `register(subparsers)` adding its parser, or, written `module:name`, the `Command` (run, register)
 called `name` in a module that holds several: `experiment_commands` holds every command that runs one
-experiment (rank, ablate, importance, demo, flow, sap, hybrid, stability), each the generic driver of
+experiment (rank, ablate, importance, demo, flow, sap, hybrid, frontier, stability), each the generic driver of
 `options.py` specialised. The rule: a module here is never named like a module of a lower layer (an
 experiment of `corelens.experiments`, a package's module), so that no two modules of one name sit in different
 layers (tests/test_layers.py); a new experiment's command joins `experiment_commands`.
@@ -23,6 +23,7 @@ COMMANDS = {
     "stability": "experiment_commands:stability",
     "ablate": "experiment_commands:ablate",
     "hybrid": "experiment_commands:hybrid",
+    "frontier": "experiment_commands:frontier",
     "importance": "experiment_commands:importance",
     "export": "export",
     "report": "report",
@@ -36,7 +37,8 @@ COMMANDS = {
 # The one-line workflow `corelens --help` shows.
 WORKFLOW = (
     "workflow: rank (find the heads) -> stability (do tasks share them) -> ablate / hybrid (test and use them) "
-    "-> export (publish them) -> report (one HTML page); `corelens demo` runs it on the bundled model"
+    "-> frontier (compare rankings) -> export (publish them) -> report (one HTML page); `corelens demo` runs "
+    "it on the bundled model"
 )
 
 # One example per command, shown at the end of its help (`corelens COMMAND --help`); the paths are the
@@ -49,6 +51,8 @@ EXAMPLES = {
     "--out runs/ablate --n-heads 3,5 --draws 2",
     "hybrid": "corelens hybrid --model $M --data data/eval/document.jsonl --heads runs/rank/heads.csv "
     "--out runs/hybrid --n-heads 8 --sink 4 --window 16",
+    "frontier": "corelens frontier --model $M --data data/eval/document.jsonl --heads runs/rank/heads.csv "
+    "--out runs/frontier --budgets 1,3,8 --sink 4 --window 16 --draws 2",
     "importance": "corelens importance --model $M --data data/eval/document.jsonl --heads runs/rank/heads.csv "
     "--out runs/importance --limit 8",
     "export": "corelens export runs/rank --out runs/headset --n-heads 10% --to duo,sparsemm",

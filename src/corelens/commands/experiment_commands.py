@@ -1,4 +1,4 @@
-"""The commands that run one experiment each: rank, ablate, importance, demo, flow, sap, hybrid, stability.
+"""The commands that run one experiment each: rank, ablate, importance, demo, flow, sap, hybrid, frontier, stability.
 
 Each is the generic driver (`corelens.commands.options.experiment_command`) specialised with its config, its
 experiment's entry point and what it prints (`show_NAME`); `demo` has a parser of its own. Each command is a
@@ -231,4 +231,23 @@ stability = experiment_command(
     "corelens.experiments.configs:StabilityConfig",
     "corelens.experiments.stability:run_command",
     show_stability,
+)
+
+
+def show_frontier(result, config) -> None:
+    """Print the smallest budgets, the rankings' agreement and what was written."""
+    print(result.budgets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if len(result.rankings):
+        print(result.rankings.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(
+        f"wrote {config.out}/frontier.csv, frontier_budgets.csv, rankings.csv, figures/frontier.png, methods/"
+    )
+
+
+frontier = experiment_command(
+    "frontier",
+    "compare head rankings on one accuracy / KV-cache frontier (hybrid and ablation at each budget)",
+    "corelens.experiments.sweep:FrontierConfig",
+    "corelens.experiments.frontier:run_command",
+    show_frontier,
 )

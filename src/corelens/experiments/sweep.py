@@ -234,6 +234,63 @@ class HybridConfig:
         return {"keeps": self.keep, "sets": _names(self.sets), **{n: getattr(self, n) for n in names}}
 
 
+@dataclass(frozen=True)
+class FrontierConfig:
+    """The settings of `corelens frontier` (docs/usage.md#which-heads-the-frontier)."""
+
+    model: str = model_option()
+    data: str = data_option(EVAL_DATA)
+    heads: list[str] = option(
+        help="the rankings compared: heads.csv of rank runs or exported head sets, each PATH or LABEL=PATH "
+        "(label: given, else the scorer the file records, else its folder's name)",
+        nargs="+",
+        setting=False,
+    )
+    out: str = out_option()
+    budgets: str = option(
+        "2,4,8,16", help="heads kept full (hybrid) / zeroed (ablation): counts or shares, e.g. 2,4,8 or 5%%,10%%",
+        type="k_list",
+    )  # fmt: skip
+    granularity: str | None = option(
+        None,
+        help="unit the budgets count: query, kv or query,kv (both); default: each heads.csv's own",
+        type=("names_of", ("query", "kv"), "granularity"),
+    )
+    sink: str = option(
+        "128", help="hybrid sink tokens S: a count, or a share of the median prompt", type="token_size"
+    )
+    window: str = option(
+        "1024", help="hybrid window W: a count, or a share of the median prompt", type="token_size"
+    )
+    draws: object = draw_options("the random control (drawn once, on the first ranking)")[0]
+    control_width: float = _WIDTH
+    max_draws: int = _MOST
+    seed: int = option(0, help="base seed of the random draws", type=int)
+    op: str = option("zero", help="ablation operator: docs/methods.md#interventions", choices=OPS)
+    scorer: str = scorer_option()
+    max_new_tokens: int = max_new_tokens_option()
+    run: None = run_options("use the first N samples")
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of `experiments.frontier.frontier` these settings make."""
+        names = (
+            "budgets",
+            "granularity",
+            "sink",
+            "window",
+            "draws",
+            "control_width",
+            "max_draws",
+            "seed",
+            "op",
+        )
+        return {
+            **{n: getattr(self, n) for n in names},
+            "scorer": self.scorer,
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+
 def summary_table(
     table,
     records,

@@ -1,7 +1,7 @@
 """Policies: what is applied to a model while it answers, one small registered class per intervention.
 
 `POLICIES` maps each registered name to its class: `zero`, `mean`, `uniform`, `knockout` (head operators),
-`hybrid`, `adaptive-hybrid` and `sap`. `Policy.from_dict(d)` / `from_json` build any of them from JSON (the
+`hybrid`, `adaptive-hybrid`, `graded` and `sap`. `Policy.from_dict(d)` / `from_json` build any of them from JSON (the
 dict carries `name`); `with policy.applied(m, prepared): ...` applies one; `answer(m, prepared, policy)` is
 the greedy answer under one. A new policy is one file in this folder (imported, so registered, with the
 package; docs/extending/policy.md).
@@ -9,7 +9,7 @@ package; docs/extending/policy.md).
 Examples:
     >>> from corelens.policies import POLICIES, Policy, ZeroHeads
     >>> sorted(POLICIES)
-    ['adaptive-hybrid', 'hybrid', 'knockout', 'mean', 'sap', 'uniform', 'zero']
+    ['adaptive-hybrid', 'graded', 'hybrid', 'knockout', 'mean', 'sap', 'uniform', 'zero']
     >>> policy = ZeroHeads(heads=[(1, 0), (0, 1), (0, 1)])  # sorted, duplicates dropped
     >>> policy.to_dict()
     {'name': 'zero', 'heads': [[0, 1], [1, 0]], 'label': '', 'seed': None, 'meta': {}}
@@ -18,7 +18,7 @@ Examples:
     >>> POLICIES["nope"]
     Traceback (most recent call last):
     ...
-    corelens.errors.OptionError: unknown policy 'nope'; known: adaptive-hybrid, hybrid, knockout, mean, sap, uniform, zero
+    corelens.errors.OptionError: unknown policy 'nope'; known: adaptive-hybrid, graded, hybrid, knockout, mean, sap, uniform, zero
 """
 
 import importlib as _importlib

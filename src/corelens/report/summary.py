@@ -32,7 +32,7 @@ from markupsafe import Markup
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.runs import jsonfile
-from corelens.runs.outputs import ABLATE, FLOW, HYBRID, IMPORTANCE, OUTPUTS, RANK, SAP, STABILITY
+from corelens.runs.outputs import ABLATE, FLOW, FRONTIER, HYBRID, IMPORTANCE, OUTPUTS, RANK, SAP, STABILITY
 
 TOP = 3
 MISSING = "—"
@@ -329,6 +329,48 @@ def hybrid_sentences(run: Path, manifest: dict) -> list[str]:
     return [text for _, text in said]
 
 
+def _frontier(run: Path, manifest: dict) -> Markup:
+    return _items(run, frontier_sentences(run, manifest), "no method in frontier_budgets.csv")
+
+
+def frontier_sentences(run: Path, manifest: dict) -> list[str]:
+    """Return a frontier run's findings: per method and granularity, the smallest budget that keeps >= 95 % of
+    dense accuracy (its KV cache kept, with the paired-bootstrap interval), or its best cell when none does."""
+    budgets = pd.read_csv(FRONTIER.path(run, "budgets"))
+    table = _read(FRONTIER.path(run, "table"))
+    data = _data_name(manifest)
+    said = []
+    for _, b in budgets.iterrows():
+        cells = table[(table["method"] == b["method"]) & (table["granularity"] == b["granularity"])]
+        if cells.empty:
+            continue
+        dense = float(cells["dense_accuracy"].iloc[0])
+        unit = "KV heads" if b["granularity"] == "kv" else "heads"
+        if bool(b["reached"]):
+            row = cells[cells["full_heads"] == b["full_heads"]].sort_values("cache_kept_fraction").iloc[0]
+            interval = ""
+            if not missing(b.get("ci_low")):
+                high = "beyond the budgets tried" if missing(b.get("ci_high")) else pct(b["ci_high"])
+                interval = f" [{pct(b['ci_low'])}, {high}] of the cache"
+            text = (f"{b['method']} keeps ≥ 95 % of dense accuracy on {data} ({pct(dense)}) from {int(row['full_heads'])} "
+                    f"full {unit}, {pct(row['cache_kept_fraction'])} of the KV cache{interval}: "
+                    f"{pct(row['hybrid_accuracy'])} [{pct(row['hybrid_ci_low'])}, {pct(row['hybrid_ci_high'])}]; "
+                    f"zeroing that set leaves {pct(row['ablate_accuracy'])}")  # fmt: skip
+        else:
+            best = cells.sort_values("hybrid_accuracy").iloc[-1]
+            text = (f"{b['method']} keeps < 95 % of dense accuracy on {data} ({pct(dense)}) at every budget tried; "
+                    f"its best, {int(best['full_heads'])} full {unit} ({pct(best['cache_kept_fraction'])} of the KV "
+                    f"cache), keeps {pct(best['hybrid_accuracy'])} [{pct(best['hybrid_ci_low'])}, "
+                    f"{pct(best['hybrid_ci_high'])}]")  # fmt: skip
+        said.append(text)
+    reached = budgets[budgets["reached"].astype(bool) & (budgets["method"] != "random")]
+    if len(reached):
+        best = reached.sort_values("cache_kept_fraction").iloc[0]
+        said.append(f"Least KV cache kept at ≥ 95 % of dense accuracy: {best['method']} ({best['granularity']} "
+                    f"heads), {pct(best['cache_kept_fraction'])} of the cache")  # fmt: skip
+    return said
+
+
 def _items(run: Path, sentences: list[str], empty: str) -> Markup:
     """Return a run's finding: its link, then one sentence per size of the head sets."""
     if len(sentences) == 1:
@@ -395,6 +437,7 @@ FINDINGS = {
     "stability": _stability,
     "ablate": _ablate,
     "hybrid": _hybrid,
+    "frontier": _frontier,
     "flow": _flow,
     "sap": _sap,
     "importance": _importance,

@@ -131,7 +131,17 @@ STABILITY = Outputs(
     summary="spearman",
 )
 
-OUTPUTS: dict[str, Outputs] = {o.command: o for o in (RANK, STABILITY, ABLATE, HYBRID, FLOW, SAP, IMPORTANCE)}
+FRONTIER = Outputs(
+    "frontier",
+    {"table": "frontier.csv", "budgets": "frontier_budgets.csv", "rankings": "rankings.csv"},
+    {"frontier": _figure("frontier.png")},
+    {"methods": "methods"},  # each method's hybrid and ablate run folders, methods/<label>/<granularity>/
+    summary="budgets",
+)
+
+OUTPUTS: dict[str, Outputs] = {
+    o.command: o for o in (RANK, STABILITY, ABLATE, HYBRID, FRONTIER, FLOW, SAP, IMPORTANCE)
+}
 """Every experiment's declared outputs, by command, in the order the report lists its findings."""
 
 

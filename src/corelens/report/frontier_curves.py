@@ -1,0 +1,40 @@
+"""The frontier figure: hybrid accuracy against the share of the KV cache kept, one curve per method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from corelens.report.figure import plt, save_figure
+
+
+def frontier_figure(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
+    """Write a frontier.csv table as accuracy vs % of the KV cache kept to `path` (PNG); return the path.
+
+    Each method (and granularity, when several) is a line with its 95 % interval as a band; the random
+    control is grey; the dense model is the dotted line and 95 % of it the dashed one.
+    """
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    if len(table):
+        dense = float(table["dense_accuracy"].iloc[0])
+        ax.axhline(
+            dense, color="black", lw=0.8, ls=":", label=f"dense ({dense:.2f}, n={int(table['n'].max())})"
+        )
+        ax.axhline(0.95 * dense, color="black", lw=0.6, ls="--", label="95 % of dense")
+    several = table["granularity"].nunique() > 1
+    for (method, gran), group in table.groupby(["method", "granularity"], sort=False):
+        group = group.sort_values("cache_kept_fraction")
+        x = 100 * group["cache_kept_fraction"]
+        label = f"{method} ({gran})" if several else method
+        colour = "tab:grey" if method == "random" else None
+        (line,) = ax.plot(x, group["hybrid_accuracy"], marker="o", color=colour, label=label)
+        ax.fill_between(
+            x, group["hybrid_ci_low"], group["hybrid_ci_high"], color=line.get_color(), alpha=0.15, lw=0
+        )
+    ax.set_xlabel("KV cache kept (% of a full cache)")
+    ax.set_ylabel("hybrid accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title or "accuracy against KV cache kept", fontsize=9)
+    ax.legend(fontsize=8, loc="best")
+    return save_figure(fig, path)

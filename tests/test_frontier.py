@@ -1,0 +1,124 @@
+"""`corelens frontier`: its cells are `hybrid` / `ablate` on the same set, its table, figure and 95 % budgets."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from corelens.experiments.frontier import budget_interval, methods_of, smallest_budget
+
+
+def _heads(folder, order, scorer=None):
+    """Write a heads.csv ranking the organism's 4 x 8 heads in `order` (best first); a manifest naming `scorer`."""
+    folder.mkdir(parents=True)
+    rank = {head: i + 1 for i, head in enumerate(order)}
+    rows = [(layer, head, rank[(layer, head)]) for layer, head in ALL]
+    pd.DataFrame(rows, columns=["layer", "head", "rank"]).assign(mass=0.0).to_csv(
+        folder / "heads.csv", index=False
+    )
+    if scorer:
+        (folder / "manifest.json").write_text(json.dumps({"command": "rank", "settings": {"scorer": scorer}}))
+    return folder / "heads.csv"
+
+
+ALL = [(layer, head) for layer in range(4) for head in range(8)]
+
+
+def test_frontier_cells_are_hybrid_and_ablate_on_the_same_set(tmp_path):
+    from corelens.cli import main
+    from corelens.organism import organism_path
+    from corelens.organism.tasks import generate
+
+    model = organism_path()  # trained: the accuracies differ between sets
+    data = generate("document", tmp_path / "data", n=6, seed=7)
+    order = [(0, 3), (0, 4), *[p for p in ALL if p not in ((0, 3), (0, 4))]]
+    a = _heads(tmp_path / "rank-a", order, scorer="ram")
+    b = _heads(tmp_path / "rank-b", order[::-1])
+    out = tmp_path / "frontier"
+    common = ["--model", str(model), "--data", str(data), "--max-new-tokens", "2"]
+    argv = ["frontier", *common, "--heads", str(a), f"reversed={b}", "--out", str(out), "--budgets", "2,8",
+            "--sink", "4", "--window", "16", "--draws", "1"]  # fmt: skip
+    assert main(argv) == 0
+    table = pd.read_csv(out / "frontier.csv")
+    assert sorted(set(table["method"])) == ["ram", "random", "reversed"]
+    assert (out / "figures" / "frontier.png").stat().st_size > 0
+    assert set(pd.read_csv(out / "frontier_budgets.csv")["method"]) == {"ram", "random", "reversed"}
+    agree = pd.read_csv(out / "rankings.csv")
+    assert agree["spearman"].tolist() == pytest.approx([-1.0, -1.0]) and agree["overlap"].tolist() == [
+        0.0,
+        0.0,
+    ]
+
+    from corelens.report.summary import frontier_sentences
+
+    said = frontier_sentences(out, json.loads((out / "manifest.json").read_text()))
+    assert len(said) == 4 and all(
+        line.startswith(("ram keeps", "random keeps", "reversed keeps")) for line in said[:3]
+    )
+    assert said[0].startswith("ram keeps ≥ 95 % of dense accuracy") and "from 8 full heads" in said[0]
+    assert said[3].startswith("Least KV cache kept at ≥ 95 % of dense accuracy: ram (query heads)")
+
+    # The same set through `corelens hybrid` and `corelens ablate`: the same accuracies, cell by cell.
+    hyb, abl = tmp_path / "hybrid", tmp_path / "ablate"
+    assert main(["hybrid", *common, "--heads", str(b), "--out", str(hyb), "--keep", "2,8", "--sets", "top",
+                 "--sink", "4", "--window", "16"]) == 0  # fmt: skip
+    assert main(["ablate", *common, "--heads", str(b), "--out", str(abl), "--k", "2,8", "--sets", "top"]) == 0
+    h = pd.read_csv(hyb / "hybrid.csv")
+    ab = pd.read_csv(abl / "ablation.csv")
+    mine = table[table["method"] == "reversed"].astype({"budget": str}).set_index("budget")
+    for keep in ("2", "8"):
+        got = h[(h["set"] == "top") & (h["keep"].astype(str) == keep)]["accuracy"].item()
+        assert mine.loc[keep, "hybrid_accuracy"] == got
+        got = ab[(ab["set"] == "top") & (ab["k"].astype(str) == keep)]["accuracy"].item()
+        assert mine.loc[keep, "ablate_accuracy"] == got
+    assert table["hybrid_accuracy"].nunique() > 1 and table["ablate_accuracy"].nunique() > 1  # cells differ
+    assert (mine["dense_accuracy"] == h[h["set"] == "dense"]["accuracy"].item()).all()
+
+    logged = (out / "methods" / "ram" / "own" / "hybrid" / "samples.jsonl").read_text()
+    assert main(argv) == 0  # resumed: nothing answered twice
+    assert (out / "methods" / "ram" / "own" / "hybrid" / "samples.jsonl").read_text() == logged
+
+
+def test_smallest_budget_on_a_hand_made_table():
+    t = pd.DataFrame(
+        {
+            "method": ["a"] * 3 + ["b"] * 3,
+            "granularity": "query",
+            "budget": ["8", "2", "4"] * 2,  # out of order: sorted by the cache kept
+            "full_heads": [8, 2, 4] * 2,
+            "cache_kept_fraction": [0.8, 0.2, 0.4] * 2,
+            "dense_accuracy": 0.8,
+            "hybrid_accuracy": [0.79, 0.5, 0.76, 0.5, 0.6, 0.7],  # a: 0.76 = 95 % of 0.8 at 4; b: never
+        }
+    )
+    found = smallest_budget(t).set_index("method")
+    assert found.loc["a", "budget"] == "4" and found.loc["a", "cache_kept_fraction"] == 0.4
+    assert not found.loc["b", "reached"] and pd.isna(found.loc["b", "full_heads"])
+    # Every sample right under dense and at the 2nd budget, wrong at the 1st: the interval is the 2nd's point.
+    answers = pd.DataFrame({"dense": [1, 1, 1, 1], "top/2": [0, 0, 0, 0], "top/4": [1, 1, 1, 1]})
+    assert budget_interval(answers, ["top/2", "top/4"], [0.2, 0.4]) == (0.4, 0.4)
+    never = pd.DataFrame({"dense": [1, 1], "top/2": [0, 0]})
+    low, high = budget_interval(never, ["top/2"], [0.2])
+    assert pd.isna(low) and pd.isna(high)
+
+
+def test_a_bad_heads_file_is_one_line(tmp_path, capsys):
+    from corelens.cli import main
+    from corelens.organism import organism_path
+    from corelens.organism.tasks import generate
+
+    data = generate("document", tmp_path / "data", n=1, seed=7)
+    good = _heads(tmp_path / "good", ALL)
+    bad = tmp_path / "bad" / "heads.csv"
+    bad.parent.mkdir()
+    bad.write_text("layer,head,rank\n0,0,1\n9,0,2\n")  # no layer 9
+    argv = ["frontier", "--model", str(organism_path()), "--data", str(data), "--heads", str(good),
+            str(bad), "--out", str(tmp_path / "out"), "--budgets", "2"]  # fmt: skip
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "error" in line]
+    assert len(said) == 1 and str(bad) in said[0] and "Traceback" not in err
+    assert not (tmp_path / "out" / "methods").exists()  # refused before the first answer
+    assert [m.label for m in methods_of([f"x={good}", str(good)])] == ["x", "good"]
