@@ -36,6 +36,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from corelens.attention.kernels import stream as triton_stream
 from corelens.attention.kernels.flexattn import BLOCK, _grid, _pack, flex_fn
 from corelens.attention.kernels.interface import Prefill, kernel
 from corelens.attention.kernels.masks import (
@@ -47,6 +48,11 @@ from corelens.attention.kernels.masks import (
     window_mask_function,
 )
 from corelens.attention.kernels.tiles import Padding, Plans, blocked
+
+# How the streaming heads run (`partitioned(stream=...)`): "triton", one kernel with the sinks inside
+# (`stream.py`, the CUDA default where Triton imports), or "flex", a window and a sink FlexAttention pass
+# merged by their log-sum-exps (`streaming` below; any device).
+STREAMS = ("triton", "flex")
 
 # A call whose heads split into more runs than this gathers them instead (module docstring, "Heads").
 MAX_RUNS = 8
@@ -240,25 +246,59 @@ def _each(query, key, value, out, calls: tuple[Call, ...], attend) -> None:
         _put(out, call, attend(q, k, v, call.members))
 
 
-def _rows(
-    query, key, value, out, full: tuple[bool, ...], pattern: Pattern, scale: float, compiled: bool
-) -> None:
-    """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim)."""
-    full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
-    _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
-    _each(
-        query, key, value, out, stream_calls, lambda q, k, v, m: streaming(q, k, v, pattern, scale, compiled)
+@lru_cache(maxsize=256)
+def stream_table(full: tuple[bool, ...], kv_heads: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the streaming query heads of a head set and the KV head of each (the Triton kernel's table)."""
+    groups = len(full) // kv_heads
+    heads = [h for h, f in enumerate(full) if not f]
+    dev = torch.device(device)
+    return (
+        torch.tensor(heads, dtype=torch.int32, device=dev),
+        torch.tensor([h // groups for h in heads], dtype=torch.int32, device=dev),
     )
 
 
+def _rows(
+    query,
+    key,
+    value,
+    out,
+    full: tuple[bool, ...],
+    pattern: Pattern,
+    scale: float,
+    compiled: bool,
+    stream: str,
+) -> None:
+    """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim);
+    the streaming heads only where `stream` is "flex" (the Triton kernel runs them for the whole batch)."""
+    full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
+    _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
+    if stream == "flex":
+        _each(
+            query, key, value, out, stream_calls,
+            lambda q, k, v, m: streaming(q, k, v, pattern, scale, compiled),
+        )  # fmt: skip
+
+
+def default_stream(device: torch.device) -> str:
+    """Return how the streaming heads run by default on `device`: the Triton kernel on CUDA where it imports."""
+    return "triton" if device.type == "cuda" and triton_stream.available() else "flex"
+
+
 @kernel("partitioned")
-def partitioned(call: Prefill, *, plans: Plans | None = None, compiled: bool | None = None) -> torch.Tensor:
+def partitioned(
+    call: Prefill, *, plans: Plans | None = None, compiled: bool | None = None, stream: str | None = None
+) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v): sdpa for the full heads, window + sinks for the rest.
 
-    `compiled`: FlexAttention through `torch.compile` (default: on CUDA); `plans` as for `blocked`.
+    `stream`: "triton" or "flex" (`STREAMS`; default `default_stream`); `compiled`: FlexAttention through
+    `torch.compile` (default: on CUDA); `plans` as for `blocked`.
     """
     query, key, value, mask, full, pattern, scale = call
     compiled = query.device.type == "cuda" if compiled is None else compiled
+    stream = stream or default_stream(query.device)
+    if stream not in STREAMS:
+        raise ValueError(f"unknown streaming path {stream!r}; expected one of {STREAMS}")
     batch, heads, n, _ = query.shape
     flags = tuple(bool(x) for x in full.tolist())
     if pattern.is_dense(n):  # the window covers every causal pair: all heads are full heads
@@ -269,12 +309,18 @@ def partitioned(call: Prefill, *, plans: Plans | None = None, compiled: bool | N
         return blocked(*call, plans=plans)
     out = query.new_empty(batch, n, heads, value.shape[-1])
     if not any(padding.starts):  # one call for the whole batch
-        _rows(query, key, value, out, flags, pattern, scale, compiled)
-        return out
-    for b, start in enumerate(padding.starts):  # row b runs from its first real token, as a prompt of its own
-        one = slice(b, b + 1), slice(None), slice(start, None)
-        out[b, :start] = 0
-        _rows(query[one], key[one], value[one], out[b : b + 1, start:], flags, pattern, scale, compiled)
+        _rows(query, key, value, out, flags, pattern, scale, compiled, stream)
+    else:
+        for b, start in enumerate(padding.starts):  # row b runs from its first real token, as a prompt alone
+            one = slice(b, b + 1), slice(None), slice(start, None)
+            out[b, :start] = 0
+            _rows(
+                query[one], key[one], value[one], out[b : b + 1, start:], flags, pattern, scale, compiled, stream
+            )  # fmt: skip
+    if stream == "triton" and not all(flags):  # every streaming head of every row: one launch
+        heads, kv = stream_table(flags, key.shape[1], str(query.device))
+        starts = torch.tensor(padding.starts, dtype=torch.int32, device=query.device)
+        triton_stream.streaming_into(out, query, key, value, heads, kv, starts, pattern, scale)
     return out
 
 
