@@ -11,7 +11,8 @@ no head to choose one):
   ``granularity="kv"`` round(F L H_kv) KV heads and all their query heads, so every other KV head is trimmed;
   with ``"query"`` round(F L H) query heads, and a KV head is trimmed only when all its query heads stream.
 
-Each side: one warm-up (prefill + 2 steps at a short length), then `repeats` runs of prefill + steps at N,
+Each side: one warm-up at the timed length (prefill + steps at N: every shape the timed runs meet, the trimmed
+cache's past S + W included, is built before timing), then `repeats` (>= 3 on a GPU run) runs of prefill + steps at N,
 interleaved; decode time is the median over runs of the steps' wall time (after a device synchronisation),
 the prefill untimed. KV bytes are the cache's after the last step (`HybridCache.report` for the hybrid side,
 whose ``dense_bytes`` is what a `DynamicCache` holds for the same positions).
@@ -27,10 +28,10 @@ from typing import Any
 
 import torch
 
+from corelens.bench.hybrid_kernels import refuse_fallback
 from corelens.bench.synthetic import Decoder, build_model, machine_info, make_input_ids, sync
 
 GRANULARITIES = ("kv", "query")
-WARMUP_TOKENS = 256
 
 
 def full_heads(layers: int, heads: int, kv_heads: int, keep: float, granularity: str, seed: int):
@@ -112,9 +113,8 @@ def run_decode_benchmark(
                 cache = h.cache()
                 return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache), (cache, h)
 
-        short = min(tokens, WARMUP_TOKENS)
-        for run in (dense, hybrid):
-            run(short)
+        for run in (dense, hybrid):  # warm-up at the timed length: the trimmed shapes (N > S + W) seen once
+            run(tokens)
         for _ in range(repeats):
             seconds, dense_cache = dense(tokens)
             times["dense"].append(seconds)
@@ -122,6 +122,7 @@ def run_decode_benchmark(
             times["hybrid"].append(seconds)
         report = cache.report()
         stats = dict(session.stats)
+        refuse_fallback("; ".join(session.fallbacks), f"decode N={tokens}")
         dense_bytes = _cache_bytes(dense_cache)
 
     out: dict[str, Any] = {

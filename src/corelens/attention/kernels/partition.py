@@ -36,6 +36,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from corelens.attention.kernels import crossover
 from corelens.attention.kernels import stream as triton_stream
 from corelens.attention.kernels.flexattn import BLOCK, _grid, _pack, flex_fn
 from corelens.attention.kernels.interface import Prefill, kernel
@@ -324,8 +325,23 @@ def partitioned(
     return out
 
 
-def takes_dense(n: int, full: torch.Tensor, pattern: Pattern, dense_below: float | None) -> bool:
-    """Return whether a layer's head set at prompt length n is better run dense (`corelens.choices.DENSE_BELOW`)."""
+def takes_dense(
+    n: int,
+    full: torch.Tensor,
+    pattern: Pattern,
+    dense_below: float | None,
+    device: torch.device | None = None,
+) -> bool:
+    """Return whether a layer's head set at prompt length n is better run dense.
+
+    `dense_below` None or 0: never. Otherwise the measured crossover of this device where one is active
+    (`crossover.active`: `CORELENS_CROSSOVER`), else the ideal rule: the head set's ideal speed-up below
+    `dense_below` (`corelens.choices.DENSE_BELOW`).
+    """
     if not dense_below or pattern.is_dense(n):
         return False
-    return ideal_speedup(n, float(full.float().mean()), pattern.sink, pattern.window) < dense_below
+    share = float(full.float().mean())
+    table = crossover.active(device or full.device)  # `device`: where the attention runs
+    if table is not None:
+        return table.dense(n, share)
+    return ideal_speedup(n, share, pattern.sink, pattern.window) < dense_below
