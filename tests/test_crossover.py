@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from corelens.attention.kernels import Pattern, crossover, prefill
-from corelens.bench import crossover as bench_crossover
+from corelens.bench import crossover_table as bench_crossover
 from corelens.errors import InputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -92,3 +92,7 @@ def test_bench_crossover_prints_the_table_and_writes_it(tmp_path, capsys):
     assert "| 20% | 0.60x | 1.05x | 1.40x | 1.90x | 8k |" in printed
     assert "| 5% |" in printed and "never (dense)" in printed
     assert crossover.Crossover.read(out).lengths == (math.inf, 8192, 32768)
+    assert (
+        bench_crossover.main([*map(str, files), "--out", str(out), "--markdown", str(tmp_path / "c.md")]) == 0
+    )
+    assert "| 20% |" in (tmp_path / "c.md").read_text()

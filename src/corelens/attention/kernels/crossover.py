@@ -3,7 +3,7 @@
 The ideal speed-up (`masks.ideal_speedup`) counts pairs, not time: the hybrid path's fixed costs (launches,
 a second pass, the streaming kernel's lower rate per pair) make it slower than stock sdpa at lengths where the
 pair count still promises a gain. A `Crossover` is measured instead: from the benchmark's kernel tables
-(`corelens bench hybrid` JSON at several lengths, `corelens.bench.crossover` writes the table), for each
+(`corelens bench hybrid` JSON at several lengths, `corelens.bench.crossover_table` writes the table), for each
 measured full-head share F the shortest measured length from which the hybrid kernel was at least as fast as
 stock sdpa at every longer measured length. Below it the dispatcher (`kernels.prefill`) runs every head dense
 and reports ``dense``. A share between two measured ones takes the larger share's length (more full heads gain
@@ -102,7 +102,7 @@ class Crossover:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise InputError(
                 f"{path}: not a crossover table ({type(err).__name__}: {err}); write one with "
-                "`python -m corelens.bench.crossover`"
+                "`python -m corelens.bench.crossover_table`"
             ) from None
 
 

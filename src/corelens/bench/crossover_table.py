@@ -1,6 +1,6 @@
 """Print and write the dense crossover of one device from its kernel tables (`corelens bench hybrid` JSON files).
 
-Usage: `python -m corelens.bench.crossover RESULTS.json... --out crossover.json`. For each full-head share F it
+Usage: `python -m corelens.bench.crossover_table RESULTS.json... --out crossover.json`. For each full-head share F it
 prints the measured speed-up of the hybrid kernel over stock sdpa at each length, and the length from which the
 hybrid kernel runs (`corelens.attention.kernels.crossover`); with `CORELENS_CROSSOVER=crossover.json` the
 dispatcher runs every head dense below it, on that device.
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--markdown", type=Path, help="also write the printed table to this file")
     args = parser.parse_args(argv)
     try:
         results = [json.loads(p.read_text()) for p in args.results]
@@ -52,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"crossover: {err}", file=sys.stderr)
         return 1
     args.out.write_text(json.dumps(crossover.to_json(), indent=1) + "\n")
-    print(f"crossover on {crossover.device} (speed-up of the hybrid kernel over stock sdpa, one layer):")
-    print(table(results, crossover))
+    text = f"crossover on {crossover.device} (speed-up of the hybrid kernel over stock sdpa, one layer):\n"
+    text += table(results, crossover)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
     print(f"written to {args.out}; run with CORELENS_CROSSOVER={args.out} to apply it")
     return 0
 
