@@ -259,6 +259,27 @@ def stream_table(full: tuple[bool, ...], kv_heads: int, device: str) -> tuple[to
     )
 
 
+@lru_cache(maxsize=256)
+def one_call(full: tuple[bool, ...], kv_heads: int, device: str) -> Call | None:
+    """Return the full heads of a head set as ONE sdpa call (None: no full head).
+
+    KV-granular (every query head of a kept KV head is full): the full query heads over their KV heads, GQA
+    inside the call. Otherwise (query-granular): each full query head over its own KV head (the KV heads
+    gathered once per query head: O(n d) per head against the call's O(n^2 d)). Consecutive heads are views.
+    """
+    groups = len(full) // kv_heads
+    heads = [h for h, f in enumerate(full) if f]
+    if not heads:
+        return None
+    kvs = sorted({h // groups for h in heads})
+    whole = all(full[j * groups + i] for j in kvs for i in range(groups))
+    kv = kvs if whole else [h // groups for h in heads]
+    dev = torch.device(device)
+    return Call(
+        torch.tensor(heads, device=dev), torch.tensor(kv, device=dev), groups if whole else 1, _run(heads), _run(kv)
+    )  # fmt: skip
+
+
 def _rows(
     query,
     key,
@@ -269,11 +290,19 @@ def _rows(
     scale: float,
     compiled: bool,
     stream: str,
+    full_call: str,
 ) -> None:
     """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim);
     the streaming heads only where `stream` is "flex" (the Triton kernel runs them for the whole batch)."""
     full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
-    _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
+    if full_call == "one":
+        call = one_call(full, key.shape[1], str(query.device))
+        if call is not None:
+            q, k, v = (_take(x, i, r) for x, i, r in ((query, call.q, call.q_run), (key, call.kv, call.kv_run),
+                                                      (value, call.kv, call.kv_run)))  # fmt: skip
+            _put(out, call, _full(q, k, v, scale, call.members))
+    else:
+        _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
     if stream == "flex":
         _each(
             query, key, value, out, stream_calls,
@@ -288,11 +317,18 @@ def default_stream(device: torch.device) -> str:
 
 @kernel("partitioned")
 def partitioned(
-    call: Prefill, *, plans: Plans | None = None, compiled: bool | None = None, stream: str | None = None
+    call: Prefill,
+    *,
+    plans: Plans | None = None,
+    compiled: bool | None = None,
+    stream: str | None = None,
+    full_call: str | None = None,
 ) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v): sdpa for the full heads, window + sinks for the rest.
 
-    `stream`: "triton" or "flex" (`STREAMS`; default `default_stream`); `compiled`: FlexAttention through
+    `stream`: "triton" or "flex" (`STREAMS`; default `default_stream`); `full_call`: "one" (every full head in
+    one sdpa call, `one_call`; the default with the Triton stream) or "runs" (one call per head count / run of
+    consecutive heads, read in place; the default with flex); `compiled`: FlexAttention through
     `torch.compile` (default: on CUDA); `plans` as for `blocked`.
     """
     query, key, value, mask, full, pattern, scale = call
@@ -300,6 +336,7 @@ def partitioned(
     stream = stream or default_stream(query.device)
     if stream not in STREAMS:
         raise ValueError(f"unknown streaming path {stream!r}; expected one of {STREAMS}")
+    full_call = full_call or ("one" if stream == "triton" else "runs")
     batch, heads, n, _ = query.shape
     flags = tuple(bool(x) for x in full.tolist())
     if pattern.is_dense(n):  # the window covers every causal pair: all heads are full heads
@@ -310,13 +347,14 @@ def partitioned(
         return blocked(*call, plans=plans)
     out = query.new_empty(batch, n, heads, value.shape[-1])
     if not any(padding.starts):  # one call for the whole batch
-        _rows(query, key, value, out, flags, pattern, scale, compiled, stream)
+        _rows(query, key, value, out, flags, pattern, scale, compiled, stream, full_call)
     else:
         for b, start in enumerate(padding.starts):  # row b runs from its first real token, as a prompt alone
             one = slice(b, b + 1), slice(None), slice(start, None)
             out[b, :start] = 0
             _rows(
-                query[one], key[one], value[one], out[b : b + 1, start:], flags, pattern, scale, compiled, stream
+                query[one], key[one], value[one], out[b : b + 1, start:], flags, pattern, scale, compiled,
+                stream, full_call,
             )  # fmt: skip
     if stream == "triton" and not all(flags):  # every streaming head of every row: one launch
         heads, kv = stream_table(flags, key.shape[1], str(query.device))
