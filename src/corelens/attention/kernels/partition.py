@@ -1,9 +1,14 @@
-"""The partitioned path (the CUDA design): full heads through sdpa, streaming heads as a window pass + a sink pass.
+"""The partitioned path (the CUDA design): full heads through sdpa, streaming heads in one Triton kernel or two passes.
+
+On CUDA (`stream="triton"`, the default where Triton imports) the full heads of a layer run as ONE stock causal
+sdpa call (`one_call`: a KV-granular set over its KV heads with GQA, a query-granular one over its KV heads
+gathered per query head), on whatever backend sdpa picks for the stock model, and every streaming head of every
+batch row runs in one launch of the Triton kernel (`stream.py`: sinks and window in one online softmax, written
+into the output slices). The rest of this docstring is the FlexAttention path (`stream="flex"`, any device).
 
 The query heads are partitioned once per head set (`layout`, cached): the full heads run as stock causal sdpa
-on their own heads, so on CUDA they get whatever backend sdpa picks for the stock model (cuDNN or flash), and
-the streaming heads run the rule of `masks.py` (docs/methods.md#hybrid) as two exact passes merged by their
-log-sum-exps:
+on their own heads, and the streaming heads run the rule of `masks.py` (docs/methods.md#hybrid) as two exact
+passes merged by their log-sum-exps:
 
 - the window pass: causal attention over the W most recent keys (`masks.window_mask_function`), one
   FlexAttention call with ONE block mask shared by every head and batch row;
