@@ -28,8 +28,9 @@
 #   8. bench decode at 64k: tokens/s and KV-cache bytes, dense cache against F = 20 % KV-granular.
 # Every bench refuses a kernel that fell back (`auto` failing on CUDA) and, on CUDA, full heads on another sdpa
 # backend than stock's; every timed length is warmed up at that length and timed >= 3 times.
-# Dry run on a CPU (every step at tiny sizes, time limits x4 for a shared machine; the Triton kernel under its
-# interpreter in the parity and anatomy steps): DRY=1 bash benchmarks/gpu.sh
+# Dry run on a CPU (every step at tiny sizes, time limits x6 for a shared machine; the benches time the CPU's
+# blocked kernel, the parity and anatomy steps run the Triton kernel under its interpreter):
+# DRY=1 bash benchmarks/gpu.sh
 set -uo pipefail
 out=${OUT:-benchmarks/results/gpu}
 mkdir -p "$out"
@@ -38,12 +39,13 @@ py=${PYTHON:-python3}
 if [ "${DRY:-0}" = 1 ]; then  # tiny sizes on the CPU
   export TRITON_INTERPRET=1
   dev=(--device cpu --dtype float32) width=(--hidden 256 --heads 8 --kv-heads 2 --intermediate 512)
-  short=(128 192) sizes=(256 320) long=384 shape=(--sink 16 --window 64) slow=4
+  short=(128 192) sizes=(256 320) long=384 shape=(--sink 16 --window 64) slow=6
+  kern=blocked  # the CPU's kernel: FlexAttention runs unfused on a CPU, seconds per call
   anatomy=(--device cpu --dtype float32 --tokens 320 --heads 8 --kv-heads 2 --head-dim 32 --sink 16 --window 64)
   probe=(--device cpu --tokens 256) ram=512 decode=512
 else
   dev=(--device cuda --dtype bfloat16) width=(--hidden 3584 --heads 28 --kv-heads 4 --intermediate 18944)
-  short=(4096 8192 16384) sizes=(32768 65536) long=131072 shape=() slow=1
+  short=(4096 8192 16384) sizes=(32768 65536) long=131072 shape=() slow=1 kern=partitioned
   anatomy=(--device cuda --tokens 32768) probe=(--device cuda --tokens 8192) ram=32768 decode=65536
 fi
 keeps=(--keep 0.05,0.1,0.2,0.5)
@@ -100,28 +102,28 @@ print('GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no
   }
   for n in "${short[@]}"; do
     step 30 "kernel table N=$n" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$n" "${width[@]}" "${shape[@]}" \
-      "${keeps[@]}" --kernel partitioned --no-prefill --no-flex --repeats 3 --json "$out/hybrid-gpu-$n.json"
+      "${keeps[@]}" --kernel $kern --no-prefill --no-flex --repeats 3 --json "$out/hybrid-gpu-$n.json"
   done
   limits=(60 75)
   for i in 0 1; do
     n=${sizes[$i]}
     step "${limits[$i]}" "hybrid N=$n" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$n" "${width[@]}" \
-      "${shape[@]}" "${keeps[@]}" --kernel partitioned --prefill-keep 0.2,0.5 --prefill-granularity query,kv \
+      "${shape[@]}" "${keeps[@]}" --kernel $kern --prefill-keep 0.2,0.5 --prefill-granularity query,kv \
       --no-flex --repeats 3 --layers 2 --json "$out/hybrid-gpu-$n.json"
   done
   step 60 "kernel table N=$long" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$long" "${width[@]}" \
-    "${shape[@]}" "${keeps[@]}" --kernel partitioned --no-prefill --no-flex --repeats 3 \
+    "${shape[@]}" "${keeps[@]}" --kernel $kern --no-prefill --no-flex --repeats 3 \
     --json "$out/hybrid-gpu-$long.json"
-  step 10 crossover "$py" -m corelens.bench.crossover_table "$out"/hybrid-gpu-*.json --out "$out/crossover.json" \
+  step 30 crossover "$py" -m corelens.bench.crossover_table "$out"/hybrid-gpu-*.json --out "$out/crossover.json" \
     --markdown "$out/crossover.md"
   table
 fi
 if [ "$part" != prefill ]; then
-  step 60 "anatomy" "$py" -m corelens.bench.stream_anatomy "${anatomy[@]}" --json "$out/anatomy.json"
+  step 90 "anatomy" "$py" -m corelens.bench.stream_anatomy "${anatomy[@]}" --json "$out/anatomy.json"
   step 80 "probe and decode parity" "$py" -m corelens.bench.probe_decode "${probe[@]}"
   step 150 "bench ram N=$ram" "$py" -m corelens bench ram "${dev[@]}" --tokens "$ram" "${width[@]}" \
     --layers 4 --no-eager --repeats 3 --json "$out/ram-gpu-$ram.json"
-  step 150 "bench decode N=$decode" "$py" -m corelens bench decode "${dev[@]}" --tokens "$decode" "${width[@]}" \
+  step 130 "bench decode N=$decode" "$py" -m corelens bench decode "${dev[@]}" --tokens "$decode" "${width[@]}" \
     --layers 4 --keep 0.2 --granularity kv --steps 64 --repeats 3 --json "$out/decode-gpu-$decode.json"
   table
 fi
