@@ -9,7 +9,8 @@ DOCTESTS := src/corelens/runs src/corelens/data/paths.py src/corelens/models/hub
 	src/corelens/attention/streaming.py src/corelens/heads/artifact.py src/corelens/metrics \
 	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py \
 	src/corelens/report/curves.py src/corelens/report/summary.py src/corelens/commands/preflight.py src/corelens/experiments/hybrid.py \
-	src/corelens/policies/graded_budget.py src/corelens/experiments/frontier.py
+	src/corelens/policies/graded_budget.py src/corelens/experiments/frontier.py \
+	src/corelens/attention/kernels/crossover.py
 
 .PHONY: demo test lint format bench clean venv
 

@@ -1,51 +1,61 @@
 #!/usr/bin/env bash
-# The GPU checks of the hybrid CUDA path (issue 28), for a session lent a device machine (one H200 or H100;
-# device tool, from the repository root, timeout_s 540): `bash benchmarks/gpu.sh prefill`, then
-# `bash benchmarks/gpu.sh probe`. It runs the source tree with the machine's own python3 (the JSON files record
-# the torch / transformers versions), in bfloat16 on cuda:0, on random-weight decoders of Qwen2.5-VL-7B's width
-# (hidden 3584, 28 query heads, 4 KV heads, head dim 128, MLP 18944):
-#   0. torch, CUDA and cuDNN versions, the GPU;
-#   1. corelens.bench.kernel_parity (benchmarks/gpu_parity.py): compiled flex and partitioned kernels against
-#      the mask rule written out;
-#   2. bench hybrid --kernel partitioned at 32k and 64k: the kernel table (F = 5, 10, 20, 50 %; stock sdpa,
-#      its backend, the partitioned kernel and compiled flex, % of ideal; CUDA-event times after a warm-up at
-#      the timed length; q, k, v in the model's strided layout), the mask / plan build time per layer; the
-#      whole 2-layer prefill at F = 20 % and 50 % against the FLOP prediction, for query- and KV-granular
-#      head sets, with the asked and effective shares and the KV-cache bytes kept; each layer's attention
-#      timed inside the model's forward against the kernel table's time for the same heads; the
-#      torch.compile frames compiled during the timed repeats (0 = nothing recompiled at a timed length);
-#   3. the same kernel table at 128k (no prefill: the step's time goes to the kernels);
-#   4. with more than one GPU, a 2-process torchrun ranking of the organism on cuda:0 and cuda:1;
-#   5. corelens.bench.probe_decode (benchmarks/gpu_probe_decode.py): the batched RAM probe against its row-by-row
-#      form on the device and its host synchronisations per layer; trimmed-cache decoding against the dense rule, token by token;
-#   6. bench ram at 32k (4 layers) and 128k (2 layers): probe against stock forward, time and allocator peak;
-#   7. bench decode at 64k: tokens/s and KV-cache bytes, dense cache against F = 20 % KV-granular.
-# Steps 0-4 ("prefill") and 5-7 ("probe") each fit one 8-minute device call: the time limits of a part's
-# steps add up to 480 s (prefill: 20 + 70 + 145 + 155 + 90 on one GPU; 120 + 130 and torchrun's 50 on more). No argument runs both. Each step's printed lines go to the console and to gpu.txt,
-# its warnings to stderr.txt (a step that fails or runs out of time prints its exit status and the last lines
-# of stderr.txt); JSON files and the tables land in $OUT, which the device tool brings back.
-# Dry run on a CPU (every command at tiny sizes, one repeat, time limits x4 for a shared machine):
+# The GPU checks of the hybrid CUDA path (issues 28 and 41), for a session lent a device machine (one H200 or
+# H100; device tool, from the repository root). Two parts, each one device call of at most 8 minutes including
+# cold compiles (the time limits of a part's steps add up to at most 480 s):
+#   bash benchmarks/gpu.sh prefill   (timeout_s 540; run it first)
+#   bash benchmarks/gpu.sh probe     (timeout_s 540; run it second)
+# No argument runs both (about 14 minutes: more than one call allows). Both write into one results folder ($OUT,
+# which the device tool brings back; benchmarks/results/gpu without it): gpu.txt (every printed line),
+# stderr.txt (warnings), the JSON files, and table.md (the kernel table, the crossover, the anatomy) for
+# docs/performance.md. It runs the source tree with the machine's own python3, in bfloat16 on cuda:0, on
+# random-weight decoders of Qwen2.5-VL-7B's width (hidden 3584, 28 query heads, 4 KV heads, head dim 128).
+# prefill:
+#   0. torch, CUDA, cuDNN, Triton versions, the GPU;
+#   1. corelens.bench.kernel_parity: the partitioned kernel (Triton and FlexAttention streaming paths), compiled
+#      flex and `auto` against the mask rule written out; exits 1 past its tolerance (the part stops there);
+#   2. bench hybrid at 4k, 8k, 16k: the kernel table alone (F = 5, 10, 20, 50 %; stock sdpa against the
+#      partitioned kernel, no crossover), for the crossover;
+#   3. bench hybrid at 32k and 64k: the kernel table and the whole 2-layer prefill at F = 20 % and 50 %, query-
+#      and KV-granular, against the FLOP prediction; 128k: the kernel table;
+#   4. corelens.bench.crossover_table: from the tables of steps 2-3, per F the length from which the hybrid kernel
+#      beats stock sdpa on this GPU (crossover.json; CORELENS_CROSSOVER=crossover.json applies it).
+# probe:
+#   5. corelens.bench.stream_anatomy at 32k, F = 20 %: stock, full heads only, the Triton streaming kernel, flex
+#      window / sink / merge, the whole kernel, and the first call at a fresh length, for stock and hybrid;
+#   6. corelens.bench.probe_decode: the batched RAM probe and trimmed-cache decoding against their references;
+#      exits 1 past its tolerance;
+#   7. bench ram at 32k: probe against stock forward (warm-up at the timed length, 3 repeats);
+#   8. bench decode at 64k: tokens/s and KV-cache bytes, dense cache against F = 20 % KV-granular.
+# Every bench refuses a kernel that fell back (`auto` failing on CUDA) and, on CUDA, full heads on another sdpa
+# backend than stock's; every timed length is warmed up at that length and timed >= 3 times.
+# Dry run on a CPU (every step at tiny sizes, time limits x6 for a shared machine; the benches time the CPU's
+# blocked kernel, the parity and anatomy steps run the Triton kernel under its interpreter):
 # DRY=1 bash benchmarks/gpu.sh
 set -uo pipefail
 out=${OUT:-benchmarks/results/gpu}
 mkdir -p "$out"
-: >"$out/stderr.txt"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 if [ "${DRY:-0}" = 1 ]; then  # tiny sizes on the CPU
+  export TRITON_INTERPRET=1
   dev=(--device cpu --dtype float32) width=(--hidden 256 --heads 8 --kv-heads 2 --intermediate 512)
-  sizes=(192 256) long=320 shape=(--sink 16 --window 64 --no-flex) parity=(--dry-run) rep=1 slow=4
+  short=(128 192) sizes=(256 320) long=384 shape=(--sink 16 --window 64) slow=6
+  kern=blocked  # the CPU's kernel: FlexAttention runs unfused on a CPU, seconds per call
+  anatomy=(--device cpu --dtype float32 --tokens 320 --heads 8 --kv-heads 2 --head-dim 32 --sink 16 --window 64)
+  probe=(--device cpu --tokens 256) ram=512 decode=512
 else
   dev=(--device cuda --dtype bfloat16) width=(--hidden 3584 --heads 28 --kv-heads 4 --intermediate 18944)
-  sizes=(32768 65536) long=131072 shape=() parity=() rep=3 slow=1
+  short=(4096 8192 16384) sizes=(32768 65536) long=131072 shape=() slow=1 kern=partitioned
+  anatomy=(--device cuda --tokens 32768) probe=(--device cuda --tokens 8192) ram=32768 decode=65536
 fi
 keeps=(--keep 0.05,0.1,0.2,0.5)
 
 # step SECONDS NAME COMMAND...: run COMMAND with a time limit (x4 in a dry run); its output to the console and
-# gpu.txt, its stderr to stderr.txt; say so when it fails or runs out of time.
+# gpu.txt, its stderr to stderr.txt; say so when it fails or runs out of time; return its exit status.
 step() {
   local limit=$(($1 * slow)) name=$2
   shift 2
+  echo "== $name (limit ${limit} s)" | tee -a "$out/gpu.txt"
   timeout "$limit" "$@" 2>>"$out/stderr.txt" | tee -a "$out/gpu.txt"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" != 0 ]; then
@@ -53,50 +63,67 @@ step() {
       | tee -a "$out/gpu.txt"
     tail -n 5 "$out/stderr.txt" | tee -a "$out/gpu.txt"
   fi
+  return "$rc"
+}
+
+table() {  # the results folder's table.md: what docs/performance.md quotes
+  {
+    echo "# GPU results $(date -u +%Y-%m-%d) ($(grep -m1 '^GPU' "$out/gpu.txt" || echo 'GPU unknown'))"
+    echo
+    echo "## Kernel table"
+    "$py" -m corelens bench hybrid --table "$out"/hybrid-gpu-*.json 2>>"$out/stderr.txt"
+    echo
+    echo "## Crossover"
+    cat "$out/crossover.md" 2>/dev/null || echo "(not measured: run the prefill part)"
+    echo
+    echo "## Anatomy"
+    sed -n '/^anatomy/,/hybrid /p' "$out/gpu.txt" || true
+  } >"$out/table.md"
 }
 
 part=${1:-all}
 if [ "$part" != probe ]; then
-: >"$out/gpu.txt"
-step 20 versions "$py" -c "
+  : >"$out/gpu.txt"
+  : >"$out/stderr.txt"
+  step 10 versions "$py" -c "
 import torch, transformers
+try:
+    import triton; tv = triton.__version__
+except ImportError:
+    tv = 'none'
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version(),
-      'transformers', transformers.__version__)
+      'transformers', transformers.__version__, 'triton', tv)
 print('GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')
 "
-step 70 parity "$py" -m corelens.bench.kernel_parity "${parity[@]}"
-gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
-# 32k, 64k: the kernel table (3 kernels x 4 F) and the prefill at 2 F x 2 granularities; with one GPU they
-# also get the 50 s of the torchrun step, which needs two.
-if [ "$gpus" -gt 1 ]; then limits=(120 130); else limits=(145 155); fi
-for i in 0 1; do
-  n=${sizes[$i]}
-  step "${limits[$i]}" "hybrid N=$n" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$n" "${width[@]}" \
-    "${shape[@]}" "${keeps[@]}" --kernel partitioned --prefill-keep 0.2,0.5 --prefill-granularity query,kv \
-    --repeats $rep --layers 2 --json "$out/hybrid-gpu-$n.json"
-done
-step 90 "hybrid N=$long" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$long" "${width[@]}" "${shape[@]}" \
-  "${keeps[@]}" --kernel partitioned --no-prefill --repeats $rep --json "$out/hybrid-gpu-$long.json"
-"$py" -m corelens bench hybrid --table "$out"/hybrid-gpu-*.json 2>>"$out/stderr.txt" | tee "$out/hybrid-table.md"
-if [ "$gpus" -gt 1 ]; then
-  data=$("$py" -c "from corelens.organism.tasks import generate; print(generate('image', '/tmp/gpu-data', 64, seed=1))")
-  step 50 torchrun "$py" -m torch.distributed.run --standalone --nproc-per-node 2 -m corelens rank \
-    --model src/corelens/organism/checkpoint --data "$data" --out /tmp/gpu-rank --device cuda --dtype bfloat16
-  cp /tmp/gpu-rank/manifest.json "$out/torchrun-manifest.json"
-else
-  echo "one GPU: the 2-process torchrun ranking is skipped" | tee -a "$out/gpu.txt"
-fi
+  if [ "${DRY:-0}" = 1 ]; then parity=(--dry-run); else parity=(); fi
+  step 60 parity "$py" -m corelens.bench.kernel_parity "${parity[@]}" || {
+    echo "kernel parity failed: no timing is worth running" | tee -a "$out/gpu.txt"
+    exit 1
+  }
+  for n in "${short[@]}"; do
+    step 30 "kernel table N=$n" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$n" "${width[@]}" "${shape[@]}" \
+      "${keeps[@]}" --kernel $kern --no-prefill --no-flex --repeats 3 --json "$out/hybrid-gpu-$n.json"
+  done
+  limits=(60 75)
+  for i in 0 1; do
+    n=${sizes[$i]}
+    step "${limits[$i]}" "hybrid N=$n" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$n" "${width[@]}" \
+      "${shape[@]}" "${keeps[@]}" --kernel $kern --prefill-keep 0.2,0.5 --prefill-granularity query,kv \
+      --no-flex --repeats 3 --layers 2 --json "$out/hybrid-gpu-$n.json"
+  done
+  step 60 "kernel table N=$long" "$py" -m corelens bench hybrid "${dev[@]}" --tokens "$long" "${width[@]}" \
+    "${shape[@]}" "${keeps[@]}" --kernel $kern --no-prefill --no-flex --repeats 3 \
+    --json "$out/hybrid-gpu-$long.json"
+  step 30 crossover "$py" -m corelens.bench.crossover_table "$out"/hybrid-gpu-*.json --out "$out/crossover.json" \
+    --markdown "$out/crossover.md"
+  table
 fi
 if [ "$part" != prefill ]; then
-  if [ "${DRY:-0}" = 1 ]; then probe=(--device cpu --tokens 256) ram=(512 640) decode=512
-  else probe=(--device cuda --tokens 8192) ram=(32768 131072) decode=65536; fi
+  step 90 "anatomy" "$py" -m corelens.bench.stream_anatomy "${anatomy[@]}" --json "$out/anatomy.json"
   step 80 "probe and decode parity" "$py" -m corelens.bench.probe_decode "${probe[@]}"
-  layers=4 limit=120
-  for n in "${ram[@]}"; do
-    step $limit "bench ram N=$n" "$py" -m corelens bench ram "${dev[@]}" --tokens "$n" "${width[@]}" \
-      --layers $layers --no-eager --repeats 2 --json "$out/ram-gpu-$n.json"
-    layers=2 limit=140
-  done
-  step 140 "bench decode N=$decode" "$py" -m corelens bench decode "${dev[@]}" --tokens "$decode" "${width[@]}" \
-    --layers 4 --keep 0.2 --granularity kv --steps 64 --repeats 2 --json "$out/decode-gpu-$decode.json"
+  step 150 "bench ram N=$ram" "$py" -m corelens bench ram "${dev[@]}" --tokens "$ram" "${width[@]}" \
+    --layers 4 --no-eager --repeats 3 --json "$out/ram-gpu-$ram.json"
+  step 130 "bench decode N=$decode" "$py" -m corelens bench decode "${dev[@]}" --tokens "$decode" "${width[@]}" \
+    --layers 4 --keep 0.2 --granularity kv --steps 64 --repeats 3 --json "$out/decode-gpu-$decode.json"
+  table
 fi

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+
+# Triton kernels run on CPU tensors only under Triton's interpreter, chosen when triton is first imported: set it
+# before anything imports triton (tests/test_stream_kernel.py; nothing here runs Triton on a GPU).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 import torch
 
 from corelens.models.families import FAMILIES as REGISTRY

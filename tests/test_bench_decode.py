@@ -59,3 +59,19 @@ def test_decode_command_writes_json(tmp_path, capsys):
     assert "decode bench N=40" in capsys.readouterr().out
     assert cli_main(["bench", "decode", "--tokens", "40", "--keep", "3"]) == 2  # a count, not a share
     assert "argument --keep: expected shares of the heads" in capsys.readouterr().err
+
+
+def test_decode_benchmark_pins_one_sdpa_backend_for_both_sides(result):
+    assert result["sdpa_backends_pinned"] == ["FLASH_ATTENTION", "MATH"]
+    dense = set(result["sdpa_backend"]["dense"].split(", "))
+    assert dense and dense <= set(result["sdpa_backend"]["hybrid"].split(", "))  # the full heads' own call
+
+
+def test_decode_benchmark_refuses_two_backends(monkeypatch):
+    from corelens.bench import hybrid_kernels
+    from corelens.errors import CorelensError
+
+    ops = iter(["aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention"])
+    monkeypatch.setattr(hybrid_kernels, "sdpa_backend", lambda fn: (fn(), next(ops))[1])
+    with pytest.raises(CorelensError, match="needs one backend for both"):
+        run_decode_benchmark(60, keep=0.25, steps=2, repeats=1, **TINY)

@@ -394,25 +394,19 @@ def test_crossover_runs_dense_and_says_so_in_table_and_manifest(tiny_dir, tmp_pa
     assert "ran every head dense" not in err
 
 
-def test_trimmed_decoding_steps_keep_fixed_shapes_in_a_doubling_buffer(tiny_dir, monkeypatch):
-    """The full KV heads live in a preallocated buffer: consecutive decoding steps call the attention with
-    tensors of the same shapes (the buffer written in place), until it doubles when full; no step reads a
-    tensor back to the host; every step's logits equal the dense reference's."""
+def _recorded_decoding(m, policy, ids, mask, prompt, monkeypatch):
+    """Run `_forced_decoding` with every decoding step's `decode_attention` calls recorded (key length,
+    whether it had a mask) and layer 0's buffer (pointer, capacity) after each step; no step reads a tensor
+    back to the host."""
     from corelens.attention import streaming as hybrid_module
     from corelens.attention.kernels import cache as cache_module
     from corelens.attention.streaming import HybridHook
 
-    monkeypatch.setattr(cache_module, "HEADROOM", 3)  # prompt 61 -> room for 64 positions, then 128
-    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[2]))
-    ids, mask = _prompt(67, 2, 9, seed=5)
-    policy = [(0, 0), (1, 2)]  # layer 0: KV head 0 mixed (kept), KV head 1 streams; layer 1 likewise
-    dense, _ = _forced_decoding(m, policy, ids, mask, 61, kernel="reference")
-
-    shapes, buffers = [], []
+    calls, buffers = [], []
     attend = hybrid_module.decode_attention
 
     def recorded(query, key, value, allowed, scale):
-        shapes.append(tuple(tuple(t.shape) for t in (query, key, value, allowed)))
+        calls.append((key.shape[2], allowed is not None))
         return attend(query, key, value, allowed, scale)
 
     def guarded(fn):
@@ -434,15 +428,30 @@ def test_trimmed_decoding_steps_keep_fixed_shapes_in_a_doubling_buffer(tiny_dir,
         guarded(cache_module.HybridCacheLayer._update_trimmed),
     )
     monkeypatch.setattr(HybridHook, "_trimmed", guarded(HybridHook._trimmed))
-    trimmed, h = _forced_decoding(m, policy, ids, mask, 61)
+    logits, h = _forced_decoding(m, policy, ids, mask, prompt)
+    return logits, h, calls, buffers
+
+
+def test_trimmed_decoding_attends_over_live_positions_in_a_chunked_buffer(tiny_dir, monkeypatch):
+    """The full KV heads live in a preallocated buffer grown by whole chunks, written in place between; each
+    step's full-head call reads the live positions only (one more per step), and every step's logits equal the
+    dense reference's."""
+    from corelens.attention.kernels import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "CHUNK", 4)  # prompt 61 -> room for 65 positions, then 69
+    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[2]))
+    ids, mask = _prompt(67, 2, 9, seed=5)
+    policy = [(0, 0), (1, 2)]  # layer 0: KV head 0 mixed (kept), KV head 1 streams; layer 1 likewise
+    dense, _ = _forced_decoding(m, policy, ids, mask, 61, kernel="reference")
+    trimmed, h, calls, buffers = _recorded_decoding(m, policy, ids, mask, 61, monkeypatch)
     assert h.stats["trimmed"] == 6 * m.num_layers
     assert (trimmed - dense).abs().max().item() <= 1e-5  # the prefill's logits and each step's
-    per_step = len(shapes) // 6
-    steps = [shapes[i * per_step : (i + 1) * per_step] for i in range(6)]
-    assert steps[0] == steps[1] == steps[2] and steps[3] == steps[4] == steps[5]  # positions 61-63, 64-66
-    assert steps[2] != steps[3] and steps[0][0][1][2] == 64 and steps[3][0][1][2] == 128  # doubled when full
-    assert [c for _, c in buffers] == [64, 64, 64, 128, 128, 128]
-    assert len({p for p, _ in buffers[:3]}) == len({p for p, _ in buffers[3:]}) == 1  # written in place
+    per_step = len(calls) // 6
+    full_keys = [calls[i * per_step][0] for i in range(6)]  # layer 0's full-head call comes first
+    assert full_keys == [62, 63, 64, 65, 66, 67]  # the live positions, never the buffer's tail
+    assert all(masked for _, masked in calls)  # padded rows and a mixed KV head: the mask stays
+    assert [c for _, c in buffers] == [65, 65, 65, 65, 69, 69]  # one chunk more when full
+    assert len({p for p, _ in buffers[:4]}) == len({p for p, _ in buffers[4:]}) == 1  # written in place
     assert h.cache_report()["reserved_bytes"] > 0
 
 
@@ -475,3 +484,17 @@ def test_a_window_that_covers_the_prompts_is_said_in_terminal_table_and_manifest
     assert covered == 1.0
     err, out, covered, noted = said["acting"]
     assert "cover the whole prompt" not in err and noted is None and covered == 0.0
+
+
+def test_unpadded_decoding_of_whole_full_kv_heads_runs_without_a_mask(tiny_dir, monkeypatch):
+    """A one-token step of an unpadded prompt whose kept KV heads hold only full query heads calls sdpa with no
+    mask over the live keys (so flash / cuDNN split them, as for stock decoding); equal to the dense rule."""
+    m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[2]))
+    ids, mask = _prompt(66, 1, 0, seed=8)
+    policy = [(0, 0), (0, 1), (1, 2), (1, 3)]  # KV-granular: KV head 0 of layer 0, KV head 1 of layer 1
+    dense, _ = _forced_decoding(m, policy, ids, mask, 61, kernel="reference")
+    trimmed, h, calls, _ = _recorded_decoding(m, policy, ids, mask, 61, monkeypatch)
+    assert (trimmed - dense).abs().max().item() <= 1e-5
+    full_calls = [c for c in calls if c[0] > 3 + 8]  # the streaming calls read S + W = 11 slots
+    assert full_calls and not any(masked for _, masked in full_calls)
+    assert [n for n, _ in full_calls[:: m.num_layers]] == [62, 63, 64, 65, 66]

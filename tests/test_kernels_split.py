@@ -282,3 +282,35 @@ def test_heads_scattered_one_by_one_are_gathered_and_exact(monkeypatch):
     out = partitioned(q, k, v, None, torch.tensor(flags), Pattern(3, 25), 0.4)
     assert copies.calls > 0
     assert (out - literal(q, k, v, [0], flags, 3, 25, 0.4)).abs().max().item() <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        (True, False, False, True, True, True, False, False),  # query-granular, scattered over KV heads
+        (False, False, True, True, False, False, True, True),  # KV-granular: KV heads 1 and 3, whole
+        (True, True, False, False, False, False, False, False),  # KV head 0, consecutive: views
+        (False,) * 8,
+        (False, False, False, False, False, True, False, False),
+    ],
+)
+@pytest.mark.parametrize("pads", [[0, 0], [0, 7]])
+def test_full_heads_run_in_one_sdpa_call(flags, pads, monkeypatch):
+    """`full_call="one"`: every full head of a row in one sdpa call, query- or KV-granular, equal to the rule."""
+    calls = []
+    run = part._full
+
+    def counted(q, k, v, scale, members):
+        calls.append((q.shape[1], k.shape[1], members))
+        return run(q, k, v, scale, members)
+
+    monkeypatch.setattr(part, "_full", counted)
+    q, k, v = inputs(2, 8, 4, 45, seed=sum(flags) + pads[1])
+    mask = padded_mask(pads, 45) if any(pads) else None
+    out = partitioned(q, k, v, mask, torch.tensor(flags), Pattern(3, 7), 0.5, stream="flex", full_call="one")
+    assert (out - literal(q, k, v, pads, flags, 3, 7, 0.5)).abs().max().item() <= 1e-12
+    rows = 2 if any(pads) else 1  # a padded batch runs row by row
+    assert len(calls) == (rows if any(flags) else 0)
+    if calls:
+        whole = flags == (False, False, True, True, False, False, True, True) or flags[:2] == (True, True)
+        assert calls[0] == (sum(flags), sum(flags) // 2 if whole else sum(flags), 2 if whole else 1)

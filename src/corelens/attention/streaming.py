@@ -232,6 +232,10 @@ class Hybrid:
         # Full decoding reads every cached key, so no KV head may be trimmed.
         stream_kv = policy.streaming_kv(self.layers, self.heads, self.kv_heads)
         self.stream_kv = stream_kv if decode == "stream" else torch.zeros_like(stream_kv)
+        # Per layer: every query head of its kept (untrimmed) KV heads is full, so a one-token decoding step of
+        # an unpadded prompt needs no mask over them (host bools, read here once, never in a step).
+        kept = (~self.stream_kv).repeat_interleave(self.heads // self.kv_heads, dim=1)
+        self.whole_full: list[bool] = (self.full | ~kept).all(dim=1).tolist()
         self.stats: Counter[str] = Counter()
         self.fallbacks: list[str] = []
         self.active = False
@@ -366,7 +370,7 @@ class HybridHook(AttentionHook):
         p = s.policy
         batch, heads, q_len, _ = query.shape
         device = query.device
-        capacity = key.shape[2]  # the full KV heads' buffer; the positions seen end at the device counter
+        live = layer.cumulative_length  # positions seen (a host int): the buffer past them is never read
         starts = layer.starts.to(device).expand(batch)
         q_pos = (layer.next_position - q_len + torch.arange(q_len, device=device)).expand(batch, q_len)
         model = allowed_mask(attention_mask)
@@ -374,12 +378,16 @@ class HybridHook(AttentionHook):
         full_q, full_flags, stream_q = self._query_heads(index, layer, full, heads, device)
 
         if len(full_q):
-            # Every key of the buffer, masked by position: the unused tail lies after every query (causal), and
-            # the model's mask (one column per position seen) is padded to the buffer with False.
-            k_pos = torch.arange(capacity, device=device).expand(batch, capacity)
-            wide = None if model is None else F.pad(model, (0, capacity - model.shape[-1]), value=False)
-            allowed = policy_allowed(full_flags, wide, q_pos, k_pos, starts, p.pattern)
-            out[:, :, full_q] = decode_attention(query[:, full_q], key, value, allowed, scaling)
+            k, v = key[:, :, :live], value[:, :, :live]
+            if q_len == 1 and not layer.padded and s.whole_full[index]:
+                # One token over every live key, no padding, only full query heads: no mask, so sdpa takes
+                # the same flash / cuDNN path as stock decoding.
+                out[:, :, full_q] = decode_attention(query[:, full_q], k, v, None, scaling)
+            else:
+                k_pos = torch.arange(live, device=device).expand(batch, live)
+                wide = None if model is None else F.pad(model, (0, live - model.shape[-1]), value=False)
+                allowed = policy_allowed(full_flags, wide, q_pos, k_pos, starts, p.pattern)
+                out[:, :, full_q] = decode_attention(query[:, full_q], k, v, allowed, scaling)
 
         sk, sv, pos = layer.visible
         allowed = streaming_keep(q_pos, pos, starts, p.pattern)  # (batch, q, slots); -1 slots excluded

@@ -11,8 +11,10 @@ no head to choose one):
   ``granularity="kv"`` round(F L H_kv) KV heads and all their query heads, so every other KV head is trimmed;
   with ``"query"`` round(F L H) query heads, and a KV head is trimmed only when all its query heads stream.
 
-Each side: one warm-up (prefill + 2 steps at a short length), then `repeats` runs of prefill + steps at N,
-interleaved; decode time is the median over runs of the steps' wall time (after a device synchronisation),
+Each side: one warm-up at the timed length (prefill + steps at N: every shape the timed runs meet, the trimmed
+cache's past S + W included, is built before timing), then `repeats` (>= 3 on a GPU run) runs of prefill + steps at N,
+interleaved, both sides under the same pinned sdpa backends (`pinned_backends`), whose operators of one step
+are recorded per side (`sdpa_backend`) and must agree; decode time is the median over runs of the steps' wall time (after a device synchronisation),
 the prefill untimed. KV bytes are the cache's after the last step (`HybridCache.report` for the hybrid side,
 whose ``dense_bytes`` is what a `DynamicCache` holds for the same positions).
 
@@ -27,10 +29,11 @@ from typing import Any
 
 import torch
 
+from corelens.bench.hybrid_kernels import refuse_fallback
 from corelens.bench.synthetic import Decoder, build_model, machine_info, make_input_ids, sync
+from corelens.errors import CorelensError
 
 GRANULARITIES = ("kv", "query")
-WARMUP_TOKENS = 256
 
 
 def full_heads(layers: int, heads: int, kv_heads: int, keep: float, granularity: str, seed: int):
@@ -55,15 +58,39 @@ def _cache_bytes(cache) -> int:
     )
 
 
-def _decode(model, ids: torch.Tensor, steps: torch.Tensor, device: torch.device, cache):
-    """Prefill `ids` into `cache`, then feed `steps` one token at a time; return the decoding seconds."""
+def pinned_backends(device: torch.device) -> list:
+    """Return the sdpa backends both sides decode under (`torch.nn.attention.sdpa_kernel`), in priority order.
+
+    CUDA: flash first (unmasked calls: the stock decode and the hybrid's full heads of an unpadded prompt),
+    then memory-efficient (the masked streaming slots; flash takes no mask), never cuDNN, whose graph may be
+    rebuilt at every new key length (a stock side paying that would flatter the hybrid). CPU: flash for CPU,
+    then math.
+    """
+    from torch.nn.attention import SDPBackend
+
+    if device.type == "cuda":
+        return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+
+
+def _decode(model, ids: torch.Tensor, steps: torch.Tensor, device: torch.device, cache, backends=None):
+    """Prefill `ids` into `cache`, then feed `steps` one token at a time under the sdpa `backends` (None: sdpa's
+    choice); return the decoding seconds, or with `backends` the sdpa operators of the last step."""
+    from torch.nn.attention import sdpa_kernel
+
     model(input_ids=ids, cache=cache, use_cache=True)
     sync(device)
     start = time.perf_counter()
-    for t in range(steps.shape[1]):
-        model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True)
-    sync(device)
-    return time.perf_counter() - start
+    with sdpa_kernel(backends or pinned_backends(device), set_priority=True):
+        for t in range(steps.shape[1] - (1 if backends else 0)):
+            model(input_ids=steps[:, t : t + 1], cache=cache, use_cache=True)
+        sync(device)
+        seconds = time.perf_counter() - start
+        if backends:
+            from corelens.bench.hybrid_kernels import sdpa_backend
+
+            return sdpa_backend(lambda: model(input_ids=steps[:, -1:], cache=cache, use_cache=True))
+    return seconds
 
 
 def run_decode_benchmark(
@@ -100,21 +127,20 @@ def run_decode_benchmark(
         model = build_model(**dims, vocab_size=vocab_size, seed=seed, device=device, dtype=dtype)
         ids = make_input_ids(tokens + steps, vocab_size, seed).to(dev)
 
-        def dense(n):
+        def dense(n, backends=None):
             model.set_attn_implementation("sdpa")
             cache = DynamicCache(config=model.config)
-            return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache), cache
+            return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache, backends), cache
 
-        def hybrid(n):
+        def hybrid(n, backends=None):
             model.set_attn_implementation("corelens")
             options = {"sink": sink, "window": window, "kernel": kernel, "decode": "stream"}
             with hybrid_attention(model, pairs, **options) as h:
                 cache = h.cache()
-                return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache), (cache, h)
+                return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache, backends), (cache, h)
 
-        short = min(tokens, WARMUP_TOKENS)
-        for run in (dense, hybrid):
-            run(short)
+        for run in (dense, hybrid):  # warm-up at the timed length: the trimmed shapes (N > S + W) seen once
+            run(tokens)
         for _ in range(repeats):
             seconds, dense_cache = dense(tokens)
             times["dense"].append(seconds)
@@ -122,7 +148,19 @@ def run_decode_benchmark(
             times["hybrid"].append(seconds)
         report = cache.report()
         stats = dict(session.stats)
+        refuse_fallback("; ".join(session.fallbacks), f"decode N={tokens}")
         dense_bytes = _cache_bytes(dense_cache)
+        # The sdpa operators of one decoding step on each side, under the same pinned backends: the stock
+        # step's must be among the hybrid's (its full heads), or the two sides ran different kernels ("none":
+        # no sdpa call on the hybrid side, below S + W, nothing to compare).
+        pins = pinned_backends(dev)
+        backends = {"dense": dense(tokens, pins)[0], "hybrid": hybrid(tokens, pins)[0]}
+        hybrid_ops = set(backends["hybrid"].split(", "))
+        if "none" not in hybrid_ops and not set(backends["dense"].split(", ")) <= hybrid_ops:
+            raise CorelensError(
+                f"decode N={tokens}: stock decoding ran sdpa as {backends['dense']}, the hybrid's full heads as "
+                f"{backends['hybrid']}: the benchmark needs one backend for both"
+            )
 
     out: dict[str, Any] = {
         "tokens": tokens,
@@ -138,6 +176,8 @@ def run_decode_benchmark(
         "seed": seed,
         "device": device,
         "dtype": dtype,
+        "sdpa_backends_pinned": [b.name for b in pinned_backends(dev)],
+        "sdpa_backend": backends,
     }
     for side in times:
         out[f"{side}_decode_s"] = statistics.median(times[side])
@@ -151,7 +191,7 @@ def run_decode_benchmark(
     out["hybrid_kv_bytes"] = report["hybrid_bytes"]
     out["hybrid_dense_equivalent_bytes"] = report["dense_bytes"]
     out["kv_bytes_ratio"] = report["hybrid_bytes"] / dense_bytes
-    # The full KV heads' preallocated decoding buffer past the positions held (`kernels.cache.HEADROOM`, doubling).
+    # The full KV heads' preallocated decoding buffer past the positions held (`kernels.cache.CHUNK`).
     out["hybrid_reserved_kv_bytes"] = report["reserved_bytes"]
     out["hybrid_stats"] = stats
     out["torch"] = torch.__version__
@@ -170,5 +210,6 @@ def summary(result: dict[str, Any]) -> str:
         f"full {result['kv_full_fraction']:.3f}): dense {result['dense_tokens_per_s']:.1f} tok/s "
         f"{result['dense_kv_bytes'] / 2**20:.1f} MiB | hybrid {result['hybrid_tokens_per_s']:.1f} tok/s "
         f"{result['hybrid_kv_bytes'] / 2**20:.1f} MiB | speed-up {result['decode_speedup']:.2f}x, "
-        f"KV bytes {result['kv_bytes_ratio']:.3f}x"
+        f"KV bytes {result['kv_bytes_ratio']:.3f}x; sdpa: dense {result['sdpa_backend']['dense']}, hybrid "
+        f"{result['sdpa_backend']['hybrid']}"
     )

@@ -49,13 +49,34 @@ from typing import Any
 import torch
 
 from corelens.attention.kernels import Pattern, choose, flex, ideal_speedup, pairs, partition, prefill
+from corelens.attention.kernels.crossover import device_name
 from corelens.attention.kernels.flexattn import policy_block_mask
 from corelens.attention.kernels.tiles import streaming_path
 from corelens.bench.synthetic import Decoder, build_model, cores, make_input_ids, sync
-from corelens.errors import OptionError
+from corelens.errors import CorelensError, OptionError
 from corelens.metrics.headsets import k_value, parse_k
 
 CPU = torch.device("cpu")
+
+
+def refuse_fallback(reason: str | None, where: str) -> None:
+    """Raise if the hybrid kernel fell back (`kernels.prefill`'s reason): a bench times what it names, or nothing."""
+    if reason:
+        raise CorelensError(
+            f"{where}: the hybrid kernel fell back ({reason}); the benchmark refuses to time it"
+        )
+
+
+def check_backends(stock: str, hybrid: str, device: torch.device) -> None:
+    """Raise on CUDA if the full heads' sdpa operators (`sdpa_backend`) differ from the stock call's.
+
+    The hybrid's time is held against stock sdpa: its full heads must run on the same backend (cuDNN, flash...),
+    or the ratio measures a backend, not the kernel. "none": no sdpa call (no full head), nothing to compare.
+    """
+    if device.type == "cuda" and hybrid not in ("none", stock):
+        raise CorelensError(
+            f"the full heads ran sdpa as {hybrid}, stock sdpa as {stock}: the benchmark needs one backend for both"
+        )
 
 
 def machine() -> dict[str, Any]:
@@ -299,7 +320,11 @@ def kernel_times(
     ran: dict[str, str] = {}
 
     def hybrid(keep):
-        y, ran[str(keep)], _ = prefill(kernel, q, k, v, None, fulls[keep], Pattern(sink, window), scale)
+        # The kernel itself, never the crossover's dense path: its times are what the crossover is measured from.
+        y, ran[str(keep)], reason = prefill(
+            kernel, q, k, v, None, fulls[keep], Pattern(sink, window), scale, dense_below=None
+        )
+        refuse_fallback(reason, f"kernel table N={tokens} F={keep}")
         return y
 
     def flexed(keep):
@@ -323,6 +348,7 @@ def kernel_times(
         hybrid(keep)
     # The sdpa operator(s) the hybrid kernel's full heads ran, at the largest share: the baseline's own?
     out["hybrid_sdpa_backend"] = sdpa_backend(lambda: hybrid(max(keeps)))
+    check_backends(out["sdpa_backend"], out["hybrid_sdpa_backend"], q.device)
     flex_ok = with_flex
     compile_s: dict[str, float] = {}
     diffs: dict[str, float] = {}
@@ -422,7 +448,9 @@ def layer_kernel_seconds(
     def run(flags):
         if all(flags):  # the hook runs the stock call for an all-full layer
             return sdpa()
-        return prefill(kernel, q, k, v, None, torch.tensor(flags), pattern, scale)[0]
+        y, _, reason = prefill(kernel, q, k, v, None, torch.tensor(flags), pattern, scale)
+        refuse_fallback(reason, f"layer attention N={tokens}")
+        return y
 
     calls = {"sdpa": sdpa, **{flags: (lambda flags=flags: run(flags)) for flags in sets}}
     times: dict[Any, list[float]] = {name: [] for name in calls}
@@ -509,6 +537,7 @@ def prefill_times(
         model.set_attn_implementation("corelens")
         with hybrid(model, policies[name], kernel=kernel) as h:
             y = model(input_ids=x, use_cache=False).last_hidden_state
+        refuse_fallback("; ".join(h.fallbacks), f"prefill {name}")
         return y, dict(h.stats)
 
     def adaptive_forward(x, name):
@@ -521,6 +550,7 @@ def prefill_times(
         visual = AttentionContext((x[0] == model.config.image_token_id).nonzero().flatten())
         with attention_context(visual), adaptive.applied(model) as on:
             y = model(input_ids=x, use_cache=False).last_hidden_state
+        refuse_fallback("; ".join(on.hooks[0].session.fallbacks), f"adaptive prefill {name}")
         return y, dict(on.hooks[0].session.stats)
 
     runs = {f"hybrid:{name}": (hybrid_forward, name) for name in policies}
@@ -674,6 +704,7 @@ def run_hybrid_benchmark(
         "threads": threads,
         "dtype": dtype,
         "device": device if dev.type != "cuda" else f"{device} ({torch.cuda.get_device_name(dev)})",
+        "device_name": device_name(dev),  # what a crossover table measured here is keyed by
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": machine(),

@@ -4,7 +4,10 @@ masked softmax (CUDA, fp32; the partitioned kernel also in bfloat16 on a 28 / 4-
 For random post-RoPE-shaped q / k / v, a random full-head set and left padding in one batch row, the
 `flex`, `partitioned` and `auto` kernels are compared with attention under the rule written out here,
 independently of corelens.attention.kernels.masks: query i sees key j iff j <= i, j is real, and (the head is
-full, or j - start < S, or i - j < W). Usage (device machine): python3 -m corelens.bench.kernel_parity (or
+full, or j - start < S, or i - j < W). The partitioned kernel runs with each streaming path (`STREAMS`: the
+Triton kernel where Triton runs here, on a CPU only under TRITON_INTERPRET=1, and the FlexAttention passes).
+Every difference is held to a stated tolerance (`TOLERANCE`, per dtype, of the largest |output|); past it the
+line says FAIL and the command exits 1. Usage (device machine): python3 -m corelens.bench.kernel_parity (or
 benchmarks/gpu_parity.py); on a CPU, `--dry-run` checks one small size.
 """
 
@@ -15,6 +18,30 @@ import sys
 import torch
 
 from corelens.attention.kernels import Pattern, prefill
+from corelens.attention.kernels import stream as triton_stream
+
+# Largest |got - want| allowed, relative to max(1, max |want|): fp32 sums in another order; bf16 rounds q, k,
+# v, the probabilities and the output (about 2^-8 each).
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+# The dry run's (n, S, W, left padding of row 1) and its 28 / 4-head (n, S, W).
+DRY_SIZES = ((300, 4, 64, 37),)
+DRY_WIDE = (300, 8, 64)
+
+
+def streams(device: torch.device) -> tuple[str, ...]:
+    """Return the partitioned kernel's streaming paths that can run on `device`."""
+    triton_runs = triton_stream.available() and (device.type == "cuda" or triton_stream.interpreting())
+    return ("triton", "flex") if triton_runs else ("flex",)
+
+
+def check(label: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, failures: list[str]) -> None:
+    """Print the max |got - want| of one kernel against its tolerance; add `label` to `failures` past it."""
+    diff = (got.float() - want.float()).abs().max().item()
+    tol = TOLERANCE[dtype] * max(1.0, want.abs().max().item())
+    ok = diff <= tol
+    print(f"{label}: max abs diff {diff:.2e} (tolerance {tol:.1e}) {'ok' if ok else 'FAIL'}")
+    if not ok:
+        failures.append(label)
 
 
 def literal(q, k, v, starts, full, sink, window, scale):
@@ -36,13 +63,16 @@ def literal(q, k, v, starts, full, sink, window, scale):
     return out.transpose(1, 2)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Run the checks; return 0, or 1 when a kernel is past its tolerance (the command's exit status)."""
     torch.manual_seed(0)
-    dry = "--dry-run" in sys.argv[1:]
+    dry = "--dry-run" in (sys.argv[1:] if argv is None else argv)
     device = torch.device(
         "cuda" if torch.cuda.is_available() and not dry else "cpu"
     )  # CPU: a slow local check
-    sizes = ((300, 4, 64, 37),) if dry else ((700, 4, 64, 37), (2048, 128, 256, 300), (4096, 128, 1024, 0))
+    failures: list[str] = []
+    sizes = DRY_SIZES if dry else ((700, 4, 64, 37), (2048, 128, 256, 300), (4096, 128, 1024, 0))
+    paths = streams(device)
     for n, sink, window, pad in sizes:
         q = torch.randn(2, 8, n, 64, device=device)
         k, v = torch.randn(2, 2, n, 64, device=device), torch.randn(2, 2, n, 64, device=device)
@@ -52,25 +82,43 @@ def main() -> None:
         causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         model = (causal[None] & mask[:, None, :])[:, None]  # (batch, 1, n, n) booleans, as sdpa's mask
         want = literal(q, k, v, starts.tolist(), full.tolist(), sink, window, 0.125)
-        kinds = (
-            ("partitioned", "reference") if dry else ("flex", "partitioned", "auto", "reference")
-        )  # no compile
-        for kind in kinds:
-            got, ran, _ = prefill(kind, q, k, v, model, full, Pattern(sink, window), 0.125, fallback=None)
-            diff = ((got - want).abs() * mask[:, :, None, None]).max().item()
-            print(f"N={n} S={sink} W={window} pad={pad} {kind} ({ran}): max abs diff {diff:.2e}")
+        want = want * mask[:, :, None, None]  # padding rows: compared as zeros
+        kinds = [("partitioned", {"stream": s}) for s in paths] + [("reference", {})]
+        if not dry:  # compiled flex and `auto` (no compile in a dry run)
+            kinds += [("flex", {}), ("auto", {})]
+        for kind, options in kinds:
+            got, ran = run(kind, (q, k, v, model, full, Pattern(sink, window), 0.125), options)
+            label = f"N={n} S={sink} W={window} pad={pad} {kind}{options or ''} ({ran})"
+            check(label, got * mask[:, :, None, None], want, torch.float32, failures)
     # bfloat16, Qwen2.5-VL-7B's head layout (28 query heads over 4 KV heads, head dim 128), 20 % full heads.
-    n, sink, window = (300, 8, 64) if dry else (4096, 128, 1024)
+    n, sink, window = DRY_WIDE if dry else (4096, 128, 1024)
     dtype = torch.float32 if dry else torch.bfloat16
     q = torch.randn(1, n, 28, 128, device=device).to(dtype).transpose(1, 2)  # the model's strided layout
     k, v = (torch.randn(1, n, 4, 128, device=device).to(dtype).transpose(1, 2) for _ in range(2))
     full = torch.zeros(28, dtype=torch.bool)
     full[torch.randperm(28)[:6]] = True
     want = literal(q.float(), k.float(), v.float(), [0], full.tolist(), sink, window, 128**-0.5)
-    got, ran, _ = prefill("partitioned", q, k, v, None, full, Pattern(sink, window), 128**-0.5, fallback=None)
-    diff = (got.float() - want).abs().max().item()
-    print(f"N={n} S={sink} W={window} {dtype} 28/4 heads partitioned ({ran}): max abs diff {diff:.2e}")
+    for stream in paths:
+        args = (q, k, v, None, full, Pattern(sink, window), 128**-0.5)
+        got, ran = run("partitioned", args, {"stream": stream})
+        label = f"N={n} S={sink} W={window} {dtype} 28/4 heads partitioned stream={stream} ({ran})"
+        check(label, got, want, dtype, failures)
+    if failures:
+        print(f"kernel parity FAILED ({len(failures)}): " + "; ".join(failures))
+        return 1
+    print("kernel parity: every kernel within its tolerance")
+    return 0
+
+
+def run(kind: str, args: tuple, options: dict) -> tuple[torch.Tensor, str]:
+    """Return one kernel's output and the kernel that ran (no fallback: a failure is an error here)."""
+    if options:  # a streaming path named: the partitioned kernel itself, no crossover
+        from corelens.attention.kernels import IMPLEMENTATIONS
+
+        return IMPLEMENTATIONS[kind](*args, **options), kind
+    got, ran, _ = prefill(kind, *args, fallback=None)
+    return got, ran
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

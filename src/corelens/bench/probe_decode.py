@@ -7,11 +7,13 @@
 
 Run as `python3 -m corelens.bench.probe_decode [--device cuda] [--tokens 8192]` (or benchmarks/gpu_probe_decode.py);
 on the CPU it runs the parity checks only (the sync checks need CUDA's sync debug mode; tests/ checks the CPU path by patching).
+A check past its stated tolerance prints FAIL and the command exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 
 import torch
@@ -39,7 +41,8 @@ def synchronisations(device: torch.device, fn, *args, **kwargs) -> tuple[int, ob
     return sum("synchroniz" in str(w.message) for w in seen), result
 
 
-def probe_check(device: torch.device, tokens: int) -> None:
+def probe_check(device: torch.device, tokens: int) -> bool:
+    """Print the batched probe against its rows one at a time; return whether they agree (1e-5)."""
     g = torch.Generator(device=device).manual_seed(0)
     heads, kv_heads, dim = 28, 4, 128
     query = torch.randn(1, heads, tokens, dim, device=device, generator=g, dtype=torch.bfloat16)
@@ -65,12 +68,14 @@ def probe_check(device: torch.device, tokens: int) -> None:
         print(f"probe {name}: {chunk} rows per chunk, synchronisations in one layer: {syncs}")
     diff = (masses["batched"] - masses["row by row"]).abs().max().item()
     print(
-        f"probe batched vs row by row, N={tokens} bf16 GQA: max |diff| {diff:.2e}",
+        f"probe batched vs row by row, N={tokens} bf16 GQA: max |diff| {diff:.2e} (tolerance 1e-05)",
         "ok" if diff < 1e-5 else "FAIL",
     )
+    return diff < 1e-5
 
 
-def decode_check(device: torch.device, dtype: str) -> None:
+def decode_check(device: torch.device, dtype: str) -> bool:
+    """Print trimmed-cache decoding against the dense rule token by token; return whether within tolerance."""
     counted = {"syncs": 0}
 
     def counting(fn):
@@ -115,22 +120,29 @@ def decode_check(device: torch.device, dtype: str) -> None:
     diff = (logits["auto"] - logits["reference"]).abs().max().item()
     scale = logits["reference"].abs().max().item()
     tol = 1e-4 if dtype == "float32" else 3e-2
-    print(f"decode trimmed vs dense rule ({dtype}, 40 steps): max |diff| {diff:.2e} of {scale:.2e}",
-          "ok" if diff <= tol * max(1.0, scale) else "FAIL")  # fmt: skip
+    ok = diff <= tol * max(1.0, scale)
+    print(f"decode trimmed vs dense rule ({dtype}, 40 steps): max |diff| {diff:.2e} of {scale:.2e}"
+          f" (tolerance {tol:.0e} x max(1, scale))", "ok" if ok else "FAIL")  # fmt: skip
     syncs = counted["syncs"] if device.type == "cuda" else "not counted (CPU)"
     print(f"decode: synchronisations in the cache writes and trimmed kernels of 80 layer-steps: {syncs}")
+    return ok
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Run the checks; return 1 when one is past its tolerance (the command's exit status), else 0."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tokens", type=int, default=8192)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
-    probe_check(device, args.tokens)
-    for dtype in ("float32", "bfloat16"):
-        decode_check(device, dtype)
+    ok = [probe_check(device, args.tokens)] + [
+        decode_check(device, dtype) for dtype in ("float32", "bfloat16")
+    ]
+    if not all(ok):
+        print(f"probe / decode parity FAILED: {ok.count(False)} of {len(ok)} checks past their tolerance")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -392,7 +392,12 @@ class HybridPreset(Preset):
 
     def measured(self, stats: dict) -> dict:
         # The baseline answers unmodified: nothing saved, no hybrid prefill.
-        return {"saved": stats.get("saved", 0.0), "prefill": dict(stats.get("prefill", {}))}
+        # A kernel fallback (`kernels.prefill`: the fast path failed) is recorded with the answer it produced.
+        return {
+            "saved": stats.get("saved", 0.0),
+            "prefill": dict(stats.get("prefill", {})),
+            "fallbacks": list(stats.get("fallbacks", [])),
+        }
 
     def frame(self, records: pd.DataFrame, ok) -> pd.DataFrame:
         # The share of a record's layer prefills that the partitioned kernel's crossover ran dense (records

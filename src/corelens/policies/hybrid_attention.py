@@ -40,10 +40,10 @@ class SessionPolicy(Policy):
         return {"cache": applied.hooks[0].session.cache()}
 
     def report(self, applied: Applied) -> dict:
-        """Return the cache bytes saved and the layer prefills per kernel that ran."""
+        """Return the cache bytes saved, the layer prefills per kernel that ran and why a fallback was taken."""
         s = applied.hooks[0].session
         ran = {k.split(":", 1)[1]: v for k, v in s.stats.items() if k.startswith("prefill:")}
-        return {"saved": s.cache_report()["saved_fraction"], "prefill": ran}
+        return {"saved": s.cache_report()["saved_fraction"], "prefill": ran, "fallbacks": list(s.fallbacks)}
 
 
 @register

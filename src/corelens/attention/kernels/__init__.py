@@ -4,12 +4,12 @@
 - ``blocked``: the fast CPU path (sdpa for full heads, block-batched GEMMs for streaming heads);
 - ``flex``: FlexAttention with a per-head block mask, compiled (by name only; `auto` took it on CUDA before the
   partitioned kernel);
-- ``partitioned``: the full heads through stock causal sdpa on their own heads, the streaming heads as a
-  window pass and a sink pass merged by log-sum-exp (FlexAttention, one block mask shared by all heads; the
-  CUDA design, exact on any device). Where a layer's head set would gain too little
+- ``partitioned``: the full heads through stock causal sdpa on their own heads, the streaming heads in one
+  Triton kernel (sinks and window in one online softmax, `stream.py`; on CUDA) or as a window pass and a sink
+  pass merged by log-sum-exp (FlexAttention, one block mask shared by all heads; any device). Where a layer's head set would gain too little
   (`DENSE_BELOW`, in corelens.choices; the `dense_below` argument) it runs every head dense and reports ``dense``;
 - ``auto``: ``partitioned`` on CUDA (with its dense crossover), falling back to ``blocked`` (which runs on any
-  device) if it fails; else ``blocked``.
+  device) if it fails, with a RuntimeWarning and the reason in the session's record; else ``blocked``.
 
 All take post-RoPE queries (batch, heads, n, dim) and un-repeated GQA keys/values (batch, kv_heads, n, dim) of a
 whole-prompt prefill (query i at key position i), the model's mask ((batch, 1, n, n) booleans, or None for
@@ -20,7 +20,7 @@ dtype.
 
 from __future__ import annotations
 
-import logging
+import warnings
 
 import torch
 
@@ -39,8 +39,6 @@ from corelens.attention.kernels.partition import partitioned, takes_dense
 from corelens.attention.kernels.tiles import Plans, blocked
 from corelens.choices import DENSE_BELOW, KERNELS
 from corelens.errors import OptionError
-
-log = logging.getLogger(__name__)
 
 # name -> kernel: every module above registered its kernel on import (`interface.kernel`).
 IMPLEMENTATIONS = KernelInterface()
@@ -81,7 +79,7 @@ def prefill(
     dense and the kernel that ran is ``dense``.
     """
     name = choose(kind, query.device)
-    if name == "partitioned" and takes_dense(query.shape[2], full, pattern, dense_below):
+    if name == "partitioned" and takes_dense(query.shape[2], full, pattern, dense_below, query.device):
         full = torch.ones_like(full, dtype=torch.bool)  # every head causal: one stock sdpa call
         return _run(name, (query, key, value, mask, full, pattern, scale), plans), "dense", None
     args = (query, key, value, mask, full, pattern, scale)
@@ -91,7 +89,9 @@ def prefill(
         if fallback is None or fallback == name or kind != "auto":
             raise
         reason = f"{name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"
-        log.warning("corelens hybrid: %s; using %s", reason, fallback)
+        # A warning (stderr), and the session records the reason for the run's manifest (policy report); the
+        # benches refuse a fallback (`corelens.bench.hybrid_kernels.refuse_fallback`).
+        warnings.warn(f"corelens hybrid: {reason}; using {fallback}", RuntimeWarning, stacklevel=2)
         return _run(fallback, args, plans), fallback, reason
 
 

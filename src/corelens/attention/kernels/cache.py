@@ -23,11 +23,10 @@ device from the trim on, the next position is a device counter (`next_position`)
 are computed and written on the device (`index_copy_`, `scatter_`), and `decode_attention` runs in the input
 dtype. The streaming part has the same shapes at every step (S + W slots). From the trim on, the full KV heads
 live in a preallocated buffer (`keys` / `values`, `capacity` positions, zeros past the positions seen) written
-in place at the device counter; `update` returns the whole buffer, and the hybrid kernel masks the unused tail
-by position (causal: every tail position lies after the step's queries). So the attention of one decoding step
-sees the same shapes step after step; the buffer doubles when full (amortised O(1) copying per token), the one
-step where shapes change. The model's own mask still grows by one column per token (transformers builds it
-outside the cache); the kernel pads it to the buffer (`HybridHook._trimmed`).
+in place at the device counter; it grows by whole `CHUNK`s. `update` returns the whole buffer; the hybrid
+kernel attends over the live positions only (`cumulative_length`, a host int: a view of the buffer's first
+positions), and for a one-token step of an unpadded prompt whose full KV heads hold only full query heads with
+no mask at all, so that flash / cuDNN split the keys as they do for stock decoding (`HybridHook._trimmed`).
 """
 
 from __future__ import annotations
@@ -38,8 +37,9 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from corelens.errors import CorelensError
 
-# Positions of headroom the full KV heads' buffer gets at the trim, before its first doubling.
-HEADROOM = 256
+# The full KV heads' buffer grows in chunks of this many positions (the trim leaves one chunk of room): one
+# copy per CHUNK tokens, and no step whose buffer doubles (a long pause and twice the memory at once).
+CHUNK = 1024
 
 
 class HybridCacheLayer(DynamicLayer):
@@ -52,6 +52,7 @@ class HybridCacheLayer(DynamicLayer):
         self.stream_kv = torch.tensor(sorted(streaming), dtype=torch.long)
         self.full_kv = torch.tensor([j for j in range(kv_heads) if j not in set(streaming)], dtype=torch.long)
         self.sink, self.window = sink, window
+        self.padded = False  # some row starts after position 0 (left padding), from `settle`
         self.open = True  # False once the owning hybrid session has ended
         self.fresh = False  # `update` produced the keys the next attention call of this layer gets
         self.returned_shape: tuple[int, ...] | None = None
@@ -107,6 +108,7 @@ class HybridCacheLayer(DynamicLayer):
         super().reset()
         self.cumulative_length = 0
         self.starts = None
+        self.padded = False
         self.trimmed = False
         self.skeys = self.svalues = self.positions = self.visible = self.returned_shape = None
         self.next_position = self.indices = None
@@ -133,6 +135,7 @@ class HybridCacheLayer(DynamicLayer):
     def settle(self, starts: torch.Tensor) -> None:
         """Record each row's first real position (after the first prefill) and trim if the prompt is long."""
         self.starts = starts.to(torch.long)
+        self.padded = bool(self.starts.any())  # read once per prefill, never per decoding step
         if len(self.stream_kv) and not self.trimmed and self.cumulative_length > self.sink + self.window:
             self._trim()
 
@@ -211,21 +214,16 @@ class HybridCacheLayer(DynamicLayer):
     def _buffer(held: torch.Tensor, room: int | None = None) -> torch.Tensor:
         """Return `held` (batch, heads, T, dim) in a zeroed buffer of T + room positions (zeros: no NaN in the
         masked tail, whose weights are exactly 0)."""
-        room = HEADROOM if room is None else room
+        room = CHUNK if room is None else room
         out = held.new_zeros(*held.shape[:2], held.shape[2] + room, held.shape[3])
         out[:, :, : held.shape[2]] = held
         return out
 
     def _reserve(self, needed: int) -> None:
-        """Double the full KV heads' buffer until it holds `needed` positions (host ints: no device read).
-
-        Doubling keeps the copying amortised O(1) per token; only the step that doubles changes shapes.
-        """
-        while self.capacity < needed:
-            self.keys, self.values = (
-                self._buffer(self.keys, self.capacity),
-                self._buffer(self.values, self.capacity),
-            )
+        """Grow the full KV heads' buffer by whole `CHUNK`s until it holds `needed` positions (host ints)."""
+        if self.capacity < needed:
+            room = -(-(needed - self.capacity) // CHUNK) * CHUNK
+            self.keys, self.values = self._buffer(self.keys, room), self._buffer(self.values, room)
 
     def _write(self, ks: torch.Tensor, vs: torch.Tensor) -> None:
         """Store the step's new positions (keys (batch, streaming, q, dim)) in the ring and the sink slots.
@@ -291,10 +289,14 @@ class HybridCacheLayer(DynamicLayer):
 
 
 def decode_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, scale: float | None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor | None,
+    scale: float | None,
 ) -> torch.Tensor:
     """Return attention (batch, q, heads, dim) of a decoding step under `allowed` (broadcastable to
-    (batch, heads, q, n)), in the input dtype: no fp32 copy of the cache.
+    (batch, heads, q, n); None: every key, no mask), in the input dtype: no fp32 copy of the cache.
 
     Each KV head's query heads are folded into the query axis, so SDPA reads every key and value once per KV
     head, unrepeated and uncast, and its kernels accumulate the softmax in fp32. Every row of a decoding step
@@ -303,7 +305,7 @@ def decode_attention(
     batch, heads, q_len, dim = query.shape
     kv_heads, n = key.shape[1], key.shape[2]
     folded = query.reshape(batch, kv_heads, heads // kv_heads * q_len, dim)
-    mask = allowed.expand(batch, heads, q_len, n).reshape(batch, kv_heads, -1, n)
+    mask = None if allowed is None else allowed.expand(batch, heads, q_len, n).reshape(batch, kv_heads, -1, n)
     out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scale)
     return out.view(batch, heads, q_len, value.shape[-1]).transpose(1, 2)
 

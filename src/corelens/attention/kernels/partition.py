@@ -1,9 +1,14 @@
-"""The partitioned path (the CUDA design): full heads through sdpa, streaming heads as a window pass + a sink pass.
+"""The partitioned path (the CUDA design): full heads through sdpa, streaming heads in one Triton kernel or two passes.
+
+On CUDA (`stream="triton"`, the default where Triton imports) the full heads of a layer run as ONE stock causal
+sdpa call (`one_call`: a KV-granular set over its KV heads with GQA, a query-granular one over its KV heads
+gathered per query head), on whatever backend sdpa picks for the stock model, and every streaming head of every
+batch row runs in one launch of the Triton kernel (`stream.py`: sinks and window in one online softmax, written
+into the output slices). The rest of this docstring is the FlexAttention path (`stream="flex"`, any device).
 
 The query heads are partitioned once per head set (`layout`, cached): the full heads run as stock causal sdpa
-on their own heads, so on CUDA they get whatever backend sdpa picks for the stock model (cuDNN or flash), and
-the streaming heads run the rule of `masks.py` (docs/methods.md#hybrid) as two exact passes merged by their
-log-sum-exps:
+on their own heads, and the streaming heads run the rule of `masks.py` (docs/methods.md#hybrid) as two exact
+passes merged by their log-sum-exps:
 
 - the window pass: causal attention over the W most recent keys (`masks.window_mask_function`), one
   FlexAttention call with ONE block mask shared by every head and batch row;
@@ -36,6 +41,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from corelens.attention.kernels import crossover
+from corelens.attention.kernels import stream as triton_stream
 from corelens.attention.kernels.flexattn import BLOCK, _grid, _pack, flex_fn
 from corelens.attention.kernels.interface import Prefill, kernel
 from corelens.attention.kernels.masks import (
@@ -47,6 +54,11 @@ from corelens.attention.kernels.masks import (
     window_mask_function,
 )
 from corelens.attention.kernels.tiles import Padding, Plans, blocked
+
+# How the streaming heads run (`partitioned(stream=...)`): "triton", one kernel with the sinks inside
+# (`stream.py`, the CUDA default where Triton imports), or "flex", a window and a sink FlexAttention pass
+# merged by their log-sum-exps (`streaming` below; any device).
+STREAMS = ("triton", "flex")
 
 # A call whose heads split into more runs than this gathers them instead (module docstring, "Heads").
 MAX_RUNS = 8
@@ -240,25 +252,96 @@ def _each(query, key, value, out, calls: tuple[Call, ...], attend) -> None:
         _put(out, call, attend(q, k, v, call.members))
 
 
-def _rows(
-    query, key, value, out, full: tuple[bool, ...], pattern: Pattern, scale: float, compiled: bool
-) -> None:
-    """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim)."""
-    full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
-    _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
-    _each(
-        query, key, value, out, stream_calls, lambda q, k, v, m: streaming(q, k, v, pattern, scale, compiled)
+@lru_cache(maxsize=256)
+def stream_table(full: tuple[bool, ...], kv_heads: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the streaming query heads of a head set and the KV head of each (the Triton kernel's table)."""
+    groups = len(full) // kv_heads
+    heads = [h for h, f in enumerate(full) if not f]
+    dev = torch.device(device)
+    return (
+        torch.tensor(heads, dtype=torch.int32, device=dev),
+        torch.tensor([h // groups for h in heads], dtype=torch.int32, device=dev),
     )
 
 
+@lru_cache(maxsize=256)
+def one_call(full: tuple[bool, ...], kv_heads: int, device: str) -> Call | None:
+    """Return the full heads of a head set as ONE sdpa call (None: no full head).
+
+    KV-granular (every query head of a kept KV head is full): the full query heads over their KV heads, GQA
+    inside the call. Otherwise (query-granular): each full query head over its own KV head (the KV heads
+    gathered once per query head: O(n d) per head against the call's O(n^2 d)). Consecutive heads are views.
+    """
+    groups = len(full) // kv_heads
+    heads = [h for h, f in enumerate(full) if f]
+    if not heads:
+        return None
+    kvs = sorted({h // groups for h in heads})
+    whole = all(full[j * groups + i] for j in kvs for i in range(groups))
+    kv = kvs if whole else [h // groups for h in heads]
+    dev = torch.device(device)
+    return Call(
+        torch.tensor(heads, device=dev), torch.tensor(kv, device=dev), groups if whole else 1, _run(heads), _run(kv)
+    )  # fmt: skip
+
+
+def _rows(
+    query,
+    key,
+    value,
+    out,
+    full: tuple[bool, ...],
+    pattern: Pattern,
+    scale: float,
+    compiled: bool,
+    stream: str,
+    full_call: str,
+) -> None:
+    """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim);
+    the streaming heads only where `stream` is "flex" (the Triton kernel runs them for the whole batch)."""
+    full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
+    if full_call == "one":
+        call = one_call(full, key.shape[1], str(query.device))
+        if call is not None:
+            q, k, v = (_take(x, i, r) for x, i, r in ((query, call.q, call.q_run), (key, call.kv, call.kv_run),
+                                                      (value, call.kv, call.kv_run)))  # fmt: skip
+            _put(out, call, _full(q, k, v, scale, call.members))
+    else:
+        _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
+    if stream == "flex":
+        _each(
+            query, key, value, out, stream_calls,
+            lambda q, k, v, m: streaming(q, k, v, pattern, scale, compiled),
+        )  # fmt: skip
+
+
+def default_stream(device: torch.device) -> str:
+    """Return how the streaming heads run by default on `device`: the Triton kernel on CUDA where it imports."""
+    return "triton" if device.type == "cuda" and triton_stream.available() else "flex"
+
+
 @kernel("partitioned")
-def partitioned(call: Prefill, *, plans: Plans | None = None, compiled: bool | None = None) -> torch.Tensor:
+def partitioned(
+    call: Prefill,
+    *,
+    plans: Plans | None = None,
+    compiled: bool | None = None,
+    stream: str | None = None,
+    full_call: str | None = None,
+) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v): sdpa for the full heads, window + sinks for the rest.
 
-    `compiled`: FlexAttention through `torch.compile` (default: on CUDA); `plans` as for `blocked`.
+    `stream`: "triton" or "flex" (`STREAMS`; default `default_stream`); `full_call`: "one" (every full head in
+    one sdpa call, `one_call`; the default with the Triton stream) or "runs" (one call per head count / run of
+    consecutive heads, read in place; the default with flex); `compiled`: FlexAttention through
+    `torch.compile` (default: on CUDA); `plans` as for `blocked`.
     """
     query, key, value, mask, full, pattern, scale = call
     compiled = query.device.type == "cuda" if compiled is None else compiled
+    stream = stream or default_stream(query.device)
+    if stream not in STREAMS:
+        raise ValueError(f"unknown streaming path {stream!r}; expected one of {STREAMS}")
+    full_call = full_call or ("one" if stream == "triton" else "runs")
     batch, heads, n, _ = query.shape
     flags = tuple(bool(x) for x in full.tolist())
     if pattern.is_dense(n):  # the window covers every causal pair: all heads are full heads
@@ -269,17 +352,39 @@ def partitioned(call: Prefill, *, plans: Plans | None = None, compiled: bool | N
         return blocked(*call, plans=plans)
     out = query.new_empty(batch, n, heads, value.shape[-1])
     if not any(padding.starts):  # one call for the whole batch
-        _rows(query, key, value, out, flags, pattern, scale, compiled)
-        return out
-    for b, start in enumerate(padding.starts):  # row b runs from its first real token, as a prompt of its own
-        one = slice(b, b + 1), slice(None), slice(start, None)
-        out[b, :start] = 0
-        _rows(query[one], key[one], value[one], out[b : b + 1, start:], flags, pattern, scale, compiled)
+        _rows(query, key, value, out, flags, pattern, scale, compiled, stream, full_call)
+    else:
+        for b, start in enumerate(padding.starts):  # row b runs from its first real token, as a prompt alone
+            one = slice(b, b + 1), slice(None), slice(start, None)
+            out[b, :start] = 0
+            _rows(
+                query[one], key[one], value[one], out[b : b + 1, start:], flags, pattern, scale, compiled,
+                stream, full_call,
+            )  # fmt: skip
+    if stream == "triton" and not all(flags):  # every streaming head of every row: one launch
+        heads, kv = stream_table(flags, key.shape[1], str(query.device))
+        starts = torch.tensor(padding.starts, dtype=torch.int32, device=query.device)
+        triton_stream.streaming_into(out, query, key, value, heads, kv, starts, pattern, scale)
     return out
 
 
-def takes_dense(n: int, full: torch.Tensor, pattern: Pattern, dense_below: float | None) -> bool:
-    """Return whether a layer's head set at prompt length n is better run dense (`corelens.choices.DENSE_BELOW`)."""
+def takes_dense(
+    n: int,
+    full: torch.Tensor,
+    pattern: Pattern,
+    dense_below: float | None,
+    device: torch.device | None = None,
+) -> bool:
+    """Return whether a layer's head set at prompt length n is better run dense.
+
+    `dense_below` None or 0: never. Otherwise the measured crossover of this device where one is active
+    (`crossover.active`: `CORELENS_CROSSOVER`), else the ideal rule: the head set's ideal speed-up below
+    `dense_below` (`corelens.choices.DENSE_BELOW`).
+    """
     if not dense_below or pattern.is_dense(n):
         return False
-    return ideal_speedup(n, float(full.float().mean()), pattern.sink, pattern.window) < dense_below
+    share = float(full.float().mean())
+    table = crossover.active(device or full.device)  # `device`: where the attention runs
+    if table is not None:
+        return table.dense(n, share)
+    return ideal_speedup(n, share, pattern.sink, pattern.window) < dense_below
