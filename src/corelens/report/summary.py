@@ -509,9 +509,7 @@ def shown_path(path: str, base: Path | None = None) -> str:
     found = _SNAPSHOT.search(path)
     if found:
         return f"{found.group(1)}/{found.group(2)}@{found.group(3)[:12]}"
-    import corelens
-
-    package = Path(corelens.__file__).resolve().parent.parent
+    package = Path(__file__).resolve().parents[2]  # the folder holding the corelens package (src/)
     for root in (base, Path.cwd(), package):
         if root is not None and Path(path).is_relative_to(root):
             return str(Path(path).relative_to(root)) or "."
