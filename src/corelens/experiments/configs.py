@@ -115,12 +115,14 @@ class RankConfig:
     sink: str = option(
         "128",
         help="outside-window: sink tokens S, a count or a share of each prompt (4, 5%%); gates, greedy: a count",
+        type="token_size",
         group="score",
         setting=False,
     )
     window: str = option(
         "1024",
         help="outside-window: recent keys W, a count or a share of each prompt (16, 25%%); gates, greedy: a count",
+        type="token_size",
         group="score",
         setting=False,
     )

@@ -6,20 +6,37 @@ scorers measured one sample at a time. A new scorer is one file in this folder (
 with the package) and its test; its settings are fields of `RankConfig` named like its own.
 
 Examples:
-    >>> from corelens.experiments.scorers import SCORERS, Scorer
-    >>> "ram" in SCORERS
+    >>> from corelens.experiments.scorers import SCORERS, OutsideWindow, Scorer
+    >>> {"ram", "retrieval", "outside-window", "causal"} <= set(SCORERS)
     True
-    >>> Scorer.from_dict({"name": "ram"}).to_dict()
-    {'name': 'ram'}
+    >>> OutsideWindow(sink="4", window="16").to_dict()
+    {'name': 'outside-window', 'sink': '4', 'window': '16'}
+    >>> Scorer.from_dict({"name": "retrieval", "all_answers": True})
+    Retrieval(all_answers=True)
 """
 
 import importlib as _importlib
 import pkgutil as _pkgutil
 
 from corelens.experiments.scorers.base import SCORERS, SampleScorer, ScoreJob, Scorer, register, scorer_of
+from corelens.experiments.scorers.outside_window import OutsideWindow
+from corelens.experiments.scorers.ram_mass import Ram
+from corelens.experiments.scorers.retrieval import Retrieval
+from corelens.experiments.scorers.single_head import Causal
 
 # Every module of this folder registers its scorers on import: a new file needs no line here.
 for _module in _pkgutil.iter_modules(__path__):
     _importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["SCORERS", "SampleScorer", "ScoreJob", "Scorer", "register", "scorer_of"]
+__all__ = [
+    "SCORERS",
+    "Causal",
+    "OutsideWindow",
+    "Ram",
+    "Retrieval",
+    "SampleScorer",
+    "ScoreJob",
+    "Scorer",
+    "register",
+    "scorer_of",
+]
