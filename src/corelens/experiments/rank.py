@@ -133,7 +133,9 @@ def rank(
     logged = scorer.score(m, samples, ScoreJob(cfg, ctx, run, skipped=skipped))
     records = [r for r in logged if r["status"] == "ok"]
     ranking, uncertainty, group = _tables(m, records, cfg)
-    message = few_samples(len(records))
+    message = few_samples(len(records)) if len(records) != 1 else None
+    if len(records) == 1 and records[0]["id"] == "all" and cfg.k is not None and ctx.main:
+        message = f"the {scorer.name} score is one optimisation over all samples: heads.csv has no intervals or P(top-k)"
     if message and ctx.main:
         warn(message)  # below the size tests/test_calibration.py checks the intervals at
     if run is None or not run.dist.main:
@@ -172,7 +174,9 @@ def _tables(m: Loaded, records: list[dict], cfg: RankConfig) -> tuple[Ranking, d
     if kv:
         ranking = Ranking(ranking.ram, mark_kv(head_table(scored), group), "kv", ranking.heads)
     uncertainty = None
-    if cfg.k is not None and len(ranking.heads):
+    # One record (a scorer optimised over all samples at once: gates, greedy) has no sampling spread to
+    # resample: its table carries no intervals rather than ones that measure nothing.
+    if cfg.k is not None and len(ranking.heads) and len(records) > 1:
         # Post-processing of the logged samples, not a run setting: a resume may ask for other k values.
         ks = parse_k(cfg.k)
         counts = sorted({k_count(k, len(ranking.heads)) for k in ks})
