@@ -77,7 +77,7 @@ table() {  # the results folder's table.md: what docs/performance.md quotes
     cat "$out/crossover.md" 2>/dev/null || echo "(not measured: run the prefill part)"
     echo
     echo "## Anatomy"
-    sed -n '/^anatomy/,/hybrid /p' "$out/gpu.txt" || true
+    sed -n '/^anatomy/,/^  hybrid /p' "$out/gpu.txt" || true
   } >"$out/table.md"
 }
 
@@ -124,6 +124,6 @@ if [ "$part" != prefill ]; then
   step 150 "bench ram N=$ram" "$py" -m corelens bench ram "${dev[@]}" --tokens "$ram" "${width[@]}" \
     --layers 4 --no-eager --repeats 3 --json "$out/ram-gpu-$ram.json"
   step 130 "bench decode N=$decode" "$py" -m corelens bench decode "${dev[@]}" --tokens "$decode" "${width[@]}" \
-    --layers 4 --keep 0.2 --granularity kv --steps 64 --repeats 3 --json "$out/decode-gpu-$decode.json"
+    "${shape[@]}" --layers 4 --keep 0.2 --granularity kv --steps 64 --repeats 3 --json "$out/decode-gpu-$decode.json"
   table
 fi

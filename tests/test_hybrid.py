@@ -384,6 +384,7 @@ def test_crossover_runs_dense_and_says_so_in_table_and_manifest(tiny_dir, tmp_pa
         table = pd.read_csv(out / "hybrid.csv").set_index("set")
         prefill = json.loads((out / "manifest.json").read_text())["prefill"]
         assert prefill["kernel"] == "partitioned" and prefill["dense_below"] == float(below)
+        assert prefill["crossover"] == ["ideal"] and prefill["fallbacks"] == []  # no table set, no fallback
         got[below] = (table, prefill["layer_prefills"], err)
     table, layers, err = got["100"]
     assert table.loc["top", "dense_prefills"] == 1 and set(layers) == {"dense"} and layers["dense"] >= 2

@@ -17,11 +17,15 @@ from corelens.attention.kernels.crossover import Crossover
 from corelens.errors import InputError
 
 
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
 def table(results: list[dict], crossover: Crossover) -> str:
     """Return the markdown table: one row per share F, speed-up per length, and the crossover length."""
     lengths = sorted({int(r["tokens"]) for r in results})
     rows = [
-        "| F | " + " | ".join(f"{n // 1024}k" for n in lengths) + " | hybrid from |",
+        "| F | " + " | ".join(_tokens(n) for n in lengths) + " | hybrid from |",
         "|---|" + "---:|" * (len(lengths) + 1),
     ]
     for f, wins in zip(crossover.shares, crossover.lengths):
@@ -35,7 +39,7 @@ def table(results: list[dict], crossover: Crossover) -> str:
                 if abs(float(row["full_fraction"]) - f) < 1e-6
             ]
             cells.append(f"{speed[0]:.2f}x" if speed else "-")
-        since = "never (dense)" if wins == float("inf") else f"{int(wins) // 1024}k"
+        since = "never (dense)" if wins == float("inf") else _tokens(int(wins))
         rows.append(f"| {f:.0%} | " + " | ".join(cells) + f" | {since} |")
     return "\n".join(rows)
 

@@ -396,6 +396,7 @@ class HybridPreset(Preset):
         return {
             "saved": stats.get("saved", 0.0),
             "prefill": dict(stats.get("prefill", {})),
+            "crossover": stats.get("crossover", "ideal"),
             "fallbacks": list(stats.get("fallbacks", [])),
         }
 
@@ -422,6 +423,9 @@ class HybridPreset(Preset):
     def manifest(self, plan: Plan, ok) -> dict:
         totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
         prefill = {"kernel": self.kernel, "dense_below": self.dense_below, "layer_prefills": dict(totals)}
+        # Which crossover ran dense (a measured table's path, or "ideal") and every kernel fallback's reason.
+        prefill["crossover"] = sorted({str(r.get("crossover", "ideal")) for r in ok}) or ["ideal"]
+        prefill["fallbacks"] = sorted({reason for r in ok for reason in r.get("fallbacks") or []})
         return {"prefill": prefill, "median_prompt_tokens": self.median, "no_effect": self.warning}
 
     def figure(self, plan: Plan, table: pd.DataFrame, paths: dict[str, Path]) -> None:

@@ -8,12 +8,14 @@ prefill kernels ran.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from corelens.attention import kernels
+from corelens.attention.kernels import crossover
 from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, Hybrid, HybridPolicy
 from corelens.policies.core import Applied, Policy, register
 
@@ -40,10 +42,16 @@ class SessionPolicy(Policy):
         return {"cache": applied.hooks[0].session.cache()}
 
     def report(self, applied: Applied) -> dict:
-        """Return the cache bytes saved, the layer prefills per kernel that ran and why a fallback was taken."""
+        """Return the cache bytes saved, the layer prefills per kernel that ran (``dense``: below the crossover),
+        which crossover decided (a measured table's path, or "ideal") and why a fallback was taken."""
         s = applied.hooks[0].session
         ran = {k.split(":", 1)[1]: v for k, v in s.stats.items() if k.startswith("prefill:")}
-        return {"saved": s.cache_report()["saved_fraction"], "prefill": ran, "fallbacks": list(s.fallbacks)}
+        return {
+            "saved": s.cache_report()["saved_fraction"],
+            "prefill": ran,
+            "crossover": os.environ.get(crossover.ENV) or "ideal",
+            "fallbacks": list(s.fallbacks),
+        }
 
 
 @register
