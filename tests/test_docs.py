@@ -168,3 +168,17 @@ def test_the_readme_is_a_front_door_to_every_docs_page():
     linked = {t.partition("#")[0] for t in links(text)}
     missing = [p.name for p in DOC_PAGES if f"docs/{p.name}" not in linked]
     assert not missing, f"docs pages the README does not link: {missing}"
+
+
+TEMPORARY = re.compile(rb"/tmp/|pytest-of-|/var/folders/|/private/var/")  # a test's or a machine's scratch
+
+
+def test_no_page_or_figure_in_docs_names_a_temporary_path():
+    """A page or figure of docs/ made from a throw-away run (a pytest folder, /tmp) shows a path no reader has;
+    figures are searched byte-wise (a PNG's text chunks; not what its pixels show)."""
+    found = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "docs").rglob("*"))
+        if path.is_file() and TEMPORARY.search(path.read_bytes())
+    ]
+    assert not found, f"temporary paths in: {found}"

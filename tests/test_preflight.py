@@ -89,3 +89,11 @@ def test_a_resumed_run_says_what_it_reuses(tmp_path, capsys):
     Run(out, "ablate", {"k": "3"}).lock.release()
     err = capsys.readouterr().err
     assert f"corelens: resumed {out}: 2 sample record(s) logged earlier (the run stopped) are reused" in err
+
+
+def test_a_folder_given_as_data_names_the_sample_file_inside(tmp_path):
+    from corelens.data import read_samples
+
+    data = generate("image", tmp_path / "data", 1, seed=1)
+    with pytest.raises(CorelensError, match=f"it holds image.jsonl: give {data}"):
+        read_samples(data.parent)

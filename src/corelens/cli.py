@@ -250,15 +250,15 @@ def _run(args: argparse.Namespace, where: str) -> int:
     from corelens.runs.dist import launched
 
     try:
-        if args.command not in ("organism", "export"):  # their --model: a folder to build or to re-read
-            from corelens.commands.preflight import check_model
-
-            check_model(args)  # the model's folder, family or hub cache: before torch and the model load
         if isinstance(getattr(args, "data", None), str) and args.command != "organism":
             _resolve_data(args)
             from corelens.commands.shared import check_data
 
             check_data(args)  # no usable sample, or no targets where they are needed: before the model loads
+        if args.command not in ("organism", "export"):  # their --model: a folder to build or to re-read
+            from corelens.commands.preflight import check_model
+
+            check_model(args)  # the model's folder, family or hub cache: before torch and the model load
         if getattr(args, "repair_log", False):
             _repair_log(args)
         args.func(args)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from corelens.errors import OptionError, UnsupportedModelError
 
 FAMILIES = Path(__file__).resolve().parents[1] / "models" / "families"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")  # ORG/NAME[@REVISION], as --model takes it
 
 
 def supported_types() -> list[str]:
@@ -79,6 +81,8 @@ def check_model(args: argparse.Namespace) -> None:
     spec = getattr(args, "model", None)
     if not isinstance(spec, str) or not spec:
         return
+    if not Path(spec).expanduser().exists() and not HUB_ID.fullmatch(spec):
+        return  # neither a folder nor an ORG/NAME id: the loader names it, after the data's and heads' checks
     folder = checkpoint_folder(spec, getattr(args, "revision", None))
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))

@@ -592,7 +592,9 @@ def read_samples(
     if not file_path.exists():
         raise InputError("sample file not found", file=source)
     if not file_path.is_file():
-        raise InputError("sample file is not a regular file", file=source)
+        inside = sorted(file_path.glob("*.jsonl")) if file_path.is_dir() else []
+        hint = f"; it holds {inside[0].name}: give {inside[0]}" if inside else ""
+        raise InputError(f"sample file is not a regular file{hint}", file=source)
     parser = _RecordParser(Path(os.path.abspath(file_path.parent)), limits or Limits())
     samples: list[Sample] = []
     skipped: list[SkippedSample] = []

@@ -84,7 +84,7 @@ class RankConfig:
     explorer: int = option(
         0,
         help="store quantised per-head attention maps of the first N samples for the report's head explorer "
-        "(0, the default: none; the demo stores 200: each costs one more forward pass, on rank 0)",
+        "(0, the default: none; the demo stores 8 per task: each costs one more forward pass, on rank 0)",
         type=int,
     )
     k: str | list[str] | None = option(
