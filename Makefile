@@ -7,7 +7,8 @@ STAMP := $(VENV)/.corelens-installed
 DOCTESTS := src/corelens/runs src/corelens/data/paths.py src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/attention/schema.py src/corelens/experiments/rank.py \
 	src/corelens/experiments/evaluate.py src/corelens/attention/dispatch.py src/corelens/attention/interventions.py \
 	src/corelens/attention/streaming.py src/corelens/heads/artifact.py src/corelens/metrics \
-	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py
+	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py \
+	src/corelens/deprecation.py
 
 .PHONY: demo test lint format bench clean venv
 

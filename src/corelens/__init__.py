@@ -6,10 +6,6 @@ from importlib import import_module as _import_module
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING
 
-from corelens import aliases as _aliases
-
-_aliases.install()  # the old import paths of moved modules, for one release (corelens.aliases)
-
 __version__ = _version("corelens")  # one source: pyproject.toml, as installed
 
 # The public API, each name imported from its module on first use (PEP 562), so that `import corelens` and
