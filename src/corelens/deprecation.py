@@ -5,7 +5,7 @@ A module that moved leaves a file at its old path holding two lines:
     from corelens.deprecation import moved
     __getattr__, __dir__ = moved(__name__)
 
-Importing the old path warns (DeprecationWarning, naming the new path and the release that drops it) and
+Importing the old path warns (`CorelensDeprecationWarning`, a DeprecationWarning, naming the new path and the release that drops it) and
 serves the new module's names, private ones included. `SHIMS` is the allow-list: a shim not on it is refused,
 and `tests/test_layers.py` fails once the package's version reaches `REMOVED_IN`, so the shims cannot outlive
 the release promised. A shim imports nothing from corelens at module level, so it adds no import edge.
@@ -32,7 +32,23 @@ import importlib
 import warnings
 from collections.abc import Callable
 
-REMOVED_IN = "0.2.0"  # the release that deletes every shim of SHIMS (and this module's table)
+REMOVED_IN = "0.2.0"  # the release that deletes every shim of SHIMS and every name that calls `deprecated`
+
+
+class CorelensDeprecationWarning(DeprecationWarning):
+    """corelens' own deprecations: the test suite makes them errors (pyproject's filterwarnings), so nothing
+    inside the house uses a name that goes; a user's code sees an ordinary DeprecationWarning."""
+
+
+def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn that `old` goes in release `REMOVED_IN` and that `new` replaces it (stacklevel 3: the caller of
+    the function that calls this)."""
+    warnings.warn(
+        f"{old} is deprecated and goes in corelens {REMOVED_IN}; use {new}",
+        CorelensDeprecationWarning,
+        stacklevel,
+    )
+
 
 # {old import path: new import path}; each old path is a file whose whole body calls `moved`.
 SHIMS = {
