@@ -216,7 +216,12 @@ def test_knockout_of_an_empty_key_set_is_a_no_op(tiny_dir, tmp_path):
     with knockout.applied(m), attention_context(AttentionContext((), omega=[])):
         assert torch.equal(_forward(m, inputs), plain)
         _same_generation(_generate(m, inputs), plain_gen, atol=0.0)
-    with knockout.applied(m), pytest.raises(corelens.CorelensError, match="needs the sample's Omega"):
+    no_omega = attention_context(AttentionContext(()))  # the prompt's positions, but not its Omega
+    with (
+        knockout.applied(m),
+        no_omega,
+        pytest.raises(corelens.CorelensError, match="needs the sample's Omega"),
+    ):
         _forward(m, inputs)
 
 
