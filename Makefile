@@ -11,7 +11,8 @@ DOCTESTS := src/corelens/runs src/corelens/data/paths.py src/corelens/models/hub
 	src/corelens/report/curves.py src/corelens/report/summary.py src/corelens/commands/preflight.py src/corelens/experiments/hybrid.py \
 	src/corelens/policies/graded_budget.py src/corelens/experiments/frontier.py \
 	src/corelens/attention/kernels/crossover.py \
-	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py
+	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py \
+	src/corelens/deprecation.py
 
 .PHONY: demo test lint format bench clean venv
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -72,3 +74,14 @@ def register_toy_policy(monkeypatch) -> str:
             return [ZeroHook(self.by_layer(model))]
 
     return Silence.name
+
+
+@contextmanager
+def hybrid(m, full, **options) -> Iterator:
+    """Apply `HybridAttention(full, **options)` (sink, window, kernel, decode, dense_below) to `m` inside the
+    block, with no prompt context (the hybrid pattern needs none); the block's value is the policy's session
+    (`stats`, `cache()`, `cache_report()`, `hook`)."""
+    from corelens.policies import HybridAttention
+
+    with HybridAttention(tuple(tuple(p) for p in full), **options).applied(m) as on:
+        yield on.hooks[0].session

@@ -13,12 +13,14 @@ from helpers import noise_image
 import corelens
 from corelens.attention import RamProbe, activate
 from corelens.attention.interventions import HeadMeans
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.data.sample import Sample, Target
 from corelens.experiments.ablate import reference_means
 from corelens.metrics.headsets import head_sets, k_count, select
 from corelens.models.prepare import prepare
 from corelens.models.tiny import ALL_FAMILIES
-from corelens.policies.legacy import Ablation
+from corelens.policies import POLICIES, KnockoutHeads, MeanHeads, Policy, UniformHeads, ZeroHeads
+from corelens.policies.legacy import ablation_policy
 
 HEADS = [(0, 1), (1, 0), (1, 3)]
 GEN = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
@@ -78,7 +80,7 @@ def test_zero_equals_o_proj_input_zeroed(tiny_dir, family, kv, tmp_path):
     m = corelens.load(tiny_dir(family, kv_heads=kv))
     inputs = prepare(m, _sample(tmp_path)).inputs
     plain = _forward(m, inputs)
-    with corelens.ablate(m, HEADS, op="zero"):
+    with ZeroHeads(HEADS).applied(m):
         ours, ours_gen = _forward(m, inputs), _generate(m, inputs)
     handles = _o_proj_pre(m, HEADS, lambda layer, h, x: torch.zeros_like(x))
     try:
@@ -114,7 +116,7 @@ def test_uniform_equals_zeroed_queries(tiny_dir, family, kv, tmp_path):
     inputs = prepare(m, _sample(tmp_path)).inputs
     padded = dict(inputs, attention_mask=inputs["attention_mask"].clone())
     padded["attention_mask"][0, :3] = 0  # an explicit (padding) mask reaches the kernel
-    with corelens.ablate(m, HEADS, op="uniform"):
+    with UniformHeads(HEADS).applied(m):
         ours, ours_pad, ours_gen = _forward(m, inputs), _forward(m, padded), _generate(m, inputs)
     handles = _zero_q_proj(m, HEADS)
     try:
@@ -132,7 +134,7 @@ def test_uniform_attention_is_uniform_over_causal_keys(tiny_dir, tmp_path):
     n, rows = p.seq_len, torch.tensor([10, p.seq_len - 1])
     omega = torch.arange(0, 40)
     probe = RamProbe(2, 4, rows, omega, omega, n)
-    with corelens.ablate(m, [(0, 2)], op="uniform"), activate(m.layer_modules(), probe), torch.no_grad():
+    with UniformHeads([(0, 2)]).applied(m), activate(m.layer_modules(), probe), torch.no_grad():
         m.model(**p.inputs)
     expected = ((omega[None, :] <= rows[:, None]).sum(1) / (rows + 1)).mean()
     assert probe.mass[0, 2].item() == pytest.approx(expected.item(), abs=1e-6)
@@ -167,12 +169,12 @@ def test_knockout_of_all_heads_equals_a_padding_mask_over_the_key_set(tiny_dir, 
     p = prepare(m, sample)
     every = [(layer, h) for layer in range(2) for h in range(4)]
     visual = p.layout.visual
-    with corelens.ablate(m, every, op="knockout"):  # visual keys, found from the token ids
+    with KnockoutHeads(every).applied(m, p):  # the prompt's visual keys
         ours = _forward(m, p.inputs)
     ref = _forward(m, _masked_reference(m, p.inputs, visual))
     assert (ours - ref).abs().max().item() <= 1e-5
     omega = p.layout.omega(sample.targets)
-    with corelens.ablate(m, every, op="knockout", keys="omega") as ab, ab.for_sample(sample, p):
+    with KnockoutHeads(every, keys="omega").applied(m, p, sample=sample):
         ours = _forward(m, p.inputs)
     ref = _forward(m, _masked_reference(m, p.inputs, omega))
     assert (ours - ref).abs().max().item() <= 1e-5
@@ -197,7 +199,7 @@ def test_knockout_acts_on_its_heads_only(tiny_dir, tmp_path):
     _forward(m, _masked_reference(m, p.inputs, p.layout.visual))
     handle.remove()
     handle = grab("ours")
-    with corelens.ablate(m, [(0, 1), (0, 2)], op="knockout"):
+    with KnockoutHeads([(0, 1), (0, 2)]).applied(m, p):
         _forward(m, p.inputs)
     handle.remove()
     for h in range(4):
@@ -210,11 +212,14 @@ def test_knockout_of_an_empty_key_set_is_a_no_op(tiny_dir, tmp_path):
     m = corelens.load(tiny_dir("qwen2_5_vl", kv_heads=1))
     inputs = prepare(m, _sample(tmp_path)).inputs
     plain, plain_gen = _forward(m, inputs), _generate(m, inputs)
-    with corelens.ablate(m, HEADS, op="knockout", keys="omega") as ab, ab.positions(omega=[]):
+    knockout = KnockoutHeads(HEADS, keys="omega")
+    with knockout.applied(m), attention_context(AttentionContext((), omega=[])):
         assert torch.equal(_forward(m, inputs), plain)
         _same_generation(_generate(m, inputs), plain_gen, atol=0.0)
+    no_omega = attention_context(AttentionContext(()))  # the prompt's positions, but not its Omega
     with (
-        corelens.ablate(m, HEADS, op="knockout", keys="omega") as ab,
+        knockout.applied(m),
+        no_omega,
         pytest.raises(corelens.CorelensError, match="needs the sample's Omega"),
     ):
         _forward(m, inputs)
@@ -232,25 +237,25 @@ def _greedy_without_cache(m, inputs, steps):
     return step["input_ids"]
 
 
-@pytest.mark.parametrize(("keys", "explicit"), [("visual", False), ("visual", True), ("omega", True)])
-def test_knockout_with_cache_equals_no_cache(tiny_dir, keys, explicit, tmp_path):
+@pytest.mark.parametrize("keys", ["visual", "omega"])
+def test_knockout_with_cache_equals_no_cache(tiny_dir, keys, tmp_path):
     """The decoding steps knock out the same absolute key positions as the prefill."""
     from corelens.experiments.evaluate import evaluate
 
     m = corelens.load(tiny_dir("qwen2_5_vl", kv_heads=1))
     sample = _sample(tmp_path)
     p = prepare(m, sample)
-    with corelens.ablate(m, HEADS, op="knockout", keys=keys) as ab:
-        with ab.for_sample(sample, p) if explicit else ab.positions():  # else: roles from the token ids
-            cached = _generate(m, p.inputs).sequences
-            uncached = _greedy_without_cache(m, p.inputs, GEN["max_new_tokens"])
-        if keys == "omega":  # the harness sets each sample's positions through `context`
-            got = evaluate(m, [sample], max_new_tokens=GEN["max_new_tokens"], context=ab.for_sample)
-            new = cached[0, p.seq_len :]
-            assert (
-                got.records["prediction"][0]
-                == m.processor.tokenizer.decode(new, skip_special_tokens=True).strip()
-            )
+    knockout = KnockoutHeads(HEADS, keys=keys)
+    with knockout.applied(m, p, sample=sample):
+        cached = _generate(m, p.inputs).sequences
+        uncached = _greedy_without_cache(m, p.inputs, GEN["max_new_tokens"])
+    if keys == "omega":  # the harness applies the policy with each sample's positions
+        got = evaluate(m, [sample], max_new_tokens=GEN["max_new_tokens"], policy=knockout)
+        new = cached[0, p.seq_len :]
+        assert (
+            got.records["prediction"][0]
+            == m.processor.tokenizer.decode(new, skip_special_tokens=True).strip()
+        )
     assert torch.equal(cached, uncached)
 
 
@@ -297,7 +302,7 @@ def test_mean_uses_reference_statistics_only(tiny_dir, tmp_path):
 
     p = prepare(m, target)
     before = means.visual.copy()
-    with corelens.ablate(m, HEADS, op="mean", means=path):
+    with MeanHeads(HEADS, means=path).applied(m, p):
         ours, ours_gen = _forward(m, p.inputs), _generate(m, p.inputs)
     np.testing.assert_array_equal(means.visual, before)
     n = p.seq_len
@@ -319,19 +324,19 @@ def test_mean_uses_reference_statistics_only(tiny_dir, tmp_path):
     _same_generation(ours_gen, ref_gen)
 
 
-def test_ablation_is_plain_data(tiny_dir):
-    a = Ablation([(1, 3), (0, 1), (1, 3)], "knockout", "omega", label="top/5%", seed=None)
+def test_an_ablation_policy_is_plain_data(tiny_dir):
+    a = KnockoutHeads([(1, 3), (0, 1), (1, 3)], label="top/5%", keys="omega")
     assert a.heads == ((0, 1), (1, 3))
-    assert Ablation.from_json(a.to_json()) == a
+    assert Policy.from_json(a.to_json()) == a
     assert json.loads(a.to_json())["heads"] == [[0, 1], [1, 3]]
-    with pytest.raises(ValueError, match="unknown ablation op"):
-        Ablation([(0, 0)], "erase")
+    with pytest.raises(ValueError, match="unknown policy 'erase'"):
+        POLICIES["erase"]
     m = corelens.load(tiny_dir("qwen2_vl"))
-    with pytest.raises(corelens.CorelensError, match="outside the model"), corelens.ablate(m, [(2, 0)]):
+    with pytest.raises(corelens.CorelensError, match="outside the model"), ZeroHeads([(2, 0)]).applied(m):
         pass
     with (
         pytest.raises(corelens.CorelensError, match="needs reference statistics"),
-        corelens.ablate(m, [(0, 0)], op="mean"),
+        MeanHeads([(0, 0)]).applied(m),
     ):
         pass
 
@@ -431,7 +436,7 @@ def test_cli_sweep_writes_table_and_figure_resumes_and_warns(tiny_dir, tmp_path,
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["seeds"] == [0, 1] and manifest["settings"]["identified_sha256"]
     sets = json.loads((out / "headsets.json").read_text())
-    assert len(sets) == 13 and Ablation.from_dict({k: v for k, v in sets[1].items() if k != "name"}).heads
+    assert len(sets) == 13 and ablation_policy({k: v for k, v in sets[1].items() if k != "name"}).heads
     named = [" ".join(f"L{layer}H{head}" for layer, head in sorted(map(tuple, s["heads"]))) for s in sets[1:]]
     assert table["heads"].iloc[1:].tolist() == named  # each row names the heads it ablated
     summary = pd.read_csv(out / "ablation_summary.csv")

@@ -12,8 +12,9 @@ import corelens as cl
 from corelens.attention.modules import decoder_attention_modules
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
+from corelens.policies import ZeroHeads
 
-TOP = [(0, 5), (0, 6), (0, 7)]  # the organism's top heads (as in `cl.ablate`'s example)
+TOP = [(0, 5), (0, 6), (0, 7)]  # the organism's top heads on image answers
 
 
 def _user_model():
@@ -40,10 +41,11 @@ def test_user_sdpa_model_is_switched_and_ablation_changes_logits(tmp_path, caplo
     assert model.config.vision_config._attn_implementation == "sdpa"  # vision tower untouched
 
     samples, _ = cl.read_samples(generate("image", tmp_path, 1, seed=1))
-    inputs = cl.prepare(m, samples[0]).inputs
+    prepared = cl.prepare(m, samples[0])
+    inputs = prepared.inputs
     with torch.no_grad():
         plain = model(**inputs).logits[0, -1]
-        with cl.ablate(m, TOP, op="zero"):
+        with ZeroHeads(TOP).applied(m, prepared):
             ablated = model(**inputs).logits[0, -1]
     assert (plain - ablated).abs().max() > 1e-3  # the hooks ran: zeroing the top heads moves the answer
 

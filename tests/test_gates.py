@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import hybrid
 
 import corelens
 from corelens.experiments.gates import GateSettings, binarize, fit_gates, gate_distance, top
@@ -43,7 +44,7 @@ def _o_proj_input(m, forced, layer, hybrid_full=None):
             if hybrid_full is None:
                 m.model(**forced.to(m.device), use_cache=False)
             else:
-                with corelens.hybrid(m, full=hybrid_full, sink=S, window=W, kernel="reference"):
+                with hybrid(m, hybrid_full, sink=S, window=W, kernel="reference"):
                     m.model(**forced.to(m.device), use_cache=False)
     finally:
         handle.remove()
@@ -107,7 +108,7 @@ def test_all_gates_at_zero_are_hybrid_attention_with_no_full_head(organism, samp
     forced = prepare(m, samples[1], answer=samples[1].answer)
     with torch.no_grad():
         base = float(answer_logp(m, forced))
-        with corelens.hybrid(m, full=(), sink=S, window=W, kernel="reference"):
+        with hybrid(m, (), sink=S, window=W, kernel="reference"):
             streamed = float(answer_logp(m, forced))
         got = float(gate_distance(m, forced, torch.tensor(base, dtype=torch.float64),
                                   torch.zeros(m.num_layers, m.num_heads), GateSettings(sink=S, window=W, loss="logp")))  # fmt: skip

@@ -9,6 +9,7 @@ import itertools
 
 import pytest
 import torch
+from helpers import hybrid
 
 import corelens
 from corelens.experiments.greedy import GreedySettings, greedy_heads
@@ -65,7 +66,7 @@ def _brute(m, samples, mode) -> dict[frozenset, float]:
     for size in range(len(POOL) + 1):
         for subset in itertools.combinations(POOL, size):
             if mode == "hybrid":
-                with corelens.hybrid(m, full=subset, sink=S, window=W, kernel="reference"):
+                with hybrid(m, subset, sink=S, window=W, kernel="reference"):
                     v = [_logp(m, f) for f in forced]
             else:
                 v = [_zeroed(m, f, subset) for f in forced]

@@ -3,13 +3,17 @@ reference built without the stacking code, and the ones refused by name."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
+from helpers import hybrid
 
 import corelens
 from corelens.attention import RamProbe, activate
 from corelens.attention.dispatch import AttentionHook
 from corelens.attention.priors import SapHook
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.capture import _NoRope
 from corelens.errors import CorelensError
 from corelens.policies import POLICIES
@@ -61,7 +65,12 @@ def _with(m, handles, fn):
 
 
 def _hybrid(m):
-    return corelens.hybrid(m, FULL, sink=SINK, window=WINDOW)
+    return hybrid(m, FULL, sink=SINK, window=WINDOW)
+
+
+def _ablated(m, op):
+    """The head operator `op` on HEADS, applied (zero and uniform need no prompt positions)."""
+    return POLICIES[op](tuple(HEADS)).applied(m)
 
 
 @pytest.mark.parametrize("op", ["zero", "uniform"])
@@ -75,8 +84,7 @@ def test_ablation_inside_or_around_hybrid_attention(model, op, hybrid_outer):
             m, _per_head_hook(m, "o" if op == "zero" else "q", HEADS, None), lambda: _logits(m, inputs)
         )
     assert h.stats["prefill:blocked"] == m.num_layers  # the pattern does stream
-    first, second = (_hybrid(m), corelens.ablate(m, HEADS, op)) if hybrid_outer else (
-        corelens.ablate(m, HEADS, op), _hybrid(m))  # fmt: skip
+    first, second = (_hybrid(m), _ablated(m, op)) if hybrid_outer else (_ablated(m, op), _hybrid(m))
     with first, second:
         got = _logits(m, inputs)
     assert (got - ref).abs().max().item() <= 1e-5
@@ -90,15 +98,20 @@ def test_sap_inside_zero_ablation(model):
     prior = torch.softmax(torch.linspace(-2, 2, len(visual)), 0)
     layers = [(i, m.attention_layers[i]) for i in range(m.num_layers)]
 
+    @contextmanager
     def sap():
-        return activate(layers, SapHook(visual, prior, prompt_len=n))
+        with (
+            attention_context(AttentionContext(visual, prompt_len=n)),
+            activate(layers, SapHook(prior=prior)),
+        ):
+            yield
 
     with sap():
         ref = _with(m, _per_head_hook(m, "o", HEADS, None), lambda: _logits(m, inputs))
         alone = _logits(m, inputs)
     for outer, inner in (
-        (lambda: corelens.ablate(m, HEADS, "zero"), sap),
-        (sap, lambda: corelens.ablate(m, HEADS, "zero")),
+        (lambda: _ablated(m, "zero"), sap),
+        (sap, lambda: _ablated(m, "zero")),
     ):
         with outer(), inner():
             got = _logits(m, inputs)
@@ -121,7 +134,7 @@ def test_ram_probe_under_an_ablation_reads_the_ablated_attention(model, op, prob
     with activate(m.layer_modules(), ref):
         _with(m, _per_head_hook(m, "o" if op == "zero" else "q", HEADS, None), lambda: _logits(m, inputs))
     got = probe()
-    scopes = [lambda: activate(m.layer_modules(), got), lambda: corelens.ablate(m, HEADS, op)]
+    scopes = [lambda: activate(m.layer_modules(), got), lambda: _ablated(m, op)]
     with scopes[not probe_outer](), scopes[probe_outer]():
         _logits(m, inputs)
     torch.testing.assert_close(got.mass, ref.mass, rtol=0, atol=1e-6)
@@ -162,7 +175,7 @@ def test_refused_combinations_name_both_hooks(model, outer, inner, match):
             ),
             "knockout": lambda: _ablator(m, "knockout"),
             "uniform": lambda: _ablator(m, "uniform"),
-            "sap": lambda: SapHook(torch.arange(5, 30), None, prompt_len=n),
+            "sap": lambda: SapHook(),
             "probe": lambda: RamProbe(2, 4, torch.arange(3), torch.arange(2), torch.arange(4), n),
             "norope": _NoRope,
         }[kind]()
@@ -189,6 +202,6 @@ def test_hybrid_keeps_the_inner_kernel_where_every_pair_is_kept(model):
 
             return kernel
 
-    with corelens.hybrid(m, FULL, sink=SINK, window=1000), activate(m.layer_modules(), Count()):
+    with hybrid(m, FULL, sink=SINK, window=1000), activate(m.layer_modules(), Count()):
         _logits(m, inputs)
     assert seen == list(range(m.num_layers))

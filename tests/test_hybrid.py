@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from helpers import noise_image
+from helpers import hybrid, noise_image
 
 import corelens
 from corelens.attention.streaming import HybridPolicy, as_policy
@@ -55,11 +55,11 @@ def test_all_full_or_wide_window_is_the_stock_model(tiny_dir, any_family, tmp_pa
     every = [(layer, head) for layer in range(m.num_layers) for head in range(m.num_heads)]
     with torch.no_grad():
         ref = stock(**inputs).logits
-        with corelens.hybrid(m, every, sink=2, window=3):
+        with hybrid(m, every, sink=2, window=3):
             full = m.model(**inputs).logits
-        with corelens.hybrid(m, [], sink=0, window=n):
+        with hybrid(m, [], sink=0, window=n):
             wide = m.model(**inputs).logits
-        with corelens.hybrid(m, [], sink=4, window=5, kernel="reference"):
+        with hybrid(m, [], sink=4, window=5, kernel="reference"):
             narrow = m.model(**inputs).logits
     assert (full - ref).abs().max().item() <= 1e-5
     assert (wide - ref).abs().max().item() <= 1e-5
@@ -74,7 +74,7 @@ def test_any_policy_equals_the_dense_masked_reference(tiny_dir, groups):
     outs = {}
     with torch.no_grad():
         for kernel in ("reference", "auto"):
-            with corelens.hybrid(m, policy, sink=5, window=21, kernel=kernel) as h:
+            with hybrid(m, policy, sink=5, window=21, kernel=kernel) as h:
                 outs[kernel] = m.model(input_ids=ids, attention_mask=mask).logits
             assert h.stats[f"prefill:{'reference' if kernel == 'reference' else 'blocked'}"] == m.num_layers
     real = mask.bool()
@@ -90,14 +90,14 @@ def test_greedy_decoding_with_the_trimmed_cache(tiny_dir, groups, pad):
     policy = [(0, h) for h in range(groups)] + [(1, 0)]
     gen = {"max_new_tokens": 9, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
     with torch.no_grad():
-        with corelens.hybrid(m, policy, sink=3, window=8, kernel="reference", decode="stream") as ref_session:
+        with hybrid(m, policy, sink=3, window=8, kernel="reference", decode="stream") as ref_session:
             ref = m.model.generate(input_ids=ids, attention_mask=mask, **gen)  # DynamicCache, every key kept
-        with corelens.hybrid(m, policy, sink=3, window=8, decode="stream") as h:
+        with hybrid(m, policy, sink=3, window=8, decode="stream") as h:
             cache = h.cache()
             out = m.model.generate(input_ids=ids, attention_mask=mask, cache=cache, **gen)
         # Teacher-forced dense reference over the whole generated sequence.
         full_mask = torch.cat([mask, torch.ones(2, 9, dtype=mask.dtype)], dim=1)
-        with corelens.hybrid(m, policy, sink=3, window=8, kernel="reference"):
+        with hybrid(m, policy, sink=3, window=8, kernel="reference"):
             forced = m.model(input_ids=ref.sequences, attention_mask=full_mask).logits
     assert ref_session.stats["masked"] > 0 and h.stats["trimmed"] > 0
     assert torch.equal(out.sequences, ref.sequences)
@@ -146,7 +146,7 @@ def test_decode_attention_is_the_masked_reference_in_the_input_dtype(monkeypatch
 def _forced_decoding(m, policy, ids, mask, prompt, **options):
     """Return the last-position logits of a prefill of `prompt` tokens and of one step per further token."""
     logits = []
-    with torch.no_grad(), corelens.hybrid(m, policy, sink=3, window=8, decode="stream", **options) as h:
+    with torch.no_grad(), hybrid(m, policy, sink=3, window=8, decode="stream", **options) as h:
         cache = h.cache() if options.get("kernel") != "reference" else None  # reference: a DynamicCache
         out = m.model(input_ids=ids[:, :prompt], attention_mask=mask[:, :prompt], cache=cache, use_cache=True)
         logits.append(out.logits[:, -1])
@@ -200,7 +200,7 @@ def test_a_trimmed_decoding_step_reads_nothing_back(tiny_dir, monkeypatch):
     m = corelens.load(tiny_dir("qwen2_5_vl", **GROUPS[2]))
     ids, mask = _prompt(64, 2, 60, seed=3)
     mask[1, 61:] = 1
-    with torch.no_grad(), corelens.hybrid(m, [(0, 0), (1, 2)], sink=3, window=8, decode="stream") as h:
+    with torch.no_grad(), hybrid(m, [(0, 0), (1, 2)], sink=3, window=8, decode="stream") as h:
         cache = h.cache()
         out = m.model(input_ids=ids[:, :61], attention_mask=mask[:, :61], cache=cache, use_cache=True)
         armed.append(True)
@@ -228,12 +228,12 @@ def test_full_decoding_after_a_hybrid_prefill(tiny_dir):
         "return_dict_in_generate": True,
     }
     with torch.no_grad():
-        with corelens.hybrid(m, policy, sink=3, window=8) as h:  # decode="full" is the default
+        with hybrid(m, policy, sink=3, window=8) as h:  # decode="full" is the default
             full = m.model.generate(input_ids=ids, attention_mask=mask, cache=h.cache(), **gen)
-        with corelens.hybrid(m, policy, sink=3, window=8, decode="stream") as s:
+        with hybrid(m, policy, sink=3, window=8, decode="stream") as s:
             stream = m.model.generate(input_ids=ids, attention_mask=mask, cache=s.cache(), **gen)
         # The oracle: a hybrid prefill (dense reference kernel), then the stock model decodes from its cache.
-        with corelens.hybrid(m, policy, sink=3, window=8, kernel="reference"):
+        with hybrid(m, policy, sink=3, window=8, kernel="reference"):
             out = m.model(input_ids=ids, attention_mask=mask, use_cache=True)
         cache, scores = out.cache, [out.logits[:, -1]]
         for _ in range(steps - 1):
@@ -255,7 +255,7 @@ def test_full_decoding_after_a_hybrid_prefill(tiny_dir):
     assert h.stats["masked"] == h.stats["trimmed"] == 0 and h.cache_report()["saved_fraction"] == 0
     assert s.cache_report()["saved_fraction"] > 0
     with pytest.raises(CorelensError, match="decode mode"):
-        corelens.hybrid(m, policy, decode="half").__enter__()
+        hybrid(m, policy, decode="half").__enter__()
 
 
 def test_pooled_ideal_speedup_counts_the_kept_pairs():
@@ -278,7 +278,7 @@ def test_pooled_ideal_speedup_counts_the_kept_pairs():
 def test_trimmed_cache_refuses_to_leave_its_block(tiny_dir):
     m = corelens.load(tiny_dir("qwen2_5_vl"))
     ids, mask = _prompt(40, 1, 0)
-    with corelens.hybrid(m, [(0, 0)], sink=2, window=4, decode="stream") as h:
+    with hybrid(m, [(0, 0)], sink=2, window=4, decode="stream") as h:
         cache = h.cache()
         with torch.no_grad():
             m.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)

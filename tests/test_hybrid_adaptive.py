@@ -1,4 +1,4 @@
-"""Input-adaptive hybrid attention (issue 21): `corelens.hybrid(m, full="adaptive", budget=F)`."""
+"""Input-adaptive hybrid attention (issue 21): the `adaptive-hybrid` policy (`AdaptiveHybrid(budget=F)`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ import pytest
 import torch
 
 import corelens as cl
+from corelens.attention import activate
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.attention.streaming import HybridPolicy
 from corelens.data.sample import read_samples
 from corelens.errors import CorelensError
 from corelens.models.prepare import prepare
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
+from corelens.policies import AdaptiveHybrid, HybridAttention
 
 SINK, WINDOW = 4, 16  # the organism's hybrid setting (benchmarks/organism/hybrid.sh): prompts stream
 
@@ -24,7 +27,7 @@ SINK, WINDOW = 4, 16  # the organism's hybrid setting (benchmarks/organism/hybri
 def setup(tmp_path_factory):
     m = cl.load(organism_path(), device="cpu")
     samples, _ = read_samples(generate("document", tmp_path_factory.mktemp("adaptive"), 2, seed=4))
-    inputs = [prepare(m, s).inputs for s in samples]
+    inputs = [prepare(m, s) for s in samples]
     rng = np.random.default_rng(0)
     table = pd.DataFrame(
         {
@@ -37,16 +40,26 @@ def setup(tmp_path_factory):
     return m, inputs, table
 
 
-def _logits(m, inputs):
+def _logits(m, prepared):
     with torch.no_grad():
-        return m.model(**inputs, use_cache=False).logits
+        return m.model(**prepared.inputs, use_cache=False).logits
+
+
+def _adaptive(m, prepared, budget, prior=None, **options):
+    """Apply `AdaptiveHybrid` with the per-layer counts of `prior`'s top `budget` (a head table or a plain
+    policy) for the prompt `prepared`; the block's value is the applied policy."""
+    fixed = None
+    if prior is not None:
+        fixed = (prior if isinstance(prior, HybridPolicy) else HybridPolicy.from_heads(prior, budget)).full
+    return AdaptiveHybrid(budget, fixed, **{"sink": SINK, "window": WINDOW, **options}).applied(m, prepared)
 
 
 def test_budget_one_is_dense(setup):
     m, inputs, table = setup
     for x in inputs:
-        with cl.hybrid(m, full="adaptive", budget=1.0, sink=SINK, window=WINDOW) as h:
+        with _adaptive(m, x, 1.0) as on:
             got = _logits(m, x)
+        h = on.hooks[0].session
         assert torch.equal(got, _logits(m, x))
         assert bool(h.hook.chosen[-1].all()) and h.stats["signal"] == 0
 
@@ -56,12 +69,12 @@ def test_fixed_signal_is_the_fixed_policy(setup):
     for budget in (0.125, 0.25, 0.5):
         policy = HybridPolicy.from_heads(table, budget, sink=SINK, window=WINDOW)
         for x in inputs:
-            with cl.hybrid(m, policy) as fixed:
+            with HybridAttention.of(policy).applied(m, x) as on:
                 want = _logits(m, x)
-            with cl.hybrid(
-                m, full="adaptive", budget=budget, prior=table, signal=table, sink=SINK, window=WINDOW
-            ) as h:
+            fixed = on.hooks[0].session
+            with _adaptive(m, x, budget, table, signal=table) as on:
                 got = _logits(m, x)
+            h = on.hooks[0].session
             assert torch.equal(h.hook.chosen[-1], policy.full_mask(m.num_layers, m.num_heads))
             assert torch.equal(got, want)
             assert (
@@ -72,9 +85,11 @@ def test_fixed_signal_is_the_fixed_policy(setup):
 def test_measured_signal_keeps_the_quota_and_streams(setup):
     m, inputs, table = setup
     policy = HybridPolicy.from_heads(table, 0.25)
-    with cl.hybrid(m, full="adaptive", budget=0.25, prior=table, sink=SINK, window=WINDOW) as h:
-        for x in inputs:
+    session = AdaptiveHybrid(0.25, policy.full, SINK, WINDOW).session(m)
+    for x in inputs:  # one session across two prompts: each prefill chooses its own heads
+        with attention_context(AttentionContext.of(x)), activate(m.layer_modules(), session.hook):
             _logits(m, x)
+    h = session
     assert len(h.hook.chosen) == 2 and h.stats["signal"] == 2 * m.num_layers
     for chosen in h.hook.chosen:
         assert chosen.sum(dim=1).tolist() == policy.full_mask(m.num_layers, m.num_heads).sum(dim=1).tolist()
@@ -82,32 +97,31 @@ def test_measured_signal_keeps_the_quota_and_streams(setup):
 
 def test_adaptive_errors():
     m = cl.load(organism_path(), device="cpu")
-    with pytest.raises(CorelensError, match="budget"), cl.hybrid(m, full="adaptive"):
-        pass
-    with pytest.raises(CorelensError, match="in \\(0, 1\\]"), cl.hybrid(m, full="adaptive", budget=1.5):
-        pass
-    with (
-        pytest.raises(CorelensError, match="decode='full'"),
-        cl.hybrid(m, full="adaptive", budget=0.5, decode="stream"),
-    ):
+    for budget in (0.0, 1.5):
+        with pytest.raises(CorelensError, match="in \\(0, 1\\]"), AdaptiveHybrid(budget).applied(m):
+            pass
+    with pytest.raises(CorelensError, match="rows >= 1"), AdaptiveHybrid(0.5, rows=0).applied(m):
         pass
 
 
 def test_signal_is_the_ram_probes_visual_mass(setup):
     # With a window wider than the prompt every layer's prefill is dense, so each layer's signal must be the
     # RAM probe's visual mass of the same rows in a plain forward; the chosen heads are its top quota_l.
-    from corelens.attention import RamProbe, activate
+    from corelens.attention import RamProbe
 
     m, inputs, table = setup
     x = inputs[0]
-    n = x["input_ids"].shape[1]
+    n = x.inputs["input_ids"].shape[1]
     rows = torch.arange(n - 16, n)
-    visual = torch.nonzero(torch.isin(x["input_ids"][0], torch.tensor([m.model.config.image_token_id])))[:, 0]
+    visual = torch.nonzero(
+        torch.isin(x.inputs["input_ids"][0], torch.tensor([m.model.config.image_token_id]))
+    )[:, 0]
     probe = RamProbe(m.num_layers, m.num_heads, rows, visual, visual, n)
     with activate(m.layer_modules(), probe):
         _logits(m, x)
-    with cl.hybrid(m, full="adaptive", budget=0.25, prior=table, sink=SINK, window=10**6) as h:
+    with _adaptive(m, x, 0.25, table, window=10**6) as on:
         _logits(m, x)
+    h = on.hooks[0].session
     quota = HybridPolicy.from_heads(table, 0.25).full_mask(m.num_layers, m.num_heads).sum(dim=1)
     for layer, signal in h.hook.signals[0].items():
         torch.testing.assert_close(signal, probe.visual_mass[layer], rtol=0, atol=1e-6)
@@ -138,14 +152,13 @@ def test_hybrid_command_runs_the_adaptive_set(setup, tmp_path, capsys):
     policy = HybridPolicy.from_heads(table, "25%", sink=SINK, window=WINDOW)
     samples, _ = read_samples(data)
     for sample in samples:
-        inputs = prepare(m, sample).inputs
-        with (
-            torch.no_grad(),
-            cl.hybrid(m, full="adaptive", budget=0.25, prior=policy, sink=SINK, window=WINDOW) as h,
-        ):
+        prepared = prepare(m, sample)
+        inputs = prepared.inputs
+        with torch.no_grad(), _adaptive(m, prepared, 0.25, policy) as on:
             new = m.model.generate(**inputs, max_new_tokens=2, do_sample=False)[
                 0, inputs["input_ids"].shape[1] :
             ]
+        h = on.hooks[0].session
         want = m.processor.tokenizer.decode(new, skip_special_tokens=True).strip()
         assert (
             h.hook.chosen[0].sum(dim=1).tolist()

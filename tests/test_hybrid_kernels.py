@@ -254,6 +254,8 @@ def test_plans_scan_each_mask_object_once():
 
 
 def test_a_hybrid_session_scans_the_prompt_mask_once_per_forward(tiny_dir, monkeypatch):
+    from helpers import hybrid
+
     import corelens
 
     scans = []
@@ -263,7 +265,7 @@ def test_a_hybrid_session_scans_the_prompt_mask_once_per_forward(tiny_dir, monke
     ids = torch.randint(20, 60, (2, 157), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, :23] = 0
-    with torch.no_grad(), corelens.hybrid(m, [(0, 1)], sink=5, window=21, kernel="blocked") as h:
+    with torch.no_grad(), hybrid(m, [(0, 1)], sink=5, window=21, kernel="blocked") as h:
         for _ in range(2):
             m.model(input_ids=ids, attention_mask=mask)
     assert h.stats["prefill:blocked"] == 2 * m.num_layers > 2 and len(scans) == 2

@@ -22,7 +22,7 @@ from corelens.metrics.causal_effects import agreement, importance_table
 from corelens.models.prepare import messages, prepare
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
-from corelens.policies.legacy import Ablation, ablate
+from corelens.policies import KnockoutHeads, ZeroHeads
 
 MODEL = str(organism_path())
 
@@ -80,7 +80,7 @@ def test_single_head_effect_equals_zeroed_o_proj_columns(organism, samples):
     sample = samples[0]
     forced = prepare(m, sample, answer=sample.answer)
     for layer, head in [(0, 6), (2, 3)]:
-        with torch.no_grad(), ablate(m, Ablation(((layer, head),), "zero")):
+        with torch.no_grad(), ZeroHeads([(layer, head)]).applied(m, forced):
             ours = float(answer_logp(m, forced))
 
         def zero(module, args, head=head):
@@ -102,7 +102,7 @@ def test_knockout_gate_at_one_equals_the_knockout_operator(organism, samples):
     forced = prepare(m, sample, answer=sample.answer)
     blocked = blocked_positions(sample, forced, "knockout", "visual")
     for head in [(0, 5), (1, 2)]:
-        with torch.no_grad(), ablate(m, Ablation((head,), "knockout")) as ab, ab.for_sample(sample, forced):
+        with torch.no_grad(), KnockoutHeads([head]).applied(m, forced, sample=sample):
             ours = float(answer_logp(m, forced))
         assert abs(_gated(m, forced, "knockout", blocked, [head], 1.0) - ours) <= 1e-5
 
@@ -175,7 +175,7 @@ def test_attribution_tracks_the_exact_effects_on_the_organism(organism, samples)
     forced = prepare(m, sample, answer=sample.answer)
     with torch.no_grad():
         base = float(answer_logp(m, forced))
-        with ablate(m, [(0, 6)]):
+        with ZeroHeads([(0, 6)]).applied(m, forced):
             drop = base - float(answer_logp(m, forced))
     exact = [_every_single_head(m, forced)]
     assert exact[0][0, 6] == pytest.approx(drop, abs=1e-5)  # the batched copies = the operator, one by one
@@ -259,7 +259,7 @@ def test_cli_end_to_end_then_resume_and_report(tiny_dir, tmp_path):
     forced = prepare(m, sample, answer=sample.answer)
     with torch.no_grad():
         base = float(answer_logp(m, forced))
-        with ablate(m, Ablation(((1, 2),), "knockout")) as ab, ab.for_sample(sample, forced):
+        with KnockoutHeads([(1, 2)]).applied(m, forced, sample=sample):
             drop = base - float(answer_logp(m, forced))
     got = records[(records["sample"] == sample.id) & (records["layer"] == 1) & (records["head"] == 2)]
     assert got["drop_logp"].iloc[0] == pytest.approx(drop, abs=1e-6) and abs(drop) > 1e-6

@@ -151,17 +151,19 @@ def test_the_two_passes_cover_the_rule_exactly_once():
 
 
 def test_block_masks_are_built_once_per_length_not_per_layer(tiny_dir):
+    from helpers import hybrid
+
     import corelens
 
     part.window_block_mask.cache_clear()
     part.sink_block_mask.cache_clear()
     m = corelens.load(tiny_dir("qwen2_5_vl", heads=4, kv_heads=2))
     ids = torch.randint(20, 60, (1, 157), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), corelens.hybrid(m, [(0, 1)], sink=5, window=21, kernel="partitioned") as h:
+    with torch.no_grad(), hybrid(m, [(0, 1)], sink=5, window=21, kernel="partitioned") as h:
         out = m.model(input_ids=ids).logits
     assert h.stats["prefill:partitioned"] == m.num_layers > 1
     assert part.window_block_mask.cache_info().misses == 1 and part.window_block_mask.cache_info().hits >= 1
-    with torch.no_grad(), corelens.hybrid(m, [(0, 1)], sink=5, window=21, kernel="reference"):
+    with torch.no_grad(), hybrid(m, [(0, 1)], sink=5, window=21, kernel="reference"):
         want = m.model(input_ids=ids).logits
     assert (out - want).abs().max().item() <= 1e-4
 

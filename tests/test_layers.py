@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from corelens.deprecation import SHIMS
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "corelens"
 
 # Top to bottom; a unit may import its own layer (without a cycle) and any layer below it.
@@ -45,8 +47,8 @@ LAYERS = (
     ("data", "metrics", "runs"),
     # choices: the values options choose from and their defaults; imports nothing, read by every parser.
     # registry: the one registry idiom (name -> implementation) of families, kernels, readers, policies.
-    # aliases: the old import paths of moved modules (an import finder that `corelens/__init__.py` installs).
-    ("errors", "choices", "registry", "aliases"),
+    # deprecation: the allow-list of old import paths (one shim file at each) and the helper each calls.
+    ("errors", "choices", "registry", "deprecation"),
 )
 RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 
@@ -55,30 +57,9 @@ RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 # schema, heads artifact / card / schema, the readers package); a new one fails the test below.
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
-# Modules moved or renamed by issue 30, kept for one release at their old import path as deprecation aliases
-# (importing the old path gives the new module itself): {old: new}. No file stands at an old path: the import
-# finder of `corelens.aliases` serves them from its table `MOVED`, which must be this one (so each alias is
-# tested below). They go in the next release, and with them this table.
-ALIASES = {
-    "corelens.attention.hybrid": "corelens.attention.streaming",
-    "corelens.bench.flow": "corelens.bench.flow_metrics",
-    "corelens.bench.hybrid": "corelens.bench.hybrid_kernels",
-    "corelens.bench.ram": "corelens.bench.ram_probe",
-    "corelens.experiments.explorer": "corelens.report.explorer",
-    "corelens.experiments.overlay": "corelens.report.overlay",
-    "corelens.metrics.importance": "corelens.metrics.causal_effects",
-    "corelens.metrics.stability": "corelens.metrics.rank_agreement",
-    "corelens.models.registry": "corelens.models.families.family",
-    "corelens.organism.model": "corelens.organism.architecture",
-    "corelens.report.hybrid": "corelens.report.curves",
-    "corelens.report.importance": "corelens.report.ram_vs_causal",
-    "corelens.report.topology": "corelens.report.run_comparison",
-    "corelens.report.uncertainty": "corelens.report.curves",
-}
-
-# Modules that share their name with a module of another layer today (paths below src/corelens). A new one
-# fails the test; one renamed away must leave this set (test_the_known_lists_are_current).
-KNOWN_SAME_NAMES: set[str] = set()
+# Old import paths of moved modules: a shim file at each (corelens.deprecation), whose whole body calls
+# `moved`; it imports nothing at module level, so no rule below sees it as a module of its own.
+SHIM_BODY = "from corelens.deprecation import moved\n\n__getattr__, __dir__ = moved(__name__)\n"
 
 
 def _unit(module: str) -> str:
@@ -162,21 +143,31 @@ def module_edges(src: Path = SRC) -> set[tuple[str, str]]:
     return {(a, b) for a, targets in module_imports(src).items() for b in targets if _unit(a) == _unit(b)}
 
 
-def same_names(src: Path = SRC) -> dict[str, list[str]]:
-    """Return {module name: its paths below `src`} for the names that modules of different layers share.
+def _stem(module: str) -> str:
+    return module.rsplit(".", 1)[-1]
 
-    A package's `__init__.py` and `__main__.py` are named by their package: they do not count.
+
+def misleading_namesakes(src: Path = SRC) -> list[str]:
+    """Return the imports where one name stands for modules of different layers, the only clash that misleads:
+    a module importing a namesake of its own from another layer (`experiments/tokens.py` importing a family's
+    `tokens`), or importing two modules of one name from different layers (`from corelens.models import
+    tokens` beside `from corelens.metrics import tokens`).
+
+    Namesakes that never meet in one file (a guide's `policies/scale.py` beside `bench/scale.py`) pass;
+    a package's `__init__` / `__main__` is named by its package.
     """
-    by_name: dict[str, list[Path]] = {}
-    for path in sorted(src.rglob("*.py")):
-        if path.stem not in ("__init__", "__main__"):
-            by_name.setdefault(path.stem, []).append(path.relative_to(src))
-    out = {}
-    for name, paths in sorted(by_name.items()):
-        rank = {RANK[_unit(".".join(("corelens", *p.with_suffix("").parts)))] for p in paths}
-        if len(rank) > 1:
-            out[name] = [p.as_posix() for p in paths]
-    return out
+    found = []
+    for module, targets in sorted(module_imports(src).items()):
+        named = [t for t in targets if _stem(t) not in ("__init__", "__main__") and t.count(".") > 1]
+        for target in sorted(named):
+            if _stem(target) == _stem(module) and RANK[_unit(target)] != RANK[_unit(module)]:
+                found.append(f"{module} imports its namesake {target}")
+        stems: dict[str, list[str]] = {}
+        for target in named:
+            stems.setdefault(_stem(target), []).append(target)
+        across = [ts for ts in stems.values() if len({RANK[_unit(t)] for t in ts}) > 1]
+        found += [f"{module} imports {' and '.join(sorted(ts))}" for ts in across]
+    return found
 
 
 def _cycles(edges) -> list[list[str]]:
@@ -255,42 +246,74 @@ def test_no_cycle_between_the_modules_of_a_package():
     assert not cycles, "import cycles between the modules of one package:\n" + "\n".join(cycles)
 
 
-def test_no_two_modules_of_one_name_in_different_layers():
-    new = sorted({p for paths in same_names().values() for p in paths} - KNOWN_SAME_NAMES)
-    assert not new, f"modules named like a module of another layer (rename them): {new}"
+def test_no_import_where_one_name_stands_for_two_modules():
+    found = misleading_namesakes()
+    assert not found, "rename one of the modules these imports confuse:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("old", sorted(ALIASES))
+def _shim_paths(src: Path = SRC) -> list[str]:
+    """Return the dotted paths of the shim files below `src` (their whole body calls `moved`)."""
+    return sorted(
+        ".".join(p.relative_to(src.parent).with_suffix("").parts)
+        for p in src.rglob("*.py")
+        if SHIM_BODY in p.read_text()
+    )
+
+
+@pytest.mark.parametrize("old", sorted(SHIMS))
 def test_a_moved_module_keeps_its_old_import_path_for_one_release(old, monkeypatch):
-    """`import` of the old path warns (DeprecationWarning) and gives the new module itself, so that its names,
-    private ones included, and a patch of one of them are the new module's."""
-    new = importlib.import_module(ALIASES[old])
+    """`import` of the old path warns (DeprecationWarning, naming the new path and the release that drops it)
+    and serves the new module's names, private ones included; `from package import old` works too."""
+    from corelens.deprecation import REMOVED_IN
+
+    new = importlib.import_module(SHIMS[old])
     monkeypatch.delitem(sys.modules, old, raising=False)
-    with pytest.warns(DeprecationWarning, match=ALIASES[old].replace(".", r"\.")):
+    match = f"{old} is deprecated and goes in corelens {REMOVED_IN}; import {SHIMS[old]}"
+    with pytest.warns(DeprecationWarning, match=match.replace(".", r"\.")):
         alias = importlib.import_module(old)
-    assert alias is new and sys.modules[old] is new
-    assert new.__spec__.name == ALIASES[old]  # still the new module's own spec (reload, pickling, -m)
+    names = [n for n in vars(new) if not n.startswith("__")]
+    assert names and all(getattr(alias, n) is getattr(new, n) for n in names)
+    assert set(names) <= set(dir(alias))
     package, _, name = old.rpartition(".")
-    assert getattr(importlib.import_module(package), name) is new  # `from corelens.bench import ram`
+    monkeypatch.delattr(importlib.import_module(package), name, raising=False)
+    monkeypatch.delitem(sys.modules, old)
+    with pytest.warns(DeprecationWarning):
+        assert getattr(__import__(package, fromlist=[name]), name).__name__ == old
 
 
-def test_the_aliases_are_served_by_the_finder_not_by_files():
-    """Every old path is in the finder's table (so tested above), and none is a file: a file there would be a
-    module of its own, named like a module of another layer."""
-    from corelens.aliases import MOVED
+def test_the_shims_are_the_allow_list_and_expire():
+    """Every shim file is on the allow-list and every entry has its file (one shape, so a shim is two lines);
+    the list expires: this fails once the package's version reaches the release that drops the shims."""
+    from packaging.version import Version
 
-    assert MOVED == ALIASES
-    assert [old for old in ALIASES if _exists(old, SRC)] == []
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("corelens.report.no_such_module")  # the finder answers only its old paths
+    from corelens import __version__
+    from corelens.deprecation import REMOVED_IN
+
+    assert _shim_paths() == sorted(SHIMS)
+    assert all(not _exists(new, SRC) or new not in SHIMS for new in SHIMS.values())
+    assert Version(__version__) < Version(REMOVED_IN), f"release {REMOVED_IN}: delete the shims and SHIMS"
 
 
-def test_the_known_lists_are_current():
-    """A cycle removed or a module renamed leaves KNOWN_CYCLES / KNOWN_SAME_NAMES, so neither can come back."""
-    gone = [cycle for cycle in sorted(KNOWN_CYCLES) if not _cycle_edges(cycle) <= module_edges()]
-    assert gone == [], "gone: remove them from KNOWN_CYCLES"
-    named = {p for paths in same_names().values() for p in paths}
-    assert sorted(KNOWN_SAME_NAMES - named) == [], "gone: remove them from KNOWN_SAME_NAMES"
+def test_a_namesake_import_is_found_and_namesakes_apart_pass(tmp_path):
+    """The name rule fails when it should: a module importing its namesake of another layer, and one importing
+    two modules of one name; two namesakes that no file imports together pass."""
+    pkg = tmp_path / "corelens"
+    for name in ("experiments", "policies", "bench", "models", "metrics"):
+        (pkg / name).mkdir(parents=True)
+        (pkg / name / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "tokens.py").write_text("")
+    (pkg / "metrics" / "tokens.py").write_text("")
+    (pkg / "experiments" / "tokens.py").write_text("from corelens.models import tokens\n")
+    (pkg / "experiments" / "both.py").write_text(
+        "from corelens.models import tokens\nfrom corelens.metrics import tokens as t2\n"
+    )
+    (pkg / "policies" / "scale.py").write_text("")
+    (pkg / "bench" / "scale.py").write_text("")
+    assert misleading_namesakes(pkg) == [
+        "corelens.experiments.both imports corelens.metrics.tokens and corelens.models.tokens",
+        "corelens.experiments.tokens imports its namesake corelens.models.tokens",
+    ]
 
 
 def test_the_walk_sees_lazy_imports_and_skips_type_checking(tmp_path):
@@ -311,11 +334,11 @@ def test_the_walk_sees_lazy_imports_and_skips_type_checking(tmp_path):
     assert _cycles(edges) == [["attention", "models"]]
 
 
-def test_the_module_walk_sees_lazy_cycles_and_same_names(tmp_path):
+def test_the_module_walk_sees_lazy_cycles(tmp_path):
     """A cycle of two modules of one package through a function-level import is found, one whose back edge
-    is only for type checking is not; a module named like one of another layer is found."""
+    is only for type checking is not."""
     pkg = tmp_path / "corelens"
-    for name in ("attention", "heads", "metrics"):
+    for name in ("attention", "heads"):
         (pkg / name).mkdir(parents=True)
         (pkg / name / "__init__.py").write_text(
             "from corelens.attention import hybrid\n" * (name == "attention")
@@ -327,7 +350,6 @@ def test_the_module_walk_sees_lazy_cycles_and_same_names(tmp_path):
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from corelens.heads.artifact import H\n"
     )
     (pkg / "heads" / "artifact.py").write_text("def f():\n    from . import card\n")
-    (pkg / "metrics" / "card.py").write_text("")
     edges = module_edges(pkg)
     assert edges == {
         ("corelens.attention", "corelens.attention.hybrid"),
@@ -336,4 +358,3 @@ def test_the_module_walk_sees_lazy_cycles_and_same_names(tmp_path):
         ("corelens.heads.artifact", "corelens.heads.card"),
     }
     assert _cycles(edges) == [["corelens.attention.adaptive", "corelens.attention.hybrid"]]
-    assert same_names(pkg) == {"card": ["heads/card.py", "metrics/card.py"]}

@@ -24,6 +24,6 @@ MOVED = {
 def test_a_moved_module_warns_and_serves_the_new_one(old, monkeypatch):
     new, name = MOVED[old]
     monkeypatch.delitem(sys.modules, old, raising=False)
-    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated; import {new}"):
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated and goes in corelens .*; import {new}"):
         module = importlib.import_module(old)
     assert getattr(module, name) is getattr(importlib.import_module(new), name)

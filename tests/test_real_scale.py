@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from helpers import hybrid
 from transformers import AttentionInterface, AutoModelForImageTextToText
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -20,6 +21,7 @@ from corelens.experiments.evaluate import answer
 from corelens.models.loaded import resolve_device
 from corelens.models.prepare import prepare
 from corelens.organism.tasks import WORDS, generate
+from corelens.policies import POLICIES, ZeroHeads
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 # Decoder layer 1 lives on disk and is loaded by accelerate's hooks at each forward; the rest stays on the CPU.
@@ -197,7 +199,7 @@ def test_bf16_ablation_and_hybrid_equal_their_dense_references(tiny):
         inputs = prepare(m, sample).inputs
         with torch.no_grad():
             plain = m.model(**inputs).logits.float()
-            with corelens.ablate(m, heads, op="zero"):
+            with ZeroHeads(heads).applied(m):
                 ours = m.model(**inputs).logits.float()
             handles = _o_proj_zeroed(m, heads)
             try:
@@ -209,7 +211,7 @@ def test_bf16_ablation_and_hybrid_equal_their_dense_references(tiny):
             assert torch.equal(ours, ref) and (ours - plain).abs().max() > 1e-2
             outs = {}
             for kernel in ("reference", "auto"):
-                with corelens.hybrid(m, heads, sink=3, window=7, kernel=kernel):
+                with hybrid(m, heads, sink=3, window=7, kernel=kernel):
                     outs[kernel] = m.model(**inputs).logits.float()
         # bf16 tolerance: both kernels compute fp32 softmax rows over the same bf16 q/k/v and round the
         # output to bf16 once (one bf16 ulp at |x| <= 2 is 2^-7); the logits differ by at most 2e-2.
@@ -233,13 +235,13 @@ def test_offloaded_layers_give_the_unmapped_results(tiny, tmp_path):
         for op in ("zero", "uniform", "knockout"):
             got = []
             for m in (plain, mapped):
-                with corelens.ablate(m, heads, op=op) as ab, ab.for_sample(sample, prepare(m, sample)):
+                with POLICIES[op](tuple(heads)).applied(m, prepare(m, sample), sample=sample):
                     got.append(answer(m, sample, max_new_tokens=4))
             assert got[0] == got[1]
         inputs = prepare(plain, sample).inputs
         logits = []
         for m in (plain, mapped):
-            with torch.no_grad(), corelens.hybrid(m, heads, sink=3, window=7, decode="stream") as h:
+            with torch.no_grad(), hybrid(m, heads, sink=3, window=7, decode="stream") as h:
                 logits.append(m.model(**inputs).logits)
                 out = m.model.generate(**inputs, cache=h.cache(), max_new_tokens=4, do_sample=False)
             logits.append(out)

@@ -12,6 +12,7 @@ from corelens.attention import activate, row_probabilities
 from corelens.attention.dispatch import AttentionHook
 from corelens.attention.priors import SapHook, parse_heads, parse_layers, rebuild_rows
 from corelens.attention.probes import row_scores
+from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.cli import main
 from corelens.errors import CorelensError
 from corelens.experiments.sap import build_prior, key_region, prior_vis_attn, sap
@@ -105,9 +106,9 @@ def test_own_prior_reproduces_stock_model(tiny_dir, any_family, data):
     m = corelens.load(path)
     stock, _ = load_tiny(path)
     p = prepare(m, _sample(data["image"]))
-    hook = SapHook(torch.from_numpy(p.layout.visual), None, p.prompt_len)  # prior = the row's own attention
+    hook = SapHook()  # prior = the row's own attention; positions from the prompt's context
     gen = {"max_new_tokens": 4, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
-    with torch.no_grad(), activate(m.layer_modules(), hook):
+    with torch.no_grad(), attention_context(AttentionContext.of(p)), activate(m.layer_modules(), hook):
         ours = m.model(**p.inputs, use_cache=False).logits
         ours_gen = m.model.generate(**p.inputs, **gen)
     with torch.no_grad():
@@ -125,10 +126,10 @@ def test_mass_preserving_prior_keeps_visual_mass(tiny_dir, data):
     p = prepare(m, sample)
     visual = torch.from_numpy(p.layout.visual)
     prior = torch.from_numpy(build_prior(m, sample, p, "noise").astype(np.float32))
-    hook = SapHook(visual, prior, p.prompt_len, heads=parse_heads("band:0-50", m.num_heads), record=True)
+    hook = SapHook(prior=prior, heads=parse_heads("band:0-50", m.num_heads), record=True)
     with torch.no_grad():
         stock = m.model(**p.inputs, use_cache=False).logits
-        with activate(m.layer_modules(), hook):
+        with attention_context(AttentionContext.of(p)), activate(m.layer_modules(), hook):
             ours = m.model(**p.inputs, use_cache=False).logits
     assert len(hook.records) == m.num_layers  # one current row (the last prompt position) per layer
     for _, before, after, chosen in hook.records:

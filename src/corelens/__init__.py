@@ -6,16 +6,11 @@ from importlib import import_module as _import_module
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING
 
-from corelens import aliases as _aliases
-
-_aliases.install()  # the old import paths of moved modules, for one release (corelens.aliases)
-
 __version__ = _version("corelens")  # one source: pyproject.toml, as installed
 
 # The public API, each name imported from its module on first use (PEP 562), so that `import corelens` and
 # the command line's parser (`corelens --help`, an argument error) do not pay for torch and transformers.
 _EXPORTS = {
-    "Ablation": "corelens.policies.legacy",  # deprecated: corelens.policies' head operators
     "AttentionHook": "corelens.attention.dispatch",
     "CorelensError": "corelens.errors",
     "HeadSet": "corelens.heads",
@@ -27,19 +22,23 @@ _EXPORTS = {
     "Ranking": "corelens.experiments.rank",
     "Sample": "corelens.data",
     "UnsupportedModelError": "corelens.errors",
-    "ablate": "corelens.policies.legacy",  # deprecated: `with policy.applied(m, prepared)`
     "activate": "corelens.attention.dispatch",
     "answer": "corelens.policies",
-    "hybrid": "corelens.policies.legacy",  # deprecated: HybridAttention / AdaptiveHybrid
     "load": "corelens.models",
     "measure_sample": "corelens.experiments.rank",
     "prepare": "corelens.models.prepare",
     "rank": "corelens.experiments.rank",
     "read_samples": "corelens.data",
 }
+# Deprecated names, importable (each warns when used) until corelens.deprecation.REMOVED_IN, but not in
+# `__all__`: `from corelens import *` and the documentation no longer offer them.
+_DEPRECATED = {
+    "Ablation": "corelens.policies.legacy",  # corelens.policies' head operators
+    "ablate": "corelens.policies.legacy",  # `with policy.applied(m, prepared)`
+    "hybrid": "corelens.policies.legacy",  # HybridAttention / AdaptiveHybrid
+}
 __all__ = [
     "POLICIES",
-    "Ablation",
     "AttentionHook",
     "CorelensError",
     "HeadSet",
@@ -50,10 +49,8 @@ __all__ = [
     "Ranking",
     "Sample",
     "UnsupportedModelError",
-    "ablate",
     "activate",
     "answer",
-    "hybrid",
     "load",
     "measure_sample",
     "prepare",
@@ -70,14 +67,14 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from corelens.models import Loaded, load
     from corelens.models.prepare import prepare
     from corelens.policies import POLICIES, Policy, answer
-    from corelens.policies.legacy import Ablation, ablate, hybrid
 
 
 def __getattr__(name: str):
     """Import a public name's module on first use and keep the name (later uses are plain lookups)."""
-    if name not in _EXPORTS:
+    module = _EXPORTS.get(name) or _DEPRECATED.get(name)
+    if module is None:
         raise AttributeError(f"module 'corelens' has no attribute {name!r}")
-    value = getattr(_import_module(_EXPORTS[name]), name)
+    value = getattr(_import_module(module), name)
     globals()[name] = value
     return value
 

@@ -22,7 +22,6 @@ in the current row lies in that percentile band of the layer (the authors' perce
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -34,6 +33,7 @@ from corelens.attention.dispatch import AttentionCall, AttentionHook
 from corelens.attention.probes import row_scores
 from corelens.attention.prompt_context import AttentionContext, needs
 from corelens.choices import CONVENTIONS
+from corelens.deprecation import deprecated
 from corelens.errors import CorelensError, OptionError
 
 
@@ -183,12 +183,11 @@ class SapHook(AttentionHook):
                 "SapHook: give both visual and prompt_len (deprecated), or neither (the context's)"
             )
         if self.visual is not None:
-            warnings.warn(
-                "SapHook(visual, prior, prompt_len) is deprecated and will be removed in the next release: the "
-                "hook reads the positions from the call's context (apply `corelens.policies.SharedPrior`, or "
-                "activate it inside `attention_context(AttentionContext.of(prepared))`)",
-                DeprecationWarning,
-                2,
+            deprecated(
+                "SapHook(visual, prior, prompt_len)",
+                "SapHook(prior=...), which reads the positions from the call's context (apply "
+                "`corelens.policies.SharedPrior`, or activate it inside "
+                "`attention_context(AttentionContext.of(prepared))`)",
             )
             self.visual = torch.as_tensor(self.visual, dtype=torch.long)
         if self.prior is not None and not callable(self.prior):

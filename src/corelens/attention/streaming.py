@@ -2,10 +2,12 @@
 
 A `HybridPolicy` is plain data: the full set of (layer, query head) pairs, the sink count `S` and the window
 `W`, plus where the set came from; it saves to and loads from JSON. `hybrid(m, full=..., sink=S, window=W)`
-activates it on one model for the duration of a `with` block:
+activates it on one model for the duration of a `with` block; users apply the registered policy
+`corelens.policies.HybridAttention`, whose session this is:
 
-    with corelens.hybrid(m, full="runs/rank/heads.csv", keep=0.1) as h:
-        out = m.model.generate(**inputs, cache=h.cache(), max_new_tokens=16)
+    with HybridAttention(full, sink=4, window=16, decode="stream").applied(m, prepared) as on:
+        h = on.hooks[0].session
+        out = m.model.generate(**prepared.inputs, cache=h.cache(), max_new_tokens=16)
         print(h.cache_report())            # bytes a DynamicCache would hold vs bytes held
 
 Inside the block every decoder attention call goes through the hybrid kernels (`corelens.attention.kernels`):
@@ -452,10 +454,10 @@ def hybrid(
         >>> answer()
         'green cross'
         >>> core = [(0, 5), (0, 6), (0, 7), (1, 0)]  # the organism's top 4 heads (`cl.rank`)
-        >>> with cl.hybrid(m, full=core, sink=4, window=8):  # the other 28 see 4 sinks + the 8 latest keys
+        >>> with hybrid(m, full=core, sink=4, window=8):  # the other 28 see 4 sinks + the 8 latest keys
         ...     answer()
         'green cross'
-        >>> with cl.hybrid(m, full=core, sink=4, window=8, decode="stream") as h:  # also while decoding
+        >>> with hybrid(m, full=core, sink=4, window=8, decode="stream") as h:  # also while decoding
         ...     answer(cache=h.cache()), round(h.cache_report()["saved_fraction"], 2)  # 57 % of the cache freed
         ('green <|im_end|>', 0.57)
     """

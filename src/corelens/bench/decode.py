@@ -6,7 +6,7 @@ batch 1, under `torch.no_grad()`, the next token's id given (random, the same fo
 no head to choose one):
 
 - ``dense``: transformers' "sdpa" attention with its `DynamicCache` (every KV head keeps every position);
-- ``hybrid``: `corelens.hybrid(model, policy, decode="stream")` with `h.cache()`: the streaming KV heads keep S
+- ``hybrid``: `HybridAttention(full, decode="stream")` applied, with its session's `cache()`: the streaming KV heads keep S
   sinks + a window of W, the full ones every position. The policy keeps a share F full (seeded random): with
   ``granularity="kv"`` round(F L H_kv) KV heads and all their query heads, so every other KV head is trimmed;
   with ``"query"`` round(F L H) query heads, and a KV head is trimmed only when all its query heads stream.

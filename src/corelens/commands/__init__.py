@@ -4,9 +4,8 @@ A command is either a module of its own, named after it (`bench`, `organism`, `r
 with `register(subparsers)` adding its parser, or, written `module:name`, the `Command` (run, register)
 called `name` in a module that holds several: `experiment_commands` holds every command that runs one
 experiment (rank, ablate, importance, demo, flow, sap, hybrid, frontier, stability), each the generic driver of
-`options.py` specialised. The rule: a module here is never named like a module of a lower layer (an
-experiment of `corelens.experiments`, a package's module), so that no two modules of one name sit in different
-layers (tests/test_layers.py); a new experiment's command joins `experiment_commands`.
+`options.py` specialised; a new experiment's command joins it, so that no command module imports the
+experiment module of its own name (tests/test_layers.py: no import where one name stands for two modules).
 
 A command's parser sets `func`, called with the parsed arguments; it only parses and calls an experiment.
 """

@@ -1,5 +1,5 @@
-"""Deprecated alias of `corelens.models.families.internvl.tokens` (a family is one package now); kept for one release."""
+"""Moved to `corelens.models.families.internvl.tokens`: this old path warns and serves it for one release (corelens.deprecation)."""
 
-from corelens.models.moved import alias
+from corelens.deprecation import moved
 
-__getattr__ = alias(__name__, "corelens.models.families.internvl.tokens")
+__getattr__, __dir__ = moved(__name__)

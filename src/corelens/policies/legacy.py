@@ -13,7 +13,6 @@ them from the prepared prompt instead.
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -25,16 +24,10 @@ from corelens.attention.prompt_context import AttentionContext, attention_contex
 from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, HybridPolicy
 from corelens.attention.streaming import hybrid as hybrid_session
 from corelens.choices import KEY_SETS, OPS
+from corelens.deprecation import deprecated
 from corelens.errors import CorelensError, OptionError
 from corelens.policies.adaptive_hybrid import AdaptiveHybrid
 from corelens.policies.core import POLICIES, Policy, context_of, layer_modules
-
-
-def deprecated(old: str, new: str) -> None:
-    """Warn that `old` is replaced by `new` and goes in the next release."""
-    warnings.warn(
-        f"{old} is deprecated and will be removed in the next release: use {new}", DeprecationWarning, 3
-    )
 
 
 @dataclass(frozen=True)

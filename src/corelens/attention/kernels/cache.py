@@ -82,7 +82,7 @@ class HybridCacheLayer(DynamicLayer):
         else:
             if not self.open:
                 raise CorelensError(
-                    "this HybridCache holds trimmed heads: use it only inside its `corelens.hybrid(...)` block"
+                    "this HybridCache holds trimmed heads: use it only inside its hybrid policy's block"
                 )
             keys, values = self._update_trimmed(key_states, value_states)
         self.returned_shape, self.fresh = tuple(keys.shape), True
@@ -311,7 +311,7 @@ def decode_attention(
 
 
 class HybridCache(Cache):
-    """The cache to pass to `generate(..., cache=...)` inside a `corelens.hybrid(...)` block."""
+    """The cache to pass to `generate(..., cache=...)` inside a `HybridAttention(...).applied(...)` block."""
 
     def __init__(self, layers: list[HybridCacheLayer]) -> None:
         super().__init__(layers=layers)

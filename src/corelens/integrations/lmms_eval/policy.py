@@ -23,6 +23,7 @@ from corelens.attention.schema import AblationFile, HybridPolicyFile, SapFile, v
 from corelens.attention.streaming import FORMAT as HYBRID_FORMAT
 from corelens.attention.streaming import HybridPolicy
 from corelens.data.sample import Sample
+from corelens.deprecation import deprecated
 from corelens.errors import CorelensError
 from corelens.experiments.ablate import full_heads, operator_policy, read_heads
 from corelens.heads import resolve_heads
@@ -31,7 +32,7 @@ from corelens.models.loaded import Loaded
 from corelens.models.prepare import prepare
 from corelens.policies import POLICIES, HybridAttention, MeanHeads, SharedPrior, answer
 from corelens.policies import Policy as CorePolicy
-from corelens.policies.legacy import ablation_policy, deprecated
+from corelens.policies.legacy import ablation_policy
 from corelens.runs import jsonfile
 
 

@@ -1,0 +1,5 @@
+"""Moved to `corelens.attention.streaming`: this old path warns and serves it for one release (corelens.deprecation)."""
+
+from corelens.deprecation import moved
+
+__getattr__, __dir__ = moved(__name__)
