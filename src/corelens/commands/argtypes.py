@@ -61,7 +61,10 @@ def count(text: str) -> int:
 
 def count_or_zero(text: str) -> int:
     """argparse `type` of an optional count (0: none), at most `MAX_COUNT` (see `count`)."""
-    return 0 if text.strip() == "0" else count(text)
+    try:
+        return 0 if text.strip() == "0" else count(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"0 (none) or a count: {err}") from None
 
 
 def port(text: str) -> int:
