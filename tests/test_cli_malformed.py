@@ -514,12 +514,12 @@ def test_malformed_policy_is_one_line_naming_file_and_field(doc, field, tmp_path
     import json
 
     from corelens.errors import CorelensError
-    from corelens.integrations.lmms_eval.policy import read_policy
+    from corelens.integrations.lmms_eval.policy import load_policy
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(CorelensError) as err:
-        read_policy(path)
+        load_policy(path)
     message = str(err.value)
     assert str(path) in message and field in message and "\n" not in message, message
     if doc.get("format", "").startswith("corelens.hybrid"):  # the Python API reads a policy file the same way

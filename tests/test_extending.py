@@ -51,13 +51,13 @@ def test_toy_policy_from_template(tmp_path, monkeypatch):
         unit = Policy.from_dict({"name": "scale", "heads": CORE, "factor": 1.0})
         assert cl.answer(m, p, unit, max_new_tokens=2) == plain
 
-        from corelens.integrations.lmms_eval.policy import from_args
+        from corelens.integrations.lmms_eval.policy import answer_sample, policy_of
 
         path = tmp_path / "scale.json"
         path.write_text(scaled.to_json())
-        chosen = from_args(m, {"policy": str(path)})
-        assert chosen.policy == scaled
-        assert chosen.answer(m, sample, 2) == zero
+        chosen = policy_of(m, {"policy": str(path)})
+        assert chosen == scaled
+        assert answer_sample(m, sample, chosen, 2) == zero
     finally:
         for name in [n for n in sys.modules if n.startswith("toypolicies")]:
             del sys.modules[name]

@@ -21,6 +21,7 @@ a `Family` is named by its `model_type`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, MutableMapping
 from typing import Any, ClassVar
 
@@ -97,3 +98,32 @@ class Registry(MutableMapping):
     def unregister(cls, name: str) -> None:
         """Remove a library-wide entry (a test's temporary registration)."""
         cls._global_mapping.pop(name, None)
+
+
+class NamedClasses:
+    """A registry of classes, each under its `name` class attribute (a mixin: `class Kinds(NamedClasses,
+    Registry)`, so that the kind keeps a mapping of its own). Refused at registration, in one line: a class
+    without a `name`; an abstract class (it could not be built from its name); a second class under a name
+    taken (the later would silently replace the other everywhere; the same class defined again, as a
+    reloaded module does, replaces itself)."""
+
+    @staticmethod
+    def name_of(impl: type) -> str:
+        if not getattr(impl, "name", None):
+            raise OptionError(f"{impl.__name__} has no `name` to register it under")
+        return impl.name
+
+    @classmethod
+    def _add(cls, name: str, impl: type) -> type:
+        if inspect.isabstract(impl):
+            missing = ", ".join(sorted(impl.__abstractmethods__))
+            raise OptionError(
+                f"{cls.kind} {name!r} ({impl.__name__}) is abstract: it does not define {missing}"
+            )
+        existing = cls._global_mapping.get(name)
+        if existing is not None and (existing.__module__, existing.__qualname__) != (
+            impl.__module__,
+            impl.__qualname__,
+        ):
+            raise OptionError(f"{cls.kind} {name!r} is registered already ({existing.__module__})")
+        return super()._add(name, impl)

@@ -11,7 +11,6 @@ the one greedy answer under a policy that the commands, the integrations and the
 from __future__ import annotations
 
 import abc
-import inspect
 import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -24,44 +23,20 @@ import torch
 from corelens.attention.dispatch import AttentionHook, activate
 from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.errors import OptionError
-from corelens.registry import Registry
+from corelens.registry import NamedClasses, Registry
 
 if TYPE_CHECKING:
     from corelens.data.sample import Sample
     from corelens.models.prepare import Prepared
 
 
-class PolicyInterface(Registry):
+class PolicyInterface(NamedClasses, Registry):
     """name -> Policy class: the one registry idiom (`corelens.registry.Registry`, transformers'
     `GeneralInterface` shape), keyed by each class' `name`. `PolicyInterface.register(cls)` adds a class for
     every instance; `interface[name] = cls` overrides it in one instance only.
     """
 
     kind = "policy"
-
-    @staticmethod
-    def name_of(policy: type[Policy]) -> str:
-        if not getattr(policy, "name", None):
-            raise OptionError(f"{policy.__name__} has no `name` to register it under")
-        return policy.name
-
-    @classmethod
-    def _add(cls, name: str, impl: type[Policy]) -> type[Policy]:
-        if inspect.isabstract(impl):
-            # An abstract class cannot be built by `from_dict`: say so at registration, not at first use.
-            missing = ", ".join(sorted(impl.__abstractmethods__))
-            raise OptionError(
-                f"{cls.kind} {name!r} ({impl.__name__}) is abstract: it does not define {missing}"
-            )
-        existing = cls._global_mapping.get(name)
-        if existing is not None and (existing.__module__, existing.__qualname__) != (
-            impl.__module__,
-            impl.__qualname__,
-        ):
-            # Two classes under one name: the later would silently replace the other everywhere. (The same
-            # class defined again, as a reloaded module does, replaces itself.)
-            raise OptionError(f"{cls.kind} {name!r} is registered already ({existing.__module__})")
-        return super()._add(name, impl)
 
 
 POLICIES = PolicyInterface()

@@ -26,7 +26,6 @@ The contract every scorer keeps (`corelens rank --score NAME`, `cl.rank(m, data,
 from __future__ import annotations
 
 import abc
-import inspect
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -37,7 +36,7 @@ import numpy as np
 
 from corelens.errors import OptionError
 from corelens.models.prepare import prepare, prompt_length
-from corelens.registry import Registry
+from corelens.registry import NamedClasses, Registry
 from corelens.runs.driver import Loop
 
 if TYPE_CHECKING:
@@ -49,31 +48,10 @@ if TYPE_CHECKING:
     from corelens.runs.context import RunContext
 
 
-class ScorerInterface(Registry):
+class ScorerInterface(NamedClasses, Registry):
     """name -> Scorer class (`corelens.registry.Registry`), keyed by each class' `name`."""
 
     kind = "head scorer"
-
-    @staticmethod
-    def name_of(scorer: type[Scorer]) -> str:
-        if not getattr(scorer, "name", None):
-            raise OptionError(f"{scorer.__name__} has no `name` to register it under")
-        return scorer.name
-
-    @classmethod
-    def _add(cls, name: str, impl: type[Scorer]) -> type[Scorer]:
-        if inspect.isabstract(impl):
-            missing = ", ".join(sorted(impl.__abstractmethods__))
-            raise OptionError(
-                f"{cls.kind} {name!r} ({impl.__name__}) is abstract: it does not define {missing}"
-            )
-        existing = cls._global_mapping.get(name)
-        if existing is not None and (existing.__module__, existing.__qualname__) != (
-            impl.__module__,
-            impl.__qualname__,
-        ):
-            raise OptionError(f"{cls.kind} {name!r} is registered already ({existing.__module__})")
-        return super()._add(name, impl)
 
 
 SCORERS = ScorerInterface()
