@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from corelens.errors import OptionError
+from corelens.errors import InputError, OptionError
 from corelens.models.prepare import prepare, prompt_length
 from corelens.registry import NamedClasses, Registry
 from corelens.runs.driver import Loop
@@ -167,6 +167,20 @@ class SampleScorer(Scorer):
     @abc.abstractmethod
     def measure(self, m: Loaded, sample: Sample, prepared: Prepared, job: ScoreJob) -> dict:
         """Return one sample's record (module docstring)."""
+
+
+@dataclass(frozen=True)
+class ForcedScorer(SampleScorer):
+    """A per-sample scorer that reads the gold answer's rows: the answer is appended (teacher forcing)
+    whatever `--query` says, and a sample without one is refused in one line naming it."""
+
+    def prepare(self, m: Loaded, sample: Sample, job: ScoreJob) -> Prepared:
+        """Return the prompt with the gold answer appended."""
+        if sample.answer is None:
+            raise InputError(
+                f"the {self.label} needs an answer", file=sample.source, line=sample.line, sample=sample.id
+            )
+        return prepare(m, sample, answer=sample.answer, padding=job.cfg.padding)
 
 
 def scorer_of(score: str | Scorer | dict, cfg: Any = None) -> Scorer:

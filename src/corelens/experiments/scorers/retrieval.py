@@ -23,28 +23,20 @@ from corelens.attention.probes import TopKeyProbe
 from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.data.sample import Sample
 from corelens.errors import InputError
-from corelens.experiments.scorers.base import SampleScorer, ScoreJob, register
+from corelens.experiments.scorers.base import ForcedScorer, ScoreJob, register
 from corelens.models.loaded import Loaded
-from corelens.models.prepare import Prepared, prepare
+from corelens.models.prepare import Prepared
 
 
 @register
 @dataclass(frozen=True)
-class Retrieval(SampleScorer):
+class Retrieval(ForcedScorer):
     """Share of the answer-predicting rows whose top-1 key is in Omega, over |Omega|; correct answers only
     (`all_answers=True`: every sample)."""
 
     name: ClassVar[str] = "retrieval"
     label: ClassVar[str] = "retrieval score"
     all_answers: bool = False
-
-    def prepare(self, m: Loaded, sample: Sample, job: ScoreJob) -> Prepared:
-        """Return the prompt with the gold answer appended (teacher forcing), whatever `--query` says."""
-        if sample.answer is None:
-            raise InputError(
-                "the retrieval score needs an answer", file=sample.source, line=sample.line, sample=sample.id
-            )
-        return prepare(m, sample, answer=sample.answer, padding=job.cfg.padding)
 
     def measure(self, m: Loaded, sample: Sample, prepared: Prepared, job: ScoreJob) -> dict:
         """Return the sample's record, or a skipped one when it has no Omega or was answered wrongly."""

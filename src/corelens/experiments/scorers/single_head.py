@@ -17,19 +17,19 @@ import numpy as np
 import torch
 
 from corelens.data.sample import Sample
-from corelens.errors import InputError, OptionError
+from corelens.errors import OptionError
 from corelens.experiments.ablate import operator_policy
 from corelens.experiments.importance import answer_logp, attribution, blocked_positions
-from corelens.experiments.scorers.base import SampleScorer, ScoreJob, register
+from corelens.experiments.scorers.base import ForcedScorer, ScoreJob, register
 from corelens.models.loaded import Loaded
-from corelens.models.prepare import Prepared, prepare
+from corelens.models.prepare import Prepared
 
 EFFECTS = ("exact", "attribution")
 
 
 @register
 @dataclass(frozen=True)
-class Causal(SampleScorer):
+class Causal(ForcedScorer):
     """Drop in log p(gold answer) when one head alone is intervened on with `op` (`keys`: knockout's set)."""
 
     name: ClassVar[str] = "causal"
@@ -43,14 +43,6 @@ class Causal(SampleScorer):
             raise OptionError(f"--effect must be one of {EFFECTS}, got {self.effect!r}")
         if self.op not in ("zero", "knockout"):
             raise OptionError(f"--op must be zero or knockout for single-head effects, got {self.op!r}")
-
-    def prepare(self, m: Loaded, sample: Sample, job: ScoreJob) -> Prepared:
-        """Return the prompt with the gold answer appended (teacher forcing), whatever `--query` says."""
-        if sample.answer is None:
-            raise InputError(
-                "the causal score needs an answer", file=sample.source, line=sample.line, sample=sample.id
-            )
-        return prepare(m, sample, answer=sample.answer, padding=job.cfg.padding)
 
     def measure(self, m: Loaded, sample: Sample, forced: Prepared, job: ScoreJob) -> dict:
         """Return the sample's record: each head's log-p drop (exact: one forward per head)."""
