@@ -14,7 +14,7 @@ DOCTESTS := src/corelens/runs src/corelens/data/paths.py src/corelens/models/hub
 	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py \
 	src/corelens/deprecation.py
 
-.PHONY: demo test lint format bench clean venv
+.PHONY: demo test check lint format bench clean venv
 
 venv: $(STAMP)
 
@@ -41,6 +41,12 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -p no:cacheprovider -n auto tests \
 		--doctest-modules $(DOCTESTS)
+
+# The inner loop: ruff and every test but the end-to-end ones (marker `e2e`); `make test` runs them all, as CI does.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -p no:cacheprovider -n auto -m "not e2e" tests
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -149,7 +149,7 @@ def test_export_errors_are_one_line(ranked, tmp_path, capsys):
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert "not a rank run" in capsys.readouterr().err
     assert main(["export", str(ranked["run"]), "--out", str(tmp_path / "x"), "--to", "duo"]) == 2
-    assert "--keep" in capsys.readouterr().err
+    assert "--n-heads" in capsys.readouterr().err
     assert (
         main(["export", str(ranked["run"]), "--out", str(tmp_path / "x"), "--to", "vllm", "--keep", "2"]) == 2
     )

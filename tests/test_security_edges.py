@@ -147,12 +147,12 @@ def test_convert_and_run_folders_share_the_one_rule(tmp_path):
 )
 def test_policy_json_of_the_wrong_type_is_one_line_in_every_reader(doc, field, tmp_path):
     from corelens.integrations.kvpress import PolicyPress
-    from corelens.integrations.lmms_eval.policy import read_policy
+    from corelens.integrations.lmms_eval.policy import load_policy
     from corelens.policies import Policy
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(doc))
-    readers = [read_policy, Policy.from_file, PolicyPress]
+    readers = [load_policy, Policy.from_file, PolicyPress]
     for read in readers:
         with pytest.raises(CorelensError) as err:
             read(path)
@@ -187,12 +187,12 @@ def test_heads_given_as_integer_pairs_are_read():
     ],
 )
 def test_repeated_keys_deep_nesting_and_bad_json_are_one_line(text, message, tmp_path):
-    from corelens.integrations.lmms_eval.policy import read_policy
+    from corelens.integrations.lmms_eval.policy import load_policy
     from corelens.policies import Policy
 
     path = tmp_path / "policy.json"
     path.write_text(text)
-    for read in (read_policy, Policy.from_file):
+    for read in (load_policy, Policy.from_file):
         with pytest.raises(CorelensError, match=message) as err:
             read(path)
         assert str(path) in str(err.value)

@@ -89,6 +89,11 @@ def check_model(args: argparse.Namespace) -> None:
         model_type = config.get("model_type")
     except (OSError, ValueError, AttributeError) as err:
         raise OptionError(f"--model {spec}: config.json does not read as a JSON object ({err})") from None
+    if isinstance(config, dict) and ("auto_map" in config or config.get("trust_remote_code")):
+        raise UnsupportedModelError(
+            f"--model {spec}: the checkpoint asks to run its own code (auto_map, trust_remote_code); "
+            "corelens does not run checkpoint code"
+        )
     supported = supported_types()
     if model_type not in supported:
         raise UnsupportedModelError(

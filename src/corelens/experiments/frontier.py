@@ -319,5 +319,8 @@ def run_command(config, ctx, load_options: dict) -> Frontier:
     """`corelens frontier`: load the model and run the frontier of `config` under `ctx`."""
     from corelens.models.loaded import load
 
+    for method in methods_of(config.heads):  # a missing heads file is one line before the model loads
+        if not method.heads.exists():
+            raise CorelensError(f"{method.heads}: no such head table (expected a rank run's heads.csv)")
     m = load(config.model, **load_options)
     return frontier(m, config.data, config.heads, ctx=ctx, **config.kwargs())
