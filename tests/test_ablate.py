@@ -401,6 +401,7 @@ def test_controls_random_from_all_heads_and_layer_matched_without_top_heads():
         select(t, "random", 2, 0, random_from="bottom")
 
 
+@pytest.mark.e2e
 def test_cli_sweep_writes_table_and_figure_resumes_and_warns(tiny_dir, tmp_path, capsys, monkeypatch):
     import corelens.experiments.policy_sweep as experiment  # the sweeps answer through its `answer`
     from corelens.cli import main

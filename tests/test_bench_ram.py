@@ -13,6 +13,8 @@ from corelens.bench.ram_probe import estimate_eager_peak_mb, probe_sets, run_ram
 from corelens.bench.synthetic import Decoder, mrope_section
 from corelens.cli import main as cli_main
 
+pytestmark = pytest.mark.e2e  # whole workflows: `make check` leaves this file out
+
 TINY = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "intermediate": 256}
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from corelens.cli import main as cli
+
+pytestmark = pytest.mark.e2e  # whole workflows: `make check` leaves this file out
 
 
 def test_bench_scale_runs_both_sides_at_each_size_and_checks_identical_heads(tmp_path, capsys):

@@ -14,6 +14,8 @@ from corelens.experiments import demo
 from corelens.organism.tasks import chance
 from corelens.report.summary import Estimate, decided
 
+pytestmark = pytest.mark.e2e  # whole workflows: `make check` leaves this file out
+
 # One contrast as the demo prints it: "3 random heads: 97 % [88–100 %] (2 draws; top lower by 72 points [46–87])"
 # or "... (not decided at n = 8)".
 CONTRAST = re.compile(

@@ -23,6 +23,8 @@ import torch
 from corelens.cli import main
 from corelens.organism.tasks import WORDS, generate
 
+pytestmark = pytest.mark.e2e  # whole workflows: `make check` leaves this file out
+
 TABLES = {
     "rank": ["heads.csv", "ram.parquet"],
     "ablate": ["ablation.csv", "ablation_summary.csv", "records.parquet"],

@@ -26,6 +26,7 @@ def _heads(folder, order, scorer=None):
 ALL = [(layer, head) for layer in range(4) for head in range(8)]
 
 
+@pytest.mark.e2e
 def test_frontier_cells_are_hybrid_and_ablate_on_the_same_set(tmp_path):
     from corelens.cli import main
     from corelens.organism import organism_path

@@ -116,6 +116,7 @@ def test_all_gates_at_zero_are_hybrid_attention_with_no_full_head(organism, samp
     assert got == pytest.approx(base - streamed, abs=1e-5)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("loss", ["hidden", "logp"])
 def test_gradient_matches_finite_differences(samples, loss):
     m = corelens.load(MODEL, device="cpu", dtype=torch.float64)
@@ -150,6 +151,7 @@ def test_binarize_keeps_the_heads_at_or_above_the_quantile():
     assert top(np.array([[0.1, 0.9], [0.9, 0.3]]), 2) == [(0, 1), (1, 0)]
 
 
+@pytest.mark.e2e
 def test_resume_gives_the_uninterrupted_gates(organism, samples, tmp_path):
     settings = GateSettings(sink=S, window=W, epochs=2, batch=2, lr=0.05, lam=0.5)
     whole = fit_gates(organism, samples, settings, folder=tmp_path / "whole")

@@ -74,6 +74,7 @@ def _brute(m, samples, mode) -> dict[frozenset, float]:
     return values
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["hybrid", "ablate"])
 def test_greedy_steps_are_the_best_extensions_brute_force_finds(organism, samples, mode):
     brute = _brute(organism, samples, mode)

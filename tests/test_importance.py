@@ -230,6 +230,7 @@ def _tiny_data(tmp_path, n: int = 3):
     return path
 
 
+@pytest.mark.e2e
 def test_cli_end_to_end_then_resume_and_report(tiny_dir, tmp_path):
     """A tiny Qwen2.5-VL (2 layers x 4 heads), two samples: the command, its tables, resume, the report."""
     model = str(tiny_dir("qwen2_5_vl"))

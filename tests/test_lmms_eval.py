@@ -27,6 +27,8 @@ from corelens.experiments.evaluate import answer
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
 
+pytestmark = pytest.mark.e2e  # whole workflows: `make check` leaves this file out
+
 pytest.importorskip("lmms_eval", reason="the lmms extra is not installed")
 from corelens.integrations.lmms_eval.__main__ import main as write_task_main  # noqa: E402
 

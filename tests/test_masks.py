@@ -17,6 +17,8 @@ from corelens.attention.kernels import Pattern, blocked, reference, tiles
 from corelens.attention.kernels.flexattn import block_mask
 from corelens.attention.kernels.masks import evaluate, hybrid_mask_function, row_starts
 
+pytestmark = pytest.mark.e2e  # end to end: `make check` leaves this file out
+
 FULL = torch.tensor([False, True, False])  # three query heads on one KV head: stream, full, stream
 
 

@@ -105,6 +105,7 @@ def test_shipped_checkpoint_loads_offline_with_the_stock_classes():
     assert (path / "CARD.md").is_file()
 
 
+@pytest.mark.e2e
 @needs_checkpoint
 def test_shipped_checkpoint_reproduces_its_documented_accuracy(tmp_path):
     reference = json.loads((organism_path() / "reference.json").read_text())

@@ -53,6 +53,7 @@ def test_rank_writes_tables_figure_and_manifest(setup, tmp_path):
     assert (out / "figures" / "heads_mass.png").stat().st_size > 1000
 
 
+@pytest.mark.e2e
 def test_rank_resumes_after_kill_with_identical_heads(setup, tmp_path):
     model, _ = setup
     # 60 samples, so that the kill lands part-way however fast this machine ranks them (6 once finished

@@ -41,6 +41,8 @@ from corelens.data import read_samples
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
 
+pytestmark = pytest.mark.e2e  # whole workflows: `make check` leaves this file out
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```python\s*$")

@@ -118,6 +118,7 @@ def test_outside_window_takes_shares_of_each_prompt(tiny):
     assert share == (1, 2) and counts.heads["mass"].between(0, 1).all()
 
 
+@pytest.mark.e2e
 def test_causal_is_importances_single_head_effect(tiny, tmp_path):
     """The causal scorer's per-sample drops equal `corelens importance`'s exact log-p drops."""
     from corelens.experiments.importance import measure
@@ -178,6 +179,7 @@ def test_score_on_the_command_line_records_the_scorer(tiny, tmp_path):
     assert len(pd.read_csv(out / "heads.csv")) == 4
 
 
+@pytest.mark.e2e
 def test_every_scorer_ranks_the_organism_from_the_command_line(tmp_path):
     """End to end on the organism (6 samples): each scorer ranks its 32 heads with intervals."""
     from corelens.organism import organism_path

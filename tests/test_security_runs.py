@@ -218,6 +218,7 @@ def _rank_pids(parent: int) -> dict[int, int]:
     return found
 
 
+@pytest.mark.e2e
 def test_frozen_rank_is_reported_by_number(setup, tmp_path):
     out = tmp_path / "dist"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",

@@ -144,7 +144,16 @@ def test_options_are_the_configs_fields(config):
     add_config(parser, config)
     dests = {a.dest for a in parser._actions} - {"help"}
     blocks = {
-        "model": {"model", "revision", "device", "dtype", "device_map", "max_memory", "offload_folder", "allow_other_model"},
+        "model": {
+            "model",
+            "revision",
+            "device",
+            "dtype",
+            "device_map",
+            "max_memory",
+            "offload_folder",
+            "allow_other_model",
+        },
         "run": {f.name for f in fields(RunOptions)},
     }
     names = {f.name for f in fields(config) if meta(f)}
