@@ -58,6 +58,7 @@ def _short(n, pads, sink, window, flags):
     return (out - literal(q, k, v, pads, flags, sink, window, 0.5)).abs().max().item()
 
 
+@pytest.mark.e2e
 def test_every_short_prompt_equals_the_rule():
     """Every n < 15 with S and W on either side of each other and of n, unpadded and left-padded."""
     flags = (True, False, False, False)  # a full head and a GQA pair of streaming heads

@@ -150,12 +150,14 @@ def test_rank_refuses_a_pixel_bomb_in_one_line(payloads, tmp_path):
     assert "sample 'bomb'" in line and "field 'images[0]'" in line and "--max-pixels" in line
 
 
+@pytest.mark.e2e
 def test_rank_names_an_image_the_processor_rejects(payloads, tmp_path):
     line = _one_line(_rank(payloads, "thin", tmp_path / "run"))
     assert "thin.jsonl:2" in line and "sample 'thin'" in line and "field 'images'" in line
     assert "aspect ratio" in line
 
 
+@pytest.mark.e2e
 def test_skip_bad_skips_every_payload_and_ranks_the_rest(payloads, tmp_path):
     out = tmp_path / "run"
     proc = _rank(payloads, "all", out, "--skip-bad", "--overlays", "2")

@@ -244,6 +244,7 @@ else:
 """
 
 
+@pytest.mark.e2e
 def test_a_stale_lock_is_taken_over_by_exactly_one_of_many_takers(tmp_path):
     """A killed run's lock found by 12 processes at once: one takes it over, every other is refused."""
     import os
