@@ -362,9 +362,8 @@ def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
     assert (out / "samples.jsonl").read_text() == logged
 
 
-def test_crossover_runs_dense_and_says_so_in_table_and_manifest(tiny_dir, tmp_path, capsys):
-    """`--kernel partitioned`: below the crossover every head runs dense, counted in hybrid.csv and the manifest."""
-    from corelens.cli import main
+def _one_document_study(tiny_dir, tmp_path):
+    """A tiny model, one organism document and a heads.csv ranking its 2 x 4 heads in reverse order."""
     from corelens.organism.tasks import generate
 
     model = tiny_dir("qwen2_5_vl")
@@ -373,6 +372,14 @@ def test_crossover_runs_dense_and_says_so_in_table_and_manifest(tiny_dir, tmp_pa
     heads = tmp_path / "rank" / "heads.csv"
     heads.parent.mkdir()
     pd.DataFrame(rows, columns=["layer", "head", "rank"]).assign(mass=0.0).to_csv(heads, index=False)
+    return model, data, heads
+
+
+def test_crossover_runs_dense_and_says_so_in_table_and_manifest(tiny_dir, tmp_path, capsys):
+    """`--kernel partitioned`: below the crossover every head runs dense, counted in hybrid.csv and the manifest."""
+    from corelens.cli import main
+
+    model, data, heads = _one_document_study(tiny_dir, tmp_path)
     base = ["hybrid", "--model", str(model), "--data", str(data), "--heads", str(heads), "--keep", "25%",
             "--sets", "top", "--sink", "2", "--window", "4", "--max-new-tokens", "2", "--kernel", "partitioned"]  # fmt: skip
     got = {}
@@ -460,14 +467,8 @@ def test_a_window_that_covers_the_prompts_is_said_in_terminal_table_and_manifest
     """At the defaults (S = 128, W = 1024) a short prompt is seen whole by every streaming head: hybrid
     attention changes nothing, and the run says so with settings that would act; S + W that act say nothing."""
     from corelens.cli import main
-    from corelens.organism.tasks import generate
 
-    model = tiny_dir("qwen2_5_vl")
-    data = generate("document", tmp_path / "data", n=1, seed=7)
-    rows = [(layer, head, 8 - (4 * layer + head)) for layer in range(2) for head in range(4)]
-    heads = tmp_path / "rank" / "heads.csv"
-    heads.parent.mkdir()
-    pd.DataFrame(rows, columns=["layer", "head", "rank"]).assign(mass=0.0).to_csv(heads, index=False)
+    model, data, heads = _one_document_study(tiny_dir, tmp_path)
     base = ["hybrid", "--model", str(model), "--data", str(data), "--heads", str(heads), "--n-heads", "25%",
             "--sets", "top", "--max-new-tokens", "1"]  # fmt: skip
     said = {}
