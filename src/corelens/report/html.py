@@ -51,7 +51,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 0.8em; m
 @media (max-width: 600px) { body { margin: 0.8em auto; } figure { display: block; margin: 0.5em 0; }
   dl { grid-template-columns: auto; } }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; } h3 { font-size: 1em; }
-table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1em; overflow-wrap: normal; }
 .table-box { overflow-x: auto; max-width: 100%; } .legend-note { color: #555; font-size: 0.85em; }
 th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: right; } th { background: #f3f3f3; }
 figure { display: inline-block; margin: 0.5em; vertical-align: top; }
