@@ -357,7 +357,9 @@ def test_report_reads_at_a_glance_in_chromium(study, browser, tmp_path):
     )
     assert widths and all(shown >= min(natural, REPORT_WIDTH_PX) for shown, natural in widths), widths
     # At phone width (390 px) the page itself still never scrolls sideways; the tables scroll in their boxes.
-    browser.call("Emulation.setDeviceMetricsOverride", width=390, height=844, deviceScaleFactor=1, mobile=True)
+    browser.call(
+        "Emulation.setDeviceMetricsOverride", width=390, height=844, deviceScaleFactor=1, mobile=True
+    )
     browser.call("Page.reload")
     browser.wait("document.body && document.body.dataset.explorer === 'ready'")
     phone = browser.evaluate(
