@@ -45,10 +45,11 @@ LAYERS = (
     ("attention", "models", "report", "heads", "capture", "organism"),
     ("layout",),
     ("data", "metrics", "runs"),
-    # choices: the values options choose from and their defaults; imports nothing, read by every parser.
+    # choices: the values options choose from and their defaults, read by every parser; registered: the
+    # registries' names read from their source (no import), which choices lists.
     # registry: the one registry idiom (name -> implementation) of families, kernels, readers, policies.
     # deprecation: the allow-list of old import paths (one shim file at each) and the helper each calls.
-    ("errors", "choices", "registry", "deprecation"),
+    ("errors", "choices", "registered", "registry", "deprecation"),
 )
 RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

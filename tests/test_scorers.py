@@ -50,7 +50,7 @@ def _by_sample(ranking) -> dict[str, np.ndarray]:
 
 def test_the_choices_are_the_registry():
     """`rank --score` lists its choices without importing the scorers: they must be the registry's names."""
-    from corelens.choices import HEAD_SCORES
+    from corelens.choices import HEAD_SCORES  # read from the source: tests/test_registered.py
 
     assert sorted(HEAD_SCORES) == sorted(SCORERS)
 

@@ -174,6 +174,39 @@ def names_of(allowed: tuple[str, ...], what: str) -> Callable[[str], str]:
     return checked(check, what.replace(" ", "_"))
 
 
+# Fields a sweep fills per head set: a --policy that gives them is refused rather than silently overwritten.
+FILLED = ("heads", "label", "seed", "meta")
+
+
+def policy_of(allowed: tuple[str, ...], what: str) -> Callable[[str], str]:
+    """Return an argparse `type` of --policy: a registered name, a JSON object (`{"name": ..., field: value}`,
+    the policy's `to_dict` without its heads) or a .json file holding one; it returns the object as sorted
+    JSON text. Only the name is checked here (from `corelens.registered`, no import); the fields are checked
+    against the policy's class before the model loads (`corelens.policies.Policy.from_dict`)."""
+    import json
+
+    def check(text: str) -> str:
+        from corelens.runs import jsonfile
+
+        spec: Any = text.strip()
+        if spec.endswith(".json") and Path(spec).is_file():
+            spec = jsonfile.load(spec)
+        elif spec.startswith("{"):
+            spec = jsonfile.loads(spec, "--policy")
+        else:
+            spec = {"name": spec}
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise OptionError('a policy is a name or a JSON object with a "name", e.g. {"name": "zero"}')
+        if spec["name"] not in allowed:
+            raise OptionError(f"unknown {what} {spec['name']!r}; expected one of {', '.join(allowed)}")
+        given = [f for f in FILLED if f in spec]
+        if given:
+            raise OptionError(f"field(s) {given} are filled from each head set; leave them out")
+        return json.dumps(spec, sort_keys=True)
+
+    return checked(check, "policy")
+
+
 k_list = checked(_k_list, "k_list")
 k_one = checked(_k_one, "k")
 token_size = checked(_token_size, "size")

@@ -19,8 +19,9 @@ from tqdm import tqdm  # reference means
 
 from corelens.attention.interventions import HeadMeans, MeanRecorder
 from corelens.attention.prompt_context import AttentionContext, attention_context
+from corelens.choices import OPS
 from corelens.data.sample import Sample, read_samples
-from corelens.errors import CorelensError
+from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import interval
 from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's readers, public here as before)
@@ -41,7 +42,7 @@ from corelens.metrics import draws, kvheads
 from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, label, parse_k
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare
-from corelens.policies import POLICIES, HeadsPolicy
+from corelens.policies import POLICIES, HeadsPolicy, KnockoutHeads, MeanHeads, Policy
 from corelens.runs import file_hash
 from corelens.runs.context import RunContext
 from corelens.runs.outputs import ABLATE
@@ -83,23 +84,68 @@ def reference_means(
     return recorder.result(info)
 
 
+# The fields of a head policy that each head set fills (`Condition.of`); the rest are the policy's parameters.
+FILLED = ("heads", "label", "seed", "meta")
+
+
+def template_of(
+    policy: Policy | dict | str | None = None, op: str = "zero", keys: str = "visual"
+) -> HeadsPolicy:
+    """Return the policy every head set of a sweep gets, its heads still empty: `policy` (a head policy, its
+    `to_dict` data or JSON text, parameters included) or else operator `op` (knockout: of key set `keys`).
+
+    Examples:
+        >>> template_of(op="knockout", keys="omega")
+        KnockoutHeads(heads=(), label='', seed=None, meta={}, keys='omega')
+        >>> template_of('{"name": "knockout", "keys": "omega"}') == template_of(op="knockout", keys="omega")
+        True
+        >>> template_of('{"name": "hybrid"}')
+        Traceback (most recent call last):
+        ...
+        corelens.errors.OptionError: --policy: 'hybrid' is not a policy on a set of heads; expected one of knockout, mean, uniform, zero
+    """
+    if policy is None:
+        return operator_policy(op, keys, ())
+    if (op, keys) != ("zero", "visual"):
+        raise OptionError(
+            "give the policy as --policy or as --op / --keys, not both (a knockout's key set is a field of the "
+            """policy: --policy '{"name": "knockout", "keys": "omega"}')"""
+        )
+    if isinstance(policy, str):
+        policy = Policy.from_json(policy, "--policy")
+    elif isinstance(policy, dict):
+        policy = Policy.from_dict(policy, "--policy")
+    if not isinstance(policy, HeadsPolicy):
+        raise OptionError(
+            f"--policy: {policy.name!r} is not a policy on a set of heads; expected one of {', '.join(OPS)}"
+        )
+    if policy.heads:
+        raise OptionError(f"--policy: {policy.name!r} is given heads; a sweep fills them from each head set")
+    return policy
+
+
+def parameters(policy: HeadsPolicy) -> dict:
+    """Return the policy as data without the fields a head set fills: its name and parameters."""
+    return {k: v for k, v in policy.to_dict().items() if k not in FILLED}
+
+
 @dataclass
 class Condition:
-    """One evaluated condition: a head set (None for the un-ablated baseline) under the sweep's operator."""
+    """One evaluated condition: a head set (None for the un-ablated baseline) under the sweep's policy."""
 
     name: str
     kind: str
     k: str
     count: int
     seed: int | None
-    policy: HeadsPolicy  # the operator's policy (op `mean`: its statistics are given at answer time)
+    policy: HeadsPolicy  # the sweep's policy on this set (op `mean`: its statistics are given at answer time)
     overlap: int = 0
     short_by: int = 0  # heads the set lacks to reach `count` (a layer-matched layer ran out of other heads)
 
     @classmethod
-    def of(cls, hs: HeadSet, op: str, keys: str) -> Condition:
-        """Return the condition ablating head set `hs` with `op`."""
-        policy = operator_policy(op, keys, hs.heads, label=hs.name, seed=hs.seed)
+    def of(cls, hs: HeadSet, template: HeadsPolicy) -> Condition:
+        """Return the condition applying the sweep's policy `template` to head set `hs`."""
+        policy = replace(template, heads=hs.heads, label=hs.name, seed=hs.seed)
         return cls(hs.name, hs.kind, hs.k, hs.count, hs.seed, policy, hs.overlap, hs.short_by)
 
     @property
@@ -107,12 +153,13 @@ class Condition:
         """Return the heads ablated (what equal conditions share one generation by)."""
         return self.policy.heads
 
-    def record(self, op: str, keys: str) -> dict:
-        """Return the condition as headsets.json lists it (name, heads, op, keys, label, seed, meta)."""
+    def record(self, keys: str) -> dict:
+        """Return the condition as headsets.json lists it (name, heads, op, keys, label, seed, meta) with the
+        whole policy it answers under (`policy`: its `to_dict`, parameters included)."""
         p = self.policy
         heads = [list(h) for h in p.heads]
-        return {"name": self.name, "heads": heads, "op": op, "keys": keys, "label": p.label, "seed": p.seed,
-                "meta": p.meta}  # fmt: skip
+        return {"name": self.name, "heads": heads, "op": p.name, "keys": keys, "label": p.label, "seed": p.seed,
+                "meta": p.meta, "policy": p.to_dict()}  # fmt: skip
 
 
 def operator_policy(op: str, keys: str, heads, **data) -> HeadsPolicy:
@@ -120,10 +167,10 @@ def operator_policy(op: str, keys: str, heads, **data) -> HeadsPolicy:
     return POLICIES[op](heads, **data, **({"keys": keys} if op == "knockout" else {}))
 
 
-def conditions(sets: Sequence[HeadSet], op: str, keys: str) -> list[Condition]:
+def conditions(sets: Sequence[HeadSet], template: HeadsPolicy) -> list[Condition]:
     """Return the baseline followed by one condition per head set."""
-    base = Condition(BASELINE, BASELINE, "0", 0, None, operator_policy(op, keys, (), label=BASELINE))
-    return [base, *(Condition.of(hs, op, keys) for hs in sets)]
+    base = Condition(BASELINE, BASELINE, "0", 0, None, replace(template, label=BASELINE))
+    return [base, *(Condition.of(hs, template) for hs in sets)]
 
 
 _summary = summary_table  # the sweeps' summary, now in corelens.experiments.sweep
@@ -177,10 +224,10 @@ class Sweep:
 
 @dataclass
 class AblatePreset(Preset):
-    """`corelens ablate` as a policy sweep: each head set ablated by operator `op` (`operator_policy`)."""
+    """`corelens ablate` as a policy sweep: each head set gets the policy `template` (`template_of`)."""
 
-    op: str = "zero"
-    keys: str = "visual"
+    template: HeadsPolicy
+    keys: str = "visual"  # recorded beside the operator, as before (the knockout's own when it is one)
     reference: str | Path | None = None
     ref_path: Path | None = None  # the mean statistics' reference data, resolved by `check_plan`
     means: HeadMeans | None = None  # op mean: the reference statistics, prepared before the loop
@@ -191,9 +238,19 @@ class AblatePreset(Preset):
     columns = RECORD
     warn_unidentified = True
 
+    @property
+    def op(self) -> str:
+        """Return the policy's registered name (ablation.csv's and the manifest's `op`)."""
+        return self.template.name
+
+    @property
+    def computes_means(self) -> bool:
+        """Return True for a mean ablation whose statistics the run computes from reference data."""
+        return isinstance(self.template, MeanHeads) and self.template.means is None
+
     def check_plan(self, plan: Plan) -> None:
         """Op mean: refuse a missing reference (default: the data the rank run identified the heads on)."""
-        if self.op != "mean":
+        if not self.computes_means:
             return
         given = self.reference
         self.ref_path = Path(given) if given is not None else Path(plan.identified.get("data") or "")
@@ -215,11 +272,23 @@ class AblatePreset(Preset):
             "seeds": seeds,
             "reference": str(ref.resolve()) if ref else None,
             "reference_sha256": file_hash(ref) if ref else None,
+            # A policy with parameters the operator's name does not say (recorded only then: runs of the
+            # stock operators resume as before); its whole data is the manifest's `policy`.
+            **({"policy": parameters(self.template)} if self._parameters() else {}),
         }
+
+    def _parameters(self) -> bool:
+        """Return True when the template differs from its operator's defaults (beyond the key set)."""
+        plain = operator_policy(self.op, self.keys, ())
+        return parameters(self.template) != parameters(plain)
+
+    def annotate(self, plan: Plan, run) -> None:
+        """Record the policy every set gets (name and parameters) in the manifest."""
+        run.manifest["policy"] = parameters(self.template)
 
     def prepare(self, plan: Plan, run) -> None:
         """Op mean: the reference statistics, computed once (by rank 0 under torchrun) and kept in the run."""
-        if self.op != "mean":
+        if not self.computes_means:
             return
         stored = ABLATE.path(run.path, "means") if run else None
         if stored is None or (run.dist.main and not stored.is_file()):
@@ -238,7 +307,7 @@ class AblatePreset(Preset):
             self.means = HeadMeans.load(stored)
 
     def baseline(self, plan: Plan) -> Condition:
-        return conditions((), self.op, self.keys)[0]
+        return conditions((), self.template)[0]
 
     def draw(self, plan: Plan, ks, kinds, which) -> list[Condition]:
         sets = head_sets(
@@ -247,16 +316,16 @@ class AblatePreset(Preset):
         )  # fmt: skip
         # A set of KV heads ablates every query head of each (k, overlap and short_by still count KV heads).
         full = (replace(hs, heads=full_heads(plan.table, hs.heads, plan.m)) for hs in sets)
-        return [Condition.of(hs, self.op, self.keys) for hs in full]
+        return [Condition.of(hs, self.template) for hs in full]
 
     def resampled(self, plan: Plan, hs: HeadSet) -> Condition:
-        return Condition.of(hs, self.op, self.keys)
+        return Condition.of(hs, self.template)
 
     def set_entry(self, c: Condition) -> dict:
-        return c.record(self.op, self.keys)
+        return c.record(self.keys)
 
     def refuse(self, sample: Sample, prepared: Prepared) -> str | None:
-        if self.op != "knockout" or self.keys != "omega":
+        if not (isinstance(self.template, KnockoutHeads) and self.template.keys == "omega"):
             return None
         if not sample.targets:
             # A question kept for scoring without evidence (e.g. MMLongBench-Doc "[]"): no Ω to knock out.
@@ -265,7 +334,7 @@ class AblatePreset(Preset):
         return None
 
     def policy(self, c: Condition) -> HeadsPolicy:
-        return replace(c.policy, means=self.means) if self.op == "mean" else c.policy
+        return replace(c.policy, means=self.means) if self.means is not None else c.policy
 
     def table(self, plan: Plan, records: pd.DataFrame, conds) -> pd.DataFrame:
         return _table(records, conds, self.op, self.keys, plan.group, plan.unit)
@@ -290,6 +359,7 @@ def sweep(
     sets: Sequence[str] = SETS,
     op: str = "zero",
     keys: str = "visual",
+    policy: Policy | dict | str | None = None,
     seeds: int | str = draws.AUTO,
     seed: int = 0,
     random_from: str = "all",
@@ -308,6 +378,8 @@ def sweep(
 ) -> Sweep:
     """Ablate top / bottom / random / layer-matched head sets of `heads` at each k; evaluate on `data`.
 
+    Each set gets `policy` (any registered policy on a set of heads, with its parameters: a `HeadsPolicy`,
+    its `to_dict` data or JSON text; `template_of`) or, without one, operator `op` (knockout: of `keys`).
     `rank_resamples` R > 0 adds the top-k set of R bootstrap resamples of the rank run's samples (set
     "top-resampled"; `resampled.csv` holds their median and 90 % interval); `resample=False` is for checks.
     Set "stable" ablates the heads with P(top-k) >= `stable_p`.
@@ -321,8 +393,10 @@ def sweep(
     may also be given as keywords.
     The sweep is `corelens.experiments.policy_sweep`'s, with `AblatePreset`.
     """
+    template = template_of(policy, op, keys)
     swept = sweep_policies(
-        AblatePreset(op, keys, reference), m, data, heads, ks=parse_k(ks), granularity=granularity,
+        AblatePreset(template, template.keys if isinstance(template, KnockoutHeads) else keys, reference),
+        m, data, heads, ks=parse_k(ks), granularity=granularity,
         warn=warn, sets=list(sets), seeds=seeds, seed=seed, random_from=random_from, stable_p=stable_p,
         control_width=control_width, max_draws=max_draws, rank_resamples=rank_resamples, resample=resample,
         scorer=scorer, max_new_tokens=max_new_tokens, ctx=RunContext.of(ctx, **context),
@@ -332,4 +406,9 @@ def sweep(
 
 # Load a model from its path (or hub id) and run an ablation sweep into a run directory; `corelens ablate`.
 sweep_path = partial(run_on_path, sweep)
-run_command = partial(run_sweep, sweep)
+
+
+def run_command(config, ctx, load_options: dict):
+    """`corelens ablate`: the policy checked (its fields, --policy beside --op) before the model loads."""
+    template_of(config.policy, config.op, config.keys)
+    return run_sweep(sweep, config, ctx, load_options)

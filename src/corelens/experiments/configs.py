@@ -19,11 +19,11 @@ from corelens.choices import (
     HEAD_SCORES,
     KEY_SETS,
     POSITION_SETS,
+    PRIOR_NAMES,
     PRIORS,
     REFERENCES,
     ROPE_ON,
     RULES,
-    SAP_CONTROLS,
     SCORERS,
 )
 from corelens.runs.context import RunContext
@@ -238,9 +238,9 @@ class SapConfig:
     out: str = out_option()
     prior: list[str] | None = option(
         None,
-        help=f"comma list or repeated; of {', '.join(PRIORS + SAP_CONTROLS)} (default: the four priors)",
+        help=f"comma list or repeated; of {', '.join(PRIOR_NAMES)} (default: {', '.join(PRIORS)})",
         action="append",
-        type=("names_of", PRIORS + SAP_CONTROLS, "prior"),
+        type=("names_of", PRIOR_NAMES, "prior"),
     )
     layers: list[str] | None = option(
         None,

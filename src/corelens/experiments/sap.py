@@ -26,8 +26,7 @@ import torch
 from corelens.attention import RamProbe, activate
 from corelens.attention.priors import CONVENTIONS, parse_heads, parse_layers
 from corelens.attention.prompt_context import AttentionContext, attention_context
-from corelens.choices import PRIORS
-from corelens.choices import SAP_CONTROLS as CONTROLS
+from corelens.choices import PRIOR_NAMES, PRIORS
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError, InputError
 from corelens.experiments.evaluate import interval, score
@@ -289,8 +288,8 @@ def sap(
     """
     ctx = RunContext.of(ctx, **context)
     for p in priors:
-        if p not in PRIORS + CONTROLS:
-            raise CorelensError(f"unknown prior {p!r}; expected one of {PRIORS + CONTROLS}")
+        if p not in PRIOR_NAMES:
+            raise CorelensError(f"unknown prior {p!r}; expected one of {', '.join(PRIOR_NAMES)}")
     if convention not in CONVENTIONS:
         raise CorelensError(f"unknown convention {convention!r}; expected one of {CONVENTIONS}")
     if not prior_temperature > 0:

@@ -143,8 +143,19 @@ class AblateConfig:
     stable_p: float = stable_p_option()
     rank_resamples: int = resamples_option("ablate")
     granularity: str | None = granularity_option("ablated")
-    op: str = option("zero", help="operator: docs/methods.md#interventions", choices=OPS)
+    op: str = option(
+        "zero",
+        help="operator, a registered head policy (docs/methods.md#interventions): --policy NAME",
+        choices=OPS,
+    )
     keys: str = option("visual", help="knockout key set", choices=KEY_SETS)
+    policy: str | None = option(
+        None,
+        help="the policy each set gets, with its parameters, instead of --op / --keys: a name, JSON such as "
+        '\'{"name": "knockout", "keys": "omega"}\' or a .json file (docs/usage.md#causal-ablation)',
+        type=("policy_of", OPS, "ablation policy"),
+        metavar="NAME|JSON",
+    )
     seeds: object = _SEEDS
     control_width: float = _WIDTH
     max_draws: int = _MOST
@@ -159,7 +170,8 @@ class AblateConfig:
 
     def kwargs(self) -> dict:
         """The keyword arguments of `experiments.ablate.sweep` these settings make."""
-        names = ("op", "keys", "seeds", "control_width", "max_draws", "seed", "random_from", "reference")
+        names = ("op", "keys", "policy", "seeds", "control_width", "max_draws", "seed", "random_from")
+        names += ("reference",)
         names += ("scorer", "max_new_tokens", "rank_resamples", "stable_p", "granularity")
         return {"ks": self.k, "sets": _names(self.sets), **{n: getattr(self, n) for n in names}}
 
