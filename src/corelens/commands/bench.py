@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from corelens.choices import KERNELS
 from corelens.commands.argtypes import checked, device, existing_path, output_file, output_path, positive
 from corelens.errors import InputError, OptionError
 
@@ -160,9 +161,7 @@ def _hybrid_arguments(parser) -> None:
     parser.add_argument(
         "--kernel",
         default="auto",
-        # Written out (not imported from corelens.attention.kernels.KERNELS) so that parsing imports no torch;
-        # tests/test_kernels_split.py checks that the two lists agree.
-        choices=("auto", "reference", "blocked", "flex", "partitioned"),
+        choices=KERNELS,  # corelens.choices: the registered kernels, read without importing torch
         help="the hybrid kernel timed as `hybrid`: auto, blocked, flex, partitioned or reference (default auto;"
         " compiled flex is timed beside it unless --no-flex)",
     )
