@@ -100,3 +100,25 @@ def test_a_bad_policy_is_one_line_before_the_model_loads(
     err = capsys.readouterr().err
     assert code != 0 and said in err and "Traceback" not in err, err
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_command_says_what_it_loads_and_sweeps_on_a_terminal_only(ranked, tmp_path, capsys, monkeypatch):
+    """On a terminal (or CORELENS_PROGRESS=1): torch's import and the model's load with their seconds, the
+    sweep's conditions, each round of --draws auto; a pipe (a test, a script reading the error) sees none."""
+    import re
+
+    monkeypatch.setenv("CORELENS_PROGRESS", "1")
+    capsys.readouterr()
+    assert main(_ablate(ranked, tmp_path / "said")) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^corelens ablate: importing torch and transformers \.\.\. \d+\.\d s$", err, re.M), err
+    assert re.search(
+        r"^corelens: loaded \S+ \(qwen2_5_vl, \d+ layers x \d+ heads, float32 on cpu\) in \d", err, re.M
+    )
+    assert re.search(
+        r"^ablate: 4 conditions \(the model as it is; sets top, random at k 2\) x 2 samples$", err, re.M
+    )
+    monkeypatch.delenv("CORELENS_PROGRESS")
+    assert main(_ablate(ranked, tmp_path / "quiet")) == 0
+    err = capsys.readouterr().err
+    assert "importing torch" not in err and "corelens: loaded" not in err

@@ -222,8 +222,35 @@ def main(argv: list[str] | None = None) -> int:
 
     Everything it prints goes through `escaped_output`: no control character from data reaches the terminal.
     """
-    with escaped_output():
+    with escaped_output(), _info_lines():
         return _main(argv)
+
+
+@contextlib.contextmanager
+def _info_lines():
+    """Show corelens' info lines (the model loaded, in how many seconds) on standard error while a command runs,
+    when progress lines are shown there (`progress_lines`); from Python they stay silent unless the caller
+    configures logging."""
+    import logging
+
+    from corelens.commands.shared import progress_lines
+
+    if not progress_lines():
+        yield
+        return
+
+    logger = logging.getLogger("corelens")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setLevel(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _main(argv: list[str] | None) -> int:

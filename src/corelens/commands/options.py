@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, NamedTuple
 
 from corelens.commands import argtypes
-from corelens.commands.shared import add_model_options, limits_of, load_options, main_process
+from corelens.commands.shared import add_model_options, limits_of, load_options, main_process, progress_lines
 
 
 def parser_type(spec: Any):
@@ -139,6 +142,18 @@ def register_experiment(sub, *, name: str, help: str, config: str, run) -> argpa
     return parser
 
 
+@contextmanager
+def said(what: str) -> Iterator[None]:
+    """Print `what` on standard error (rank 0 only), then how many seconds the block took, on the same line."""
+    main = os.environ.get("RANK", "0") == "0" and progress_lines()
+    if main:
+        print(f"{what} ...", end="", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    if main:
+        print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
+
 def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show) -> None:
     """The one command driver: build the config and the run context from `args`, call the experiment's
     `entry(config, ctx, load_options)` ("module:function"), and on the main process `show(result, config)`.
@@ -148,6 +163,8 @@ def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show) -
     """
     cfg = config_of(_named(config), args)
     loads = load_options(args) if hasattr(args, "revision") else {}  # stability loads no model
-    result = _named(entry)(cfg, context_of(args), loads)
+    with said(f"corelens {args.command}: importing torch and transformers"):  # seconds, before any output
+        run = _named(entry)
+    result = run(cfg, context_of(args), loads)
     if main_process():
         show(result, cfg)

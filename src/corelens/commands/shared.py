@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections import Counter
 
 from corelens.commands.argtypes import device, device_map, max_memory
@@ -66,6 +68,16 @@ def load_options(args: argparse.Namespace) -> dict:
         "offload_folder": args.offload_folder,
         "strict": not getattr(args, "allow_other_model", False),
     }
+
+
+# Set to 1 to see the progress lines (torch imported, model loaded, in how many seconds) in a log file too.
+PROGRESS_ENV = "CORELENS_PROGRESS"
+
+
+def progress_lines() -> bool:
+    """Return True when progress lines go to standard error: it is a terminal (or CORELENS_PROGRESS=1), so
+    that a pipe or a test reading an error sees that one line only."""
+    return sys.stderr.isatty() or os.environ.get(PROGRESS_ENV) == "1"
 
 
 def main_process() -> bool:

@@ -13,6 +13,7 @@ the tail (`corelens.experiments.sweep.conclude_sweep`).
 from __future__ import annotations
 
 import json
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -334,6 +335,11 @@ class PolicySweep:
             str, dict
         ] = {}  # records of earlier rounds (a run without --out keeps them only here)
 
+    def say(self, text: str) -> None:
+        """Print a line about the sweep's progress on standard error (with progress shown, main process)."""
+        if self.plan.ctx.progress and (self.run_ is None or self.run_.dist.main):
+            print(text, file=sys.stderr, flush=True)
+
     def warning(self) -> str | None:
         """Return (and give) the warning that the heads were identified on the evaluated data, if any."""
         plan = self.plan
@@ -455,6 +461,10 @@ class PolicySweep:
             *(preset.resampled(plan, hs) for hs in resampled),
         ]
         self.record_sets()
+        kinds = ", ".join(dict.fromkeys(c.kind for c in self.conds[1:])) or "none"
+        ks = ", ".join(dict.fromkeys(str(c.k) for c in self.conds[1:])) or "-"
+        self.say(f"{preset.command}: {len(self.conds)} conditions (the model as it is; sets {kinds} at "
+                 f"{preset.key} {ks}) x {len(samples)} samples")  # fmt: skip
         loop = Loop(
             preset.command,
             self.step,
@@ -472,6 +482,9 @@ class PolicySweep:
             batch = [b for c in found for b in preset.draw(plan, [c.k], [c.kind], draws.more(c, most))]
             if not batch:
                 break  # nothing left to draw (cannot happen while `more` and `status` agree on the cap)
+            wide = ", ".join(dict.fromkeys(f"{c.kind}/{c.k}" for c in batch))
+            self.say(f"{preset.command}: --draws auto: {len(batch)} more draws of {wide} (their mean over draws "
+                     f"is not yet known within --control-width {width:g})")  # fmt: skip
             self.conds.extend(batch)
             self.record_sets()
             logged, ok, records, table = self.evaluate(loop, skipped)

@@ -27,6 +27,7 @@ from corelens.choices import (
     SETS,
     STABLE_P,
 )
+from corelens.errors import CorelensError
 from corelens.experiments.configs import (
     data_option,
     max_new_tokens_option,
@@ -426,6 +427,8 @@ def run_sweep(entry: Callable, config, ctx, load_options: dict):
     from corelens.models.loaded import load
 
     heads = resolve_heads(config.heads)
+    if not Path(heads).is_file():  # the sweep's own refusal, before the model loads rather than after
+        raise CorelensError(f"{heads}: no such head table (expected a rank run's heads.csv)")
     return entry(load(config.model, **load_options), config.data, heads, ctx=ctx, **config.kwargs())
 
 

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -411,6 +412,7 @@ def load(
         >>> m.model_type, m.num_layers, m.num_heads, m.dtype
         ('qwen2_5_vl', 4, 8, torch.float32)
     """
+    started = time.perf_counter()
     found = resolve(path, revision)
     path = found.path
     config = read_config(path)
@@ -440,7 +442,7 @@ def load(
         model.to(target)
     model.eval()
     processor = read_processor(path)
-    return Loaded(
+    loaded = Loaded(
         model,
         processor,
         path,
@@ -449,6 +451,11 @@ def load(
         source=found.to_dict(),
         strict_identity=strict,
     )
+    # Shown by the command line (its handler prints corelens' info lines); silent from Python by default.
+    log.info("corelens: loaded %s (%s, %d layers x %d heads, %s on %s) in %.1f s", found.id or path.name, config.model_type,
+             loaded.num_layers, loaded.num_heads, str(torch_dtype).removeprefix("torch."), loaded.device,
+             time.perf_counter() - started)  # fmt: skip
+    return loaded
 
 
 def processor_only(path: str | Path) -> Loaded:

@@ -125,6 +125,21 @@ def shard(loop: Loop, todo: Sequence[Sample], run: Run | None) -> list[Sample]:
     return [todo[i] for i in balance(costs, dist.world)[dist.rank]]
 
 
+def estimate(label: str, first: float, left: int, say: Callable[[str], None], *, above: float = 60.0) -> None:
+    """Say how long the samples `left` will take at the first one's `first` seconds, when that is over `above`.
+
+    Examples:
+        >>> estimate("rank", 98.0, 31, print)
+        rank: the first sample took 98 s; the 31 left need about 51 min at that rate
+        >>> estimate("rank", 0.5, 31, print)  # half a minute in all: the bar says enough
+    """
+    total = first * left
+    if total <= above:
+        return
+    when = f"{total / 3600:.1f} h" if total >= 5400 else f"{total / 60:.0f} min"
+    say(f"{label}: the first sample took {first:.0f} s; the {left} left need about {when} at that rate")
+
+
 def drive(
     loop: Loop,
     samples: Sequence[Sample],
@@ -157,11 +172,15 @@ def drive(
     todo = [s for s in samples if not loop.finished(s, done)]
     mine = shard(loop, todo, run)
     label = loop.name + (f" [{dist.label}]" if dist.world > 1 else "")
-    for sample in tqdm(mine, desc=label, unit="sample", disable=not progress or not dist.main):
+    bar = tqdm(mine, desc=label, unit="sample", disable=not progress or not dist.main)
+    for i, sample in enumerate(bar):
         t0 = time.perf_counter()
         try:
             for record in loop.run(sample, done):
                 log(record)
+                condition, _, _ = record["id"].rpartition("|")
+                if condition and not bar.disable:  # a sweep: which of a sample's conditions has answered
+                    bar.set_postfix_str(condition)
         except Exception as err:
             # Bad input is an InputError (one line at the CLI); with skip_bad any failure of one sample
             # (a decoder, a processor's shape check, a recursion or memory limit) skips that sample only.
@@ -178,6 +197,8 @@ def drive(
         if run is not None:
             run.stats["samples"] += 1
             run.stats["seconds"] = round(run.stats["seconds"] + time.perf_counter() - t0, 3)
+        if i == 0 and not bar.disable:
+            estimate(label, time.perf_counter() - t0, len(mine) - 1, bar.write)
     dist.barrier()
     records = ordered(loop, samples, run.records(loop.check) if run is not None else memory)
     tally = Tally.of(loop, samples, records, run.path / LOG if run is not None else None)
