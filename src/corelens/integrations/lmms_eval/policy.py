@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from corelens.attention.interventions import OPS
-from corelens.attention.schema import AblationFile, SapFile, validate
+from corelens.attention.schema import HYBRID_FORMAT, AblationFile, SapFile, validate
 from corelens.data.sample import Sample
 from corelens.deprecation import deprecated
 from corelens.errors import CorelensError
@@ -120,9 +120,9 @@ def policy_of(m: Loaded, args: dict[str, Any]) -> CorePolicy | None:
 
 
 def load_policy(path: str | Path, means: str | None = None) -> CorePolicy:
-    """Return the policy in a JSON file: any registered policy (`Policy.to_json`, with its `name`; the entries
-    of `corelens hybrid`'s policies.json hold these), an older hybrid policy file (`Policy.from_dict` converts
-    it), an ablation (heads + op) or a SAP condition ({"prior": ..., "layers": ...})."""
+    """Return the policy in a JSON file: any registered policy (`Policy.to_json`, with its `name`, as the
+    `policy` of each entry of `corelens hybrid`'s policies.json), an older hybrid policy file (`Policy.from_dict`
+    converts it), an ablation (heads + op) or a SAP condition ({"prior": ..., "layers": ...})."""
     path = Path(path)
     try:
         data = jsonfile.load(path)  # a repeated key, a file too big or nested too deep: one line
@@ -140,6 +140,6 @@ def load_policy(path: str | Path, means: str | None = None) -> CorePolicy:
     if "name" in data:  # a registered policy: its name (of any JSON type) is checked by from_dict
         return _with_means(CorePolicy.from_dict(data, where), means)  # every field checked, one line
     raise CorelensError(
-        f"policy={path}: not a registered policy (name: {', '.join(POLICIES)}), an old hybrid policy file "
-        f"(format), an ablation (heads + op) or a SAP prior (prior + layers)"
+        f"policy={path}: not a hybrid policy ({HYBRID_FORMAT}), a registered policy (name: "
+        f"{', '.join(POLICIES)}), an ablation (heads + op) or a SAP prior (prior + layers)"
     )
