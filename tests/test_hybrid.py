@@ -429,6 +429,10 @@ def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
     # The ideal speed-up pools the pairs of every prompt: count them here, pair by pair.
     tokens = pd.read_parquet(out / "records.parquet").drop_duplicates("sample")["tokens"].tolist()
     sink, window = 2, manifest["window_tokens"]
+    # Each condition is recorded as its registered policy (the one hybrid policy file): reproducible from the run.
+    entries = {e["name"]: e for e in json.loads((out / "policies.json").read_text())}
+    top = HybridAttention(((1, 2), (1, 3)), sink, window, decode="stream")
+    assert Policy.from_dict(entries["top/25%"]["policy"]) == top and "policy" not in entries["dense"]
     dense = sum(n * (n + 1) // 2 for n in tokens)
     stream = sum(1 for n in tokens for i in range(n) for j in range(i + 1) if j < sink or i - j < window)
     speedup = dense / (0.25 * dense + 0.75 * stream)
