@@ -363,9 +363,8 @@ class HybridPreset(Preset):
         return resampled_condition(hs, plan.seed, self.sink_n, self.window_n)
 
     def set_entry(self, c: Condition) -> dict:
-        policy = self.policy(
-            c
-        )  # the registered policy's JSON, the one hybrid policy file (`Policy.from_dict`)
+        # The registered policy's JSON: the one hybrid policy file (`Policy.from_dict` reads it).
+        policy = self.policy(c)
         return {"name": c.name, **({"policy": policy.to_dict()} if policy else {}), "adaptive": c.adaptive}
 
     def annotate(self, plan: Plan, run) -> None:
