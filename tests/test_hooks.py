@@ -171,7 +171,7 @@ def test_refused_combinations_name_both_hooks(model, outer, inner, match):
     def hook(kind) -> AttentionHook:
         return {
             "hybrid": lambda: (
-                corelens.attention.streaming.Hybrid(m, corelens.attention.streaming.as_policy(FULL)).hook
+                corelens.attention.streaming.Hybrid(m, corelens.attention.streaming.as_plan(FULL)).hook
             ),
             "knockout": lambda: _ablator(m, "knockout"),
             "uniform": lambda: _ablator(m, "uniform"),

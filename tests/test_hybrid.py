@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,11 +11,15 @@ import torch
 from helpers import hybrid, noise_image
 
 import corelens
-from corelens.attention.streaming import HybridPolicy, as_policy
+from corelens.attention.streaming import HybridPlan, as_plan
 from corelens.data.sample import Sample
+from corelens.deprecation import CorelensDeprecationWarning
 from corelens.errors import CorelensError
 from corelens.models.prepare import prepare
 from corelens.models.tiny import load_tiny
+from corelens.policies import HybridAttention, Policy
+
+OLD = Path(__file__).resolve().parent / "data" / "old_formats"  # written by the code before HybridPlan
 
 # GQA group size -> tiny config (Qwen2.5-VL derives head_dim = hidden / heads = 16).
 GROUPS = {
@@ -293,10 +298,10 @@ def test_policy_is_plain_data(tmp_path):
     heads = pd.DataFrame(
         {"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "rank": [3, 1, 2, 4], "mass": [0.2, 0.4, 0.3, 0.1]}
     )
-    top = HybridPolicy.from_heads(heads, "50%", sink=8, window=64)
+    top = HybridPlan.from_heads(heads, "50%", sink=8, window=64)
     assert top.full == ((0, 1), (1, 0))
-    assert HybridPolicy.from_heads(heads, 1, kind="bottom").full == ((1, 1),)
-    assert len(HybridPolicy.from_heads(heads, 0.5, kind="random", seed=2).full) == 2
+    assert HybridPlan.from_heads(heads, 1, kind="bottom").full == ((1, 1),)
+    assert len(HybridPlan.from_heads(heads, 0.5, kind="random", seed=2).full) == 2
     # Layer-matched full sets never hold a top head; the table says how many heads they lack.
     from corelens.experiments.hybrid import conditions
 
@@ -305,24 +310,97 @@ def test_policy_is_plain_data(tmp_path):
     assert got["layer-matched/50%/s0"] == (((0, 0), (1, 1)), 0)  # top: (0, 1), (1, 0)
     assert got["layer-matched/75%/s0"] == (((1, 1),), 2)  # top adds (0, 0): layer 0 has no other head
     assert [len(got[f"random/{k}/s0"][0]) for k in ("50%", "75%")] == [2, 3]
-    path = top.save(tmp_path / "p.json")
-    assert HybridPolicy.load(path) == top
-    assert json.loads(path.read_text())["source"]["keep"] == "50%"
+    # The one file format is the registered policy's; the plan is what the kernels read of it.
+    policy = HybridAttention.from_heads(heads, "50%", sink=8, window=64, decode="stream")
+    assert policy == HybridAttention.of(top, decode="stream") and policy.plan() == top
+    path = tmp_path / "p.json"
+    path.write_text(policy.to_json())
+    assert Policy.from_file(path) == policy and json.loads(path.read_text())["source"]["keep"] == "50%"
     csv = tmp_path / "heads.csv"
     heads.to_csv(csv, index=False)
-    assert as_policy(csv, keep="50%").full == top.full
-    assert as_policy(path, window=7).window == 7
-    assert as_policy([(1, 1), (0, 0), (1, 1)]).full == ((0, 0), (1, 1))
+    assert as_plan(csv, keep="50%").full == top.full
+    assert as_plan(Policy.from_file(path).plan(), window=7).window == 7
+    assert as_plan([(1, 1), (0, 0), (1, 1)]).full == ((0, 0), (1, 1))
     assert top.streaming_kv(2, 2, 1).tolist() == [[False], [False]]
     assert top.ideal_speedup(4096, 2, 2) == pytest.approx(
         corelens.attention.kernels.ideal_speedup(4096, 0.5, 8, 64)
     )
     with pytest.raises(CorelensError, match="outside a model"):
-        HybridPolicy(((2, 0),)).full_mask(2, 2)
+        HybridPlan(((2, 0),)).full_mask(2, 2)
     with pytest.raises(CorelensError, match="not a hybrid policy"):
-        HybridPolicy.from_dict({"format": "x"})
+        Policy.from_dict({"format": "x"})
     with pytest.raises(ValueError, match="needs `keep`"):
-        as_policy(csv)
+        as_plan(csv)
+
+
+def _old_files(tmp_path) -> list[Path]:
+    """Return the old hybrid policy file and an entry of an old policies.json, each as a file."""
+    entry = tmp_path / "entry.json"
+    entry.write_text(json.dumps(json.loads((OLD / "policies.json").read_text())[1]))
+    return [OLD / "hybrid-policy.json", entry]
+
+
+def test_an_old_hybrid_policy_file_is_the_policy_it_holds_in_every_reader(tmp_path):
+    """`HybridPolicy.save` files and old policies.json entries, read by every reader of a policy file, convert
+    (one function, one line of warning) to the equal policy, which answers as the old code did."""
+    from corelens.integrations.kvpress import PolicyPress
+    from corelens.integrations.lmms_eval.policy import load_policy
+    from corelens.organism import organism_path
+    from corelens.organism.tasks import generate
+
+    core = ((0, 5), (0, 6), (0, 7), (1, 0))
+    readers = {
+        "Policy.from_file": Policy.from_file,
+        "Policy.from_json": lambda path: Policy.from_json(path.read_text()),
+        "HybridAttention.from_file": HybridAttention.from_file,
+        "lmms-eval policy=": load_policy,
+        "kvpress PolicyPress": lambda path: PolicyPress(path).policy,
+    }
+    read = {}
+    for path in _old_files(tmp_path):
+        for name, reader in readers.items():
+            with pytest.warns(CorelensDeprecationWarning) as caught:
+                read[path.name, name] = reader(path)
+            (message,) = [str(w.message) for w in caught]
+            assert "corelens.hybrid-policy/1 is deprecated" in message and "\n" not in message, message
+    assert set(read.values()) == {HybridAttention(core, 4, 8)}
+    assert all(p.source == {"keep": "4", "kind": "top"} and type(p) is HybridAttention for p in read.values())
+    # The same answers as the old code gave from the old file (recorded before the change): greedy, 2 tokens.
+    m = corelens.load(organism_path(), device="cpu")
+    samples, _ = corelens.read_samples(generate("image", tmp_path / "data", 1, seed=1))
+    inputs = corelens.prepare(m, samples[0]).inputs
+    policy = read["hybrid-policy.json", "Policy.from_file"]
+    got = {}
+    for decode in ("full", "stream"):
+        with torch.no_grad(), HybridAttention.of(policy.plan(), decode=decode).applied(m) as on:
+            h = on.hooks[0].session
+            out = m.model.generate(**inputs, max_new_tokens=2, do_sample=False, cache=h.cache())
+            new = m.processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :])
+            got[decode] = (new, round(h.cache_report()["saved_fraction"], 2))
+    assert got == {"full": ("green cross", 0.0), "stream": ("green <|im_end|>", 0.57)}
+
+
+def test_the_old_name_hybrid_policy_warns_and_still_works(tmp_path):
+    """`HybridPolicy`, from its path and the older `corelens.attention.hybrid`, is the plan, with a warning;
+    its files (old format) still write and read, through the one conversion."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import corelens.attention.hybrid as older  # the module's own old path (a shim file)
+    for module in (corelens.attention.streaming, older):
+        with pytest.warns(CorelensDeprecationWarning, match="HybridPolicy is deprecated .*HybridAttention"):
+            old = module.HybridPolicy
+        assert issubclass(old, HybridPlan)
+    plan = old(((1, 0), (0, 1)), 4, 8, {"keep": "2"})
+    path = plan.save(tmp_path / "p.json")
+    assert sorted(json.loads(path.read_text())) == sorted(
+        json.loads((OLD / "hybrid-policy.json").read_text())
+    )
+    with pytest.warns(CorelensDeprecationWarning, match="hybrid-policy/1"):
+        assert old.load(path) == plan
+    with pytest.warns(CorelensDeprecationWarning, match="hybrid-policy/1"):
+        assert Policy.from_file(path) == HybridAttention.of(plan)
 
 
 def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
@@ -351,6 +429,10 @@ def test_hybrid_command_writes_the_curve_and_resumes(tiny_dir, tmp_path):
     # The ideal speed-up pools the pairs of every prompt: count them here, pair by pair.
     tokens = pd.read_parquet(out / "records.parquet").drop_duplicates("sample")["tokens"].tolist()
     sink, window = 2, manifest["window_tokens"]
+    # Each condition is recorded as its registered policy (the one hybrid policy file): reproducible from the run.
+    entries = {e["name"]: e for e in json.loads((out / "policies.json").read_text())}
+    top = HybridAttention(((1, 2), (1, 3)), sink, window, decode="stream")
+    assert Policy.from_dict(entries["top/25%"]["policy"]) == top and "policy" not in entries["dense"]
     dense = sum(n * (n + 1) // 2 for n in tokens)
     stream = sum(1 for n in tokens for i in range(n) for j in range(i + 1) if j < sink or i - j < window)
     speedup = dense / (0.25 * dense + 0.75 * stream)

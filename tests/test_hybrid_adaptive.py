@@ -12,7 +12,7 @@ import torch
 import corelens as cl
 from corelens.attention import activate
 from corelens.attention.prompt_context import AttentionContext, attention_context
-from corelens.attention.streaming import HybridPolicy
+from corelens.attention.streaming import HybridPlan
 from corelens.data.sample import read_samples
 from corelens.errors import CorelensError
 from corelens.models.prepare import prepare
@@ -50,7 +50,7 @@ def _adaptive(m, prepared, budget, prior=None, **options):
     policy) for the prompt `prepared`; the block's value is the applied policy."""
     fixed = None
     if prior is not None:
-        fixed = (prior if isinstance(prior, HybridPolicy) else HybridPolicy.from_heads(prior, budget)).full
+        fixed = (prior if isinstance(prior, HybridPlan) else HybridPlan.from_heads(prior, budget)).full
     return AdaptiveHybrid(budget, fixed, **{"sink": SINK, "window": WINDOW, **options}).applied(m, prepared)
 
 
@@ -67,7 +67,7 @@ def test_budget_one_is_dense(setup):
 def test_fixed_signal_is_the_fixed_policy(setup):
     m, inputs, table = setup
     for budget in (0.125, 0.25, 0.5):
-        policy = HybridPolicy.from_heads(table, budget, sink=SINK, window=WINDOW)
+        policy = HybridPlan.from_heads(table, budget, sink=SINK, window=WINDOW)
         for x in inputs:
             with HybridAttention.of(policy).applied(m, x) as on:
                 want = _logits(m, x)
@@ -84,7 +84,7 @@ def test_fixed_signal_is_the_fixed_policy(setup):
 
 def test_measured_signal_keeps_the_quota_and_streams(setup):
     m, inputs, table = setup
-    policy = HybridPolicy.from_heads(table, 0.25)
+    policy = HybridPlan.from_heads(table, 0.25)
     session = AdaptiveHybrid(0.25, policy.full, SINK, WINDOW).session(m)
     for x in inputs:  # one session across two prompts: each prefill chooses its own heads
         with attention_context(AttentionContext.of(x)), activate(m.layer_modules(), session.hook):
@@ -122,7 +122,7 @@ def test_signal_is_the_ram_probes_visual_mass(setup):
     with _adaptive(m, x, 0.25, table, window=10**6) as on:
         _logits(m, x)
     h = on.hooks[0].session
-    quota = HybridPolicy.from_heads(table, 0.25).full_mask(m.num_layers, m.num_heads).sum(dim=1)
+    quota = HybridPlan.from_heads(table, 0.25).full_mask(m.num_layers, m.num_heads).sum(dim=1)
     for layer, signal in h.hook.signals[0].items():
         torch.testing.assert_close(signal, probe.visual_mass[layer], rtol=0, atol=1e-6)
         top = set(np.argsort(-signal.double().numpy(), kind="stable")[: int(quota[layer])].tolist())
@@ -149,7 +149,7 @@ def test_hybrid_command_runs_the_adaptive_set(setup, tmp_path, capsys):
     # At budget 1.0 every head is full: the adaptive answers are the dense model's.
     assert records["adaptive/100%"].tolist() == records["dense"].tolist()
     # At 25 % the heads are chosen per prompt: each answer is the Python API's with the top set's quotas.
-    policy = HybridPolicy.from_heads(table, "25%", sink=SINK, window=WINDOW)
+    policy = HybridPlan.from_heads(table, "25%", sink=SINK, window=WINDOW)
     samples, _ = read_samples(data)
     for sample in samples:
         prepared = prepare(m, sample)

@@ -297,10 +297,10 @@ def test_hybrid_conditions_expand_kv_heads_to_their_query_heads():
 
 
 def test_policy_from_a_kv_table_keeps_whole_kv_heads(ranked):
-    from corelens.attention.streaming import HybridPolicy
+    from corelens.attention.streaming import HybridPlan
 
     kv = pd.read_csv(ranked["kv"] / "heads.csv")
-    policy = HybridPolicy.from_heads(kv, 2, sink=2, window=4)
+    policy = HybridPlan.from_heads(kv, 2, sink=2, window=4)
     assert policy.full == kvheads.expand(zip(kv["layer"][:2], kv["head"][:2]), GROUP)
     assert policy.source["granularity"] == "kv"
     assert (

@@ -108,7 +108,7 @@ def policies(setup):
     ours["hybrid-args"] = ours["hybrid-file"]
     policy = json.loads((root / "hybrid" / "policies.json").read_text())
     path = root / "hybrid-policy.json"
-    path.write_text(json.dumps(next(p for p in policy if p["name"].startswith("top"))))
+    path.write_text(json.dumps(next(p for p in policy if p["name"].startswith("top"))["policy"]))
     model_args = {
         "ablate": f"heads={heads},k=8,op=zero",
         "hybrid-file": f"policy={path}",

@@ -113,7 +113,7 @@ def test_deprecated_names_warn_and_still_work(setup):
     assert got == cl.answer(m, p, hybrid, max_new_tokens=2) and h.stats["prefill:blocked"] > 0
     with (
         pytest.warns(DeprecationWarning, match="corelens.hybrid"),
-        cl.hybrid(m, full="adaptive", budget=0.25, prior=hybrid.plain(), sink=4, window=8) as h,
+        cl.hybrid(m, full="adaptive", budget=0.25, prior=hybrid.plan(), sink=4, window=8) as h,
     ):
         got = cl.answer(m, p, None, max_new_tokens=2)
     assert got == cl.answer(m, p, AdaptiveHybrid(0.25, tuple(CORE), 4, 8), max_new_tokens=2)

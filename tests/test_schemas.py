@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import ClassVar  # at module level: dataclasses read `ClassVar` from the test's module
 
 from corelens.attention.schema import AblationFile, HybridPolicyFile, validate
-from corelens.attention.streaming import HybridPolicy
 from corelens.policies import KnockoutHeads
 from corelens.policies.json_schema import schemas, write
 from corelens.policies.legacy import ablation_policy
@@ -29,8 +28,8 @@ def test_committed_schemas_equal_the_generated_ones(tmp_path):
 
 
 def test_what_corelens_writes_validates():
-    policy = HybridPolicy(((0, 1), (2, 3)), 4, 8, {"keep": 2})
-    assert validate(HybridPolicyFile, policy.to_dict(), "p.json").full == [(0, 1), (2, 3)]
+    old = Path(__file__).resolve().parent / "data" / "old_formats" / "hybrid-policy.json"  # HybridPolicy.save
+    assert validate(HybridPolicyFile, json.loads(old.read_text()), "p.json").full[0] == (0, 5)
     ablation = {"heads": [[0, 1]], "op": "knockout", "keys": "omega", "label": "top/1", "seed": 3, "meta": {}}
     got = ablation_policy(validate(AblationFile, ablation, "a.json").model_dump())
     assert got == KnockoutHeads(((0, 1),), "top/1", 3, keys="omega")

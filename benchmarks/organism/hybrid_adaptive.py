@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 
 import corelens as cl
-from corelens.attention.streaming import HybridPolicy
 from corelens.data.sample import read_samples
 from corelens.experiments.evaluate import EvalResult, evaluate, interval
 from corelens.organism import organism_path
+from corelens.policies import HybridAttention
 
 KEEPS, SINK, WINDOW, ROWS = (8, 16), 4, 16, 16  # the budget of one shared 2-core machine
 
@@ -56,9 +56,9 @@ def main(out: Path) -> None:
     rows = [{"keep": heads, "budget": 1.0, "set": "dense", "accuracy": dense.accuracy, "n": dense.n,
              "ci_low": low, "ci_high": high}]  # fmt: skip
     for keep in KEEPS:
-        policy = HybridPolicy.from_heads(ranked, keep, sink=SINK, window=WINDOW)
+        policy = HybridAttention.from_heads(ranked, keep, sink=SINK, window=WINDOW)
         fixed = stored(out, f"top/{keep}", samples) or evaluate(
-            m, samples, context=lambda s, p, policy=policy: cl.hybrid(m, policy)
+            m, samples, context=lambda s, p, policy=policy: policy.applied(m, p)
         )
         chosen, lengths, signal_layers = [], [], []
 
@@ -70,7 +70,7 @@ def main(out: Path) -> None:
             return _Recorder(session, log[0], log[2])
 
         adapted = evaluate(m, samples, context=adaptive)
-        full = policy.full_mask(m.num_layers, m.num_heads)
+        full = policy.plan().full_mask(m.num_layers, m.num_heads)
         jaccard = [float((c & full).sum() / (c | full).sum()) for c in chosen]
         n = np.asarray(lengths, dtype=np.float64)
         cost = np.asarray(signal_layers) * m.num_heads * ROWS * n / (m.num_layers * m.num_heads * n**2)

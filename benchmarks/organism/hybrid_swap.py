@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 
 import corelens as cl
-from corelens.attention.streaming import HybridPolicy
 from corelens.data.sample import read_samples
 from corelens.experiments.evaluate import evaluate, interval
 from corelens.organism import organism_path
+from corelens.policies import HybridAttention
 
 
 def main(out: Path) -> None:
@@ -27,8 +27,8 @@ def main(out: Path) -> None:
     heads = [(int(r.layer), int(r.head)) for r in ranked.itertuples()]
     swapped = heads[:7] + [heads[8]]
     samples, _ = read_samples(out / "eval-data" / "document.jsonl")
-    policy = HybridPolicy(tuple(sorted(swapped)), 4, 16, {"kind": "top 7 + 9th"})
-    got = evaluate(m, samples, context=lambda s, p: cl.hybrid(m, policy)).records.set_index("id")["correct"]
+    policy = HybridAttention(tuple(sorted(swapped)), 4, 16, source={"kind": "top 7 + 9th"})
+    got = evaluate(m, samples, context=lambda s, p: policy.applied(m, p)).records.set_index("id")["correct"]
     top8 = pd.read_parquet(out / "hybrid-document-question" / "records.parquet").query("condition == 'top/8'")
     top8 = top8.set_index("sample")["correct"].loc[got.index]
     diff = got.to_numpy(float) - top8.to_numpy(float)

@@ -1,7 +1,7 @@
 """Input-adaptive hybrid attention (docs/methods.md#adaptive-hybrid): the full heads chosen per prompt.
 
 `AdaptiveHybrid(budget=F, full=<the fixed set>)` (`corelens.policies`) keeps, in each layer l, as many full heads as the
-fixed CoRe policy at the same budget keeps there (`quota_l`; `prior` may also be that fixed `HybridPolicy`;
+fixed CoRe policy at the same budget keeps there (`quota_l`; `prior` may also be that fixed set's `HybridPlan`;
 without `prior`, round(F x H) per layer). Which
 ones is decided during the prefill itself, layer by layer, just before the layer's attention runs: the
 signal of head h is the attention mass that the last `rows` prompt positions (the question and the
@@ -22,7 +22,7 @@ import torch
 from corelens.attention.dispatch import AttentionCall, Kernel
 from corelens.attention.probes import row_probabilities
 from corelens.attention.prompt_context import needs
-from corelens.attention.streaming import Hybrid, HybridHook, HybridPolicy
+from corelens.attention.streaming import Hybrid, HybridHook, HybridPlan
 from corelens.errors import CorelensError
 
 
@@ -32,10 +32,10 @@ def quotas(layers: int, heads: int, budget: float, prior: Any = None) -> torch.T
         raise CorelensError(f"the adaptive budget must be in (0, 1], got {budget}")
     if prior is None:
         return torch.full((layers,), round(budget * heads), dtype=torch.long)
-    if isinstance(prior, HybridPolicy):  # a fixed policy: its own count in each layer
+    if isinstance(prior, HybridPlan):  # a fixed policy: its own count in each layer
         return prior.full_mask(layers, heads).sum(dim=1)
     table = prior.heads if hasattr(prior, "heads") else prior
-    full = HybridPolicy.from_heads(table, budget).full_mask(layers, heads)
+    full = HybridPlan.from_heads(table, budget).full_mask(layers, heads)
     return full.sum(dim=1)
 
 
@@ -105,9 +105,7 @@ def adaptive_session(
         raise CorelensError("adaptive hybrid attention decodes with full attention (decode='full')")
     if rows < 1:
         raise CorelensError(f"the adaptive signal needs rows >= 1, got {rows}")
-    session = Hybrid(
-        m, HybridPolicy((), sink, window, {"kind": "adaptive", "budget": budget}), kernel, decode
-    )
+    session = Hybrid(m, HybridPlan((), sink, window, {"kind": "adaptive", "budget": budget}), kernel, decode)
     quota = quotas(session.layers, session.heads, budget, prior)
     table = None
     if signal is not None:
@@ -123,7 +121,7 @@ def adaptive_session(
                 f"the signal must be {session.layers} x {session.heads}, got {tuple(table.shape)}"
             )
     session.hook = AdaptiveHook(session, quota, rows, table)
-    session.policy = HybridPolicy(
+    session.policy = HybridPlan(
         (), sink, window, {"kind": "adaptive", "budget": budget, "quota": quota.tolist()}
     )
     return session

@@ -1,8 +1,10 @@
-"""The policy files corelens reads, as pydantic models: a hybrid policy, an ablation and a SAP prior.
+"""The older policy files corelens reads, as pydantic models: a hybrid policy, an ablation and a SAP prior.
 
 `validate(Model, data, where)` checks a JSON document against a model and turns the first violation into one
 line naming the file and the field (`policy.json: field 'full[2][0]': Input should be ...`). The JSON Schemas
 published in docs/schemas/ are generated from these models (`python -m corelens.policies.json_schema docs/schemas`).
+An old hybrid policy file is read by one function, `upgrade_hybrid_file`, into the registered `hybrid` policy's
+data (`HybridAttention.to_dict`), the one format corelens writes.
 
 Examples:
     >>> validate(AblationFile, {"heads": [[0, 1]], "op": "zero"}, "p.json").op
@@ -19,11 +21,10 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corelens.choices import KEY_SETS, OPS
+from corelens.deprecation import deprecated
 from corelens.errors import CorelensError
 
-HYBRID_FORMAT = (
-    "corelens.hybrid-policy/1"  # `HybridPolicy`'s file format (corelens.attention.streaming.FORMAT)
-)
+HYBRID_FORMAT = "corelens.hybrid-policy/1"  # the old hybrid policy file (read by `upgrade_hybrid_file` only)
 
 Index = Annotated[int, Field(strict=True, ge=0)]  # a layer or head index: an integer >= 0, not 1.0 or true
 Pair = tuple[Index, Index]
@@ -31,7 +32,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class HybridPolicyFile(BaseModel):
-    """`HybridPolicy.save` / an entry of `corelens hybrid`'s policies.json: full heads, streaming heads' S and W."""
+    """The old hybrid policy file (`HybridPolicy.save`, an older entry of `corelens hybrid`'s policies.json):
+    full heads, streaming heads' S and W."""
 
     model_config = ConfigDict(extra="allow", title="corelens hybrid policy")
     format: Literal["corelens.hybrid-policy/1"] = Field(description="the format, " + HYBRID_FORMAT)
@@ -96,3 +98,30 @@ def validate(model: type[M], data: Any, where: str) -> M:
         return model.model_validate(data)
     except ValidationError as err:
         raise one_line(err, where) from None
+
+
+def upgrade_hybrid_file(data: Any, where: str) -> dict[str, Any]:
+    """Return the registered `hybrid` policy's data (`{"name": "hybrid", ...}`, as `HybridAttention.to_dict`
+    writes it) of an old hybrid policy file, warning once that the format goes; the one reader of that format.
+
+    Examples:
+        >>> import warnings
+        >>> old = {"format": HYBRID_FORMAT, "full": [[0, 1]], "sink": 4, "window": 8, "source": {"keep": "1"}}
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     upgrade_hybrid_file(old, "p.json")
+        {'name': 'hybrid', 'full': [[0, 1]], 'sink': 4, 'window': 8, 'source': {'keep': '1'}}
+        >>> str(caught[0].message)[:70]
+        'p.json: the hybrid policy format corelens.hybrid-policy/1 is deprecate'
+    """
+    got = data.get("format") if isinstance(data, dict) else type(data).__name__
+    if got != HYBRID_FORMAT:
+        raise CorelensError(f"{where}: not a hybrid policy (format {got!r}, expected {HYBRID_FORMAT!r})")
+    old = validate(HybridPolicyFile, data, where)
+    deprecated(
+        f"{where}: the hybrid policy format {HYBRID_FORMAT}",
+        '{"name": "hybrid", ...} (HybridAttention.to_json; Policy.from_file(path).to_json() converts it)',
+        stacklevel=4,
+    )
+    full = [list(p) for p in old.full]
+    return {"name": "hybrid", "full": full, "sink": old.sink, "window": old.window, "source": old.source}

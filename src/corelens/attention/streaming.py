@@ -1,16 +1,16 @@
 """CoRe-guided hybrid attention (docs/methods.md#hybrid): a full set of heads keeps causal attention, the rest stream.
 
-A `HybridPolicy` is plain data: the full set of (layer, query head) pairs, the sink count `S` and the window
-`W`, plus where the set came from; it saves to and loads from JSON. `hybrid(m, full=..., sink=S, window=W)`
-activates it on one model for the duration of a `with` block; users apply the registered policy
-`corelens.policies.HybridAttention`, whose session this is:
+The kernels' side of the registered policy `corelens.policies.HybridAttention`, which is how hybrid attention
+is applied and saved (`to_json`):
 
     with HybridAttention(full, sink=4, window=16, decode="stream").applied(m, prepared) as on:
         h = on.hooks[0].session
         out = m.model.generate(**prepared.inputs, cache=h.cache(), max_new_tokens=16)
         print(h.cache_report())            # bytes a DynamicCache would hold vs bytes held
 
-Inside the block every decoder attention call goes through the hybrid kernels (`corelens.attention.kernels`):
+Internal here: a `HybridPlan` (the full set of (layer, query head) pairs, the sink count `S` and the window
+`W`, as the kernels read them) and the `Hybrid` session that runs one on one model. Inside the policy's block
+every decoder attention call goes through the hybrid kernels (`corelens.attention.kernels`):
 a whole-prompt prefill runs the chosen kernel (`auto`: the partitioned kernel on CUDA, the blocked CPU
 path otherwise). Decoding follows `decode`: "full" (the default, as in the paper, which streams in prefill only)
 runs every decoding step with the model's own attention over every cached key; "stream" runs the exact
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,24 +34,25 @@ import torch
 import torch.nn.functional as F
 
 from corelens.attention import kernels
-from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel, activate
+from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel
 from corelens.attention.kernels.cache import HybridCache, HybridCacheLayer, decode_attention
 from corelens.attention.kernels.dense import last_rows_allowed, masked_attention, policy_allowed
 from corelens.attention.kernels.masks import Pattern, allowed_mask, row_starts, streaming_keep
-from corelens.attention.schema import HYBRID_FORMAT, HybridPolicyFile, validate
+from corelens.attention.schema import HYBRID_FORMAT, upgrade_hybrid_file
+from corelens.deprecation import deprecated
 from corelens.errors import CorelensError, OptionError
 from corelens.metrics import kvheads
 from corelens.metrics.headsets import SEEDED, k_count, select
 
-FORMAT = HYBRID_FORMAT
 DEFAULT_SINK = 128
 DEFAULT_WINDOW = 1024
 DECODES = ("full", "stream")
 
 
 @dataclass(frozen=True)
-class HybridPolicy:
-    """Which (layer, query head) pairs keep full attention; every other head keeps S sinks + a W window."""
+class HybridPlan:
+    """The kernels' plan (internal: users hold `corelens.policies.HybridAttention`, saved by its `to_json`):
+    which (layer, query head) pairs keep full attention; every other head keeps S sinks + a W window."""
 
     full: tuple[tuple[int, int], ...]
     sink: int = DEFAULT_SINK
@@ -76,8 +77,8 @@ class HybridPolicy:
         sink: int = DEFAULT_SINK,
         window: int = DEFAULT_WINDOW,
         random_from: str = "all",
-    ) -> HybridPolicy:
-        """Return the policy whose full set is `keep` heads ("10%", 0.1 or a count) of a heads.csv table.
+    ) -> HybridPlan:
+        """Return the plan whose full set is `keep` heads ("10%", 0.1 or a count) of a heads.csv table.
 
         `kind`: "top" (the CoRe heads), "bottom", "random" (from `random_from`: "all" heads or "non-top")
         or "layer-matched" (seeded), as in `corelens.metrics.headsets`. A KV-head table picks `keep` KV
@@ -128,69 +129,25 @@ class HybridPolicy:
         """Return the ideal attention speed-up (docs/methods.md#hybrid) for an unpadded prompt of `tokens` tokens."""
         return kernels.ideal_speedup(tokens, self.fraction(layers, heads), self.sink, self.window)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the policy as JSON-ready data."""
-        return {
-            "format": FORMAT,
-            "full": [list(p) for p in self.full],
-            "sink": self.sink,
-            "window": self.window,
-            "source": self.source,
-        }
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HybridPolicy:
-        """Return the policy stored by `to_dict`."""
-        if data.get("format") != FORMAT:
-            raise CorelensError(f"not a hybrid policy (format {data.get('format')!r}, expected {FORMAT!r})")
-        return cls(
-            tuple(tuple(p) for p in data["full"]),
-            int(data["sink"]),
-            int(data["window"]),
-            data.get("source", {}),
-        )
-
-    def save(self, path: str | Path) -> Path:
-        """Write the policy as JSON to `path`; return the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> HybridPolicy:
-        """Read a policy written by `save`; a malformed one is one line naming the file and the field."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError, RecursionError) as err:
-            raise CorelensError(f"{path}: cannot read a hybrid policy ({err})") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            got = data.get("format") if isinstance(data, dict) else type(data).__name__
-            raise CorelensError(f"{path}: not a hybrid policy (format {got!r}, expected {FORMAT!r})")
-        validate(HybridPolicyFile, data, str(path))
-        return cls.from_dict(data)
-
-
-def as_policy(
-    full: HybridPolicy | str | Path | pd.DataFrame | Iterable[tuple[int, int]] | Any,
+def as_plan(
+    full: HybridPlan | str | Path | pd.DataFrame | Iterable[tuple[int, int]] | Any,
     *,
     sink: int | None = None,
     window: int | None = None,
     keep: int | float | str | None = None,
-) -> HybridPolicy:
-    """Return a policy from a policy, a policy JSON, a heads.csv (+ `keep`), a head table or Ranking, or pairs."""
-    if isinstance(full, HybridPolicy):
+) -> HybridPlan:
+    """Return a plan from a plan, a heads.csv (+ `keep`), a head table or Ranking, or (layer, head) pairs."""
+    if isinstance(full, HybridPlan):
         policy = full
-    elif isinstance(full, (str, Path)) and str(full).endswith(".json"):
-        policy = HybridPolicy.load(full)
     elif isinstance(full, (str, Path, pd.DataFrame)) or hasattr(full, "heads"):
         table = full.heads if hasattr(full, "heads") else full
         if keep is None:
             raise OptionError("choosing full heads from a head table needs `keep` (a count or a fraction)")
-        policy = HybridPolicy.from_heads(table, keep)
+        policy = HybridPlan.from_heads(table, keep)
     else:
-        policy = HybridPolicy(tuple(tuple(p) for p in full))
-    return HybridPolicy(
+        policy = HybridPlan(tuple(tuple(p) for p in full))
+    return HybridPlan(
         policy.full,
         policy.sink if sink is None else sink,
         policy.window if window is None else window,
@@ -211,12 +168,12 @@ def _model_shape(m: Any) -> tuple[list[tuple[int, torch.nn.Module]], int, int, i
 
 
 class Hybrid:
-    """An active hybrid policy on one model: its hook, its caches, and what ran (`stats`)."""
+    """An active hybrid plan on one model (`HybridAttention.session`): its hook, its caches, what ran (`stats`)."""
 
     def __init__(
         self,
         m: Any,
-        policy: HybridPolicy,
+        policy: HybridPlan,
         kernel: str = "auto",
         decode: str = "full",
         dense_below: float | None = kernels.DENSE_BELOW,
@@ -418,49 +375,50 @@ class HybridHook(AttentionHook):
         return self._heads[key]
 
 
-@contextmanager
-def hybrid(
-    m: Any,
-    full: HybridPolicy | str | Path | pd.DataFrame | Sequence[tuple[int, int]] | Any = (),
-    *,
-    sink: int | None = None,
-    window: int | None = None,
-    keep: int | float | str | None = None,
-    kernel: str = "auto",
-    decode: str = "full",
-    dense_below: float | None = kernels.DENSE_BELOW,
-) -> Iterator[Hybrid]:
-    """Run `m` with hybrid attention inside the block: `full` heads keep causal attention, the rest stream.
+class _HybridPolicy(HybridPlan):
+    """Deprecated `HybridPolicy` (until corelens 0.2.0): a `HybridPlan` that still writes its old file format
+    (`to_dict`, `save`) and reads it as every reader does (`corelens.attention.schema.upgrade_hybrid_file`)."""
 
-    `full`: a HybridPolicy, a policy .json, a heads.csv path / head table / Ranking (with `keep`: a count, a
-    fraction or "10%"), or (layer, head) pairs. `sink` / `window` default to the policy's (128 / 1024).
-    `kernel`: "auto", "blocked", "flex", "partitioned" or "reference" (prefill only; streamed decoding is
-    exact-masked). `dense_below`: the partitioned kernel's crossover: a layer whose head set's ideal speed-up
-    is below it runs every head dense (`h.stats["prefill:dense"]` counts them; None: never).
-    `decode`: "full" (every head attends to every cached key after the hybrid prefill, as in the paper) or
-    "stream" (the streaming heads keep their pattern in decoding; `h.cache()` then trims their KV heads).
-    The full heads chosen per prompt: `corelens.policies.AdaptiveHybrid` (`corelens.attention.adaptive`).
+    def to_dict(self) -> dict[str, Any]:
+        """Return the plan in the old file format (`corelens.hybrid-policy/1`)."""
+        full = [list(p) for p in self.full]
+        return {
+            "format": HYBRID_FORMAT,
+            "full": full,
+            "sink": self.sink,
+            "window": self.window,
+            "source": self.source,
+        }
 
-    Examples:
-        >>> import corelens as cl
-        >>> from corelens.organism import organism_path
-        >>> from corelens.organism.tasks import generate
-        >>> m = cl.load(organism_path(), device="cpu")
-        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
-        >>> inputs = cl.prepare(m, samples[0]).inputs
-        >>> def answer(**kw):  # two greedy tokens
-        ...     out = m.model.generate(**inputs, max_new_tokens=2, do_sample=False, **kw)
-        ...     return m.processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :])
-        >>> answer()
-        'green cross'
-        >>> core = [(0, 5), (0, 6), (0, 7), (1, 0)]  # the organism's top 4 heads (`cl.rank`)
-        >>> with hybrid(m, full=core, sink=4, window=8):  # the other 28 see 4 sinks + the 8 latest keys
-        ...     answer()
-        'green cross'
-        >>> with hybrid(m, full=core, sink=4, window=8, decode="stream") as h:  # also while decoding
-        ...     answer(cache=h.cache()), round(h.cache_report()["saved_fraction"], 2)  # 57 % of the cache freed
-        ('green <|im_end|>', 0.57)
-    """
-    session = Hybrid(m, as_policy(full, sink=sink, window=window, keep=keep), kernel, decode, dense_below)
-    with activate(session.modules, session.hook), session.running():
-        yield session
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "hybrid policy") -> HybridPlan:
+        """Return the plan of an old-format dict."""
+        new = upgrade_hybrid_file(data, where)
+        return cls(tuple(map(tuple, new["full"])), new["sink"], new["window"], new["source"])
+
+    def save(self, path: str | Path) -> Path:
+        """Write the plan in the old file format to `path`; return the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> HybridPlan:
+        """Read an old-format file; a malformed one is one line naming the file and the field."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError, RecursionError) as err:
+            raise CorelensError(f"{path}: cannot read a hybrid policy ({err})") from None
+        return cls.from_dict(data, str(path))
+
+
+def __getattr__(name: str) -> Any:
+    """Serve the deprecated name `HybridPolicy` (this module's old public class) with a warning."""
+    if name == "HybridPolicy":
+        deprecated(
+            "corelens.attention.streaming.HybridPolicy",
+            "corelens.policies.HybridAttention (from_heads, to_json, Policy.from_file)",
+        )
+        return _HybridPolicy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -117,7 +117,7 @@ def run_decode_benchmark(
     import transformers
     from transformers import DynamicCache
 
-    from corelens.attention.streaming import hybrid as hybrid_attention
+    from corelens.policies import HybridAttention
 
     dev = torch.device(device)
     pairs = full_heads(layers, heads, kv_heads, keep, granularity, seed)
@@ -134,8 +134,9 @@ def run_decode_benchmark(
 
         def hybrid(n, backends=None):
             model.set_attn_implementation("corelens")
-            options = {"sink": sink, "window": window, "kernel": kernel, "decode": "stream"}
-            with hybrid_attention(model, pairs, **options) as h:
+            policy = HybridAttention(tuple(pairs), sink, window, decode="stream", kernel=kernel)
+            with policy.applied(model) as on:
+                h = on.hooks[0].session
                 cache = h.cache()
                 return _decode(model, ids[:, :n], ids[:, n : n + steps], dev, cache, backends), (cache, h)
 

@@ -499,8 +499,8 @@ def prefill_times(
     `layer_kernel_seconds`; `prefill_compiles_timed` counts the torch.compile frames compiled meanwhile.
     """
     from corelens.attention.prompt_context import AttentionContext, attention_context
-    from corelens.attention.streaming import HybridPolicy, hybrid
-    from corelens.policies import AdaptiveHybrid
+    from corelens.attention.streaming import HybridPlan
+    from corelens.policies import AdaptiveHybrid, HybridAttention
 
     granularities = list(granularities or [granularity])
     main = granularity if granularity in granularities else granularities[0]
@@ -522,7 +522,7 @@ def prefill_times(
     for g in granularities:
         for keep in keeps:
             chosen = choose_full(layers * heads, keep, seed, _group(g, heads, kv_heads))
-            policies[label(g, keep)] = HybridPolicy(tuple(divmod(i, heads) for i in chosen), sink, window)
+            policies[label(g, keep)] = HybridPlan(tuple(divmod(i, heads) for i in chosen), sink, window)
 
     def stock(x):
         model.set_attn_implementation("sdpa")
@@ -535,8 +535,9 @@ def prefill_times(
     def hybrid_forward(x, name):
         fresh()
         model.set_attn_implementation("corelens")
-        with hybrid(model, policies[name], kernel=kernel) as h:
+        with HybridAttention.of(policies[name], kernel=kernel).applied(model) as on:
             y = model(input_ids=x, use_cache=False).last_hidden_state
+        h = on.hooks[0].session
         refuse_fallback("; ".join(h.fallbacks), f"prefill {name}")
         return y, dict(h.stats)
 

@@ -23,8 +23,9 @@ from corelens.attention import probes
 from corelens.attention.dispatch import AttentionCall
 from corelens.attention.kernels.cache import HybridCacheLayer
 from corelens.attention.probes import RamProbe
-from corelens.attention.streaming import HybridHook, hybrid
+from corelens.attention.streaming import HybridHook
 from corelens.bench.synthetic import build_model, make_input_ids
+from corelens.policies import HybridAttention
 
 
 def synchronisations(device: torch.device, fn, *args, **kwargs) -> tuple[int, object]:
@@ -105,8 +106,9 @@ def decode_check(device: torch.device, dtype: str) -> bool:
         try:
             with (
                 torch.no_grad(),
-                hybrid(model, policy, sink=16, window=64, kernel=kernel, decode="stream") as h,
+                HybridAttention(tuple(policy), 16, 64, kernel=kernel, decode="stream").applied(model) as on,
             ):
+                h = on.hooks[0].session
                 cache = h.cache() if kernel == "auto" else DynamicCache(config=model.config)
                 model(input_ids=ids[:, :560], cache=cache, use_cache=True)
                 for t in range(560, 600):

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
-from corelens.attention.streaming import DECODES, HybridPolicy
+from corelens.attention.streaming import DECODES, HybridPlan
 from corelens.choices import ADAPTIVE, HYBRID_SET_KINDS
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError, OptionError
@@ -102,7 +102,7 @@ class Condition:
     kind: str
     keep: str
     seed: int | None
-    policy: HybridPolicy | None
+    policy: HybridPlan | None
     short_by: int = 0  # heads the full set lacks to reach its kept count (a control that ran out of heads)
     adaptive: bool = False  # the policy's per-layer counts, with the heads chosen per prompt
     asked: int | None = None  # rows of the head table asked for (query or KV heads); None: dense
@@ -173,7 +173,7 @@ def conditions(
                 if kv:
                     source["granularity"] = "kv"
                 full = expand(heads, group) if kv else heads
-                policy = HybridPolicy(full, sink, window, source)
+                policy = HybridPlan(full, sink, window, source)
                 name = f"{kind}/{keep}" + (f"/s{draw}" if draw is not None else "")
                 short = count - len(heads)
                 out.append(Condition(name, kind, keep, draw, policy, short, kind == ADAPTIVE, count))
@@ -183,7 +183,7 @@ def conditions(
 def resampled_condition(hs: HeadSet, seed: int, sink: int, window: int) -> Condition:
     """Return the condition keeping a resampled ranking's top-k set `hs` full."""
     source = {"keep": hs.k, "kind": RESAMPLED, "resample": hs.seed, "base_seed": seed}
-    policy = HybridPolicy(hs.heads, sink, window, source)
+    policy = HybridPlan(hs.heads, sink, window, source)
     return Condition(hs.name, RESAMPLED, hs.k, hs.seed, policy, asked=hs.count)
 
 
@@ -363,7 +363,9 @@ class HybridPreset(Preset):
         return resampled_condition(hs, plan.seed, self.sink_n, self.window_n)
 
     def set_entry(self, c: Condition) -> dict:
-        return {"name": c.name, **(c.policy.to_dict() if c.policy else {}), "adaptive": c.adaptive}
+        # The registered policy's JSON: the one hybrid policy file (`Policy.from_dict` reads it).
+        policy = self.policy(c)
+        return {"name": c.name, **({"policy": policy.to_dict()} if policy else {}), "adaptive": c.adaptive}
 
     def annotate(self, plan: Plan, run) -> None:
         run.manifest.update(sink_tokens=self.sink_n, window_tokens=self.window_n)

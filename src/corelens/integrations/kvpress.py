@@ -22,7 +22,7 @@ What kvpress does with it (kvpress 0.5.5): the prefill runs full attention; afte
 keys between the sink and the window are replaced at every decoding step by a key whose attention weight
 underflows to 0 (kvpress's head-wise masking, `kvpress.attention_patch`). The cache tensors keep their shape:
 per-head presses in kvpress save attention, not memory; `kept()` reports the keys each KV head still attends to.
-corelens' own `hybrid(m, ...).cache()` frees the memory instead.
+corelens' own `HybridAttention(..., decode="stream")` session's `cache()` frees the memory instead.
 
 Two adaptations, each for a measured incompatibility of kvpress 0.5.5 (which pins transformers < 5.3) with the
 transformers this project pins: the decoder layers of transformers >= 5.3 pass the cache to attention as

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from corelens.attention.adaptive import adaptive_session
-from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, Hybrid, HybridPolicy
+from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, Hybrid, HybridPlan
 from corelens.policies.core import register
 from corelens.policies.hybrid_attention import SessionPolicy
 
@@ -33,11 +33,11 @@ class AdaptiveHybrid(SessionPolicy):
 
     def __post_init__(self) -> None:
         if self.full is not None:  # sorted pairs, whatever the container (JSON gives lists)
-            object.__setattr__(self, "full", HybridPolicy(self.full, self.sink, self.window).full)
+            object.__setattr__(self, "full", HybridPlan(self.full, self.sink, self.window).full)
 
     def session(self, model: Any) -> Hybrid:
         """Return a new adaptive session on `model`."""
-        prior = None if self.full is None else HybridPolicy(self.full, self.sink, self.window)
+        prior = None if self.full is None else HybridPlan(self.full, self.sink, self.window)
         return adaptive_session(
             model, self.budget, prior=prior, signal=self.signal, rows=self.rows,
             sink=self.sink, window=self.window, kernel=self.kernel, decode="full",

@@ -22,6 +22,7 @@ import torch
 
 from corelens.attention.dispatch import AttentionHook, activate
 from corelens.attention.prompt_context import AttentionContext, attention_context
+from corelens.attention.schema import upgrade_hybrid_file
 from corelens.errors import OptionError
 from corelens.registry import NamedClasses, Registry
 
@@ -148,13 +149,16 @@ class Policy(abc.ABC):
     def from_dict(cls, data: dict, where: str = "policy") -> Policy:
         """Return the policy of `to_dict` data; on `Policy` itself, the class its `name` registers.
 
-        Every field is checked against the class (`corelens.policies.validation`): a wrong type, a head that
+        An old hybrid policy file (format `corelens.hybrid-policy/1`) reads as the `hybrid` policy it holds
+        (`corelens.attention.schema.upgrade_hybrid_file`). Every field is checked against the class (`corelens.policies.validation`): a wrong type, a head that
         is not a pair of integers or an unknown field is one line naming `where` (the file) and the field.
         """
         from corelens.policies.validation import check
 
         if not isinstance(data, dict):
             raise OptionError(f"{where}: a policy is a JSON object, got {type(data).__name__}")
+        if "format" in data:  # an old hybrid policy file: converted, with a deprecation warning
+            data = upgrade_hybrid_file(data, where)
         data = dict(data)
         name = data.pop("name", cls.name)
         if not isinstance(name, str) or name not in POLICIES:

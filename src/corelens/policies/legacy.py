@@ -16,18 +16,19 @@ import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from corelens.attention.prompt_context import AttentionContext, attention_context
-from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, HybridPolicy
-from corelens.attention.streaming import hybrid as hybrid_session
+from corelens.attention.streaming import DEFAULT_SINK, DEFAULT_WINDOW, HybridPlan, as_plan
 from corelens.choices import KEY_SETS, OPS
 from corelens.deprecation import deprecated
 from corelens.errors import CorelensError, OptionError
 from corelens.policies.adaptive_hybrid import AdaptiveHybrid
 from corelens.policies.core import POLICIES, Policy, context_of, layer_modules
+from corelens.policies.hybrid_attention import HybridAttention
 
 
 @dataclass(frozen=True)
@@ -193,10 +194,14 @@ def hybrid(
     )
     if not (isinstance(full, str) and full == "adaptive"):
         options = {} if dense_below == "default" else {"dense_below": dense_below}
-        with hybrid_session(
-            m, full, sink=sink, window=window, keep=keep, kernel=kernel, decode=decode, **options
-        ) as h:
-            yield h
+        if isinstance(full, (str, Path)) and str(full).endswith(".json"):  # a hybrid policy file
+            read = Policy.from_file(full)
+            if not isinstance(read, HybridAttention):
+                raise CorelensError(f"{full}: not a hybrid policy (it holds {read.name!r})")
+            full = read.plan()
+        plan = as_plan(full, sink=sink, window=window, keep=keep)
+        with HybridAttention.of(plan, kernel=kernel, decode=decode, **options).applied(m) as on:
+            yield on.hooks[0].session
         return
     if budget is None:
         raise CorelensError("full='adaptive' needs a budget: the share of heads kept full, in (0, 1]")
@@ -207,7 +212,7 @@ def hybrid(
     fixed = None
     if prior is not None:
         table = prior.heads if hasattr(prior, "heads") else prior
-        fixed = (prior if isinstance(prior, HybridPolicy) else HybridPolicy.from_heads(table, budget)).full
+        fixed = (prior if isinstance(prior, HybridPlan) else HybridPlan.from_heads(table, budget)).full
     policy = AdaptiveHybrid(
         budget, fixed, DEFAULT_SINK if sink is None else sink, DEFAULT_WINDOW if window is None else window,
         rows, kernel, signal,

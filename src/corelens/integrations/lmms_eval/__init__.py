@@ -10,9 +10,10 @@ evaluates any checkpoint corelens supports. Model arguments (one policy at most)
 - `pretrained` (folder or hub id), `revision`, `device`, `dtype`, `max_new_tokens` (default 8);
 - lmms-eval's `qwen2_5_vl` arguments, same names and defaults: `device_map`, `min_pixels`, `max_pixels`,
   `max_num_frames`, `fps`, `system_prompt`; `visual_prep=qwen2_5_vl|corelens` (docs/integrations.md);
-- `policy=FILE.json`: any registered policy (`corelens.policies`: `Policy.to_json()`, with its `name`), a
-  hybrid policy (`corelens.hybrid-policy/1`, as `corelens hybrid` writes them), an ablation (heads + op) or
-  a SAP condition (`{"prior": ..., "layers": ...}`);
+- `policy=FILE.json`: any registered policy (`corelens.policies`: `Policy.to_json()`, with its `name`; the
+  `policy` of an entry of `corelens hybrid`'s policies.json), an older hybrid policy file
+  (`corelens.hybrid-policy/1`, converted with a deprecation warning), an ablation (heads + op) or a SAP
+  condition (`{"prior": ..., "layers": ...}`);
 - ablation: `heads=SET,k=5%,op=zero|mean|uniform|knockout[,keys=visual|omega][,means=means.npz]`, where SET is
   a heads.csv, an exported head set or its hub id and the top `k` heads are ablated;
 - hybrid: `full=SET,keep=10%,sink=128,window=1024`: the top `keep` heads stay full, the rest stream;

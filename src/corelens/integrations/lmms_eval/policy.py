@@ -4,8 +4,8 @@ It answers one corelens `Sample` exactly as the matching corelens command does f
 one `corelens.policies.answer`: `corelens ablate` (the operator with the sample's positions), `corelens
 hybrid` (the hybrid kernels with the trimmed cache) and `corelens sap` (the prior on the chosen layers and
 heads). Model arguments name the policy as before (`heads=`, `full=`, `prior=`), or `policy=FILE.json` holds
-any registered policy's JSON (`Policy.to_json`, with its `name`) or one of the older files (a hybrid policy, an
-ablation, a SAP condition).
+any registered policy's JSON (`Policy.to_json`, with its `name`) or one of the older files (a hybrid policy
+file, converted as `Policy.from_dict` converts it, an ablation, a SAP condition).
 
 `policy_of(m, args)` / `load_policy(path)` return the registered policy itself (None: the model as it is) and
 `answer_sample` answers under it. The wrapper type `Policy` and `from_args` / `read_policy`, which return
@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from corelens.attention.interventions import OPS
-from corelens.attention.schema import AblationFile, HybridPolicyFile, SapFile, validate
-from corelens.attention.streaming import FORMAT as HYBRID_FORMAT
-from corelens.attention.streaming import HybridPolicy
+from corelens.attention.schema import HYBRID_FORMAT, AblationFile, SapFile, validate
 from corelens.data.sample import Sample
 from corelens.deprecation import deprecated
 from corelens.errors import CorelensError
@@ -114,7 +112,7 @@ def policy_of(m: Loaded, args: dict[str, Any]) -> CorePolicy | None:
         table = _table(given["full"], m)
         keep = str(given.get("keep", "10%"))
         sink, window = int(given.get("sink", 128)), int(given.get("window", 1024))
-        return HybridAttention.of(HybridPolicy.from_heads(table, keep, sink=sink, window=window))
+        return HybridAttention.from_heads(table, keep, sink=sink, window=window)
     if "layers" not in given:
         raise CorelensError("prior=... needs layers=... (e.g. layers=1-3)")
     return SharedPrior(str(given["prior"]), str(given["layers"]), str(given.get("sap_heads", "all")),
@@ -122,9 +120,9 @@ def policy_of(m: Loaded, args: dict[str, Any]) -> CorePolicy | None:
 
 
 def load_policy(path: str | Path, means: str | None = None) -> CorePolicy:
-    """Return the policy in a JSON file: any registered policy (`Policy.to_json`, with its `name`), a hybrid
-    policy (policies.json of `corelens hybrid` holds these), an ablation (heads + op) or a SAP condition
-    ({"prior": ..., "layers": ...})."""
+    """Return the policy in a JSON file: any registered policy (`Policy.to_json`, with its `name`, as the
+    `policy` of each entry of `corelens hybrid`'s policies.json), an older hybrid policy file (`Policy.from_dict`
+    converts it), an ablation (heads + op) or a SAP condition ({"prior": ..., "layers": ...})."""
     path = Path(path)
     try:
         data = jsonfile.load(path)  # a repeated key, a file too big or nested too deep: one line
@@ -133,9 +131,8 @@ def load_policy(path: str | Path, means: str | None = None) -> CorePolicy:
     if not isinstance(data, dict):
         raise CorelensError(f"policy={path}: expected a JSON object")
     where = f"policy={path}"
-    if data.get("format") == HYBRID_FORMAT:
-        validate(HybridPolicyFile, data, where)
-        return HybridAttention.of(HybridPolicy.from_dict(data))
+    if "format" in data:  # an old hybrid policy file: `Policy.from_dict` converts it (and warns)
+        return CorePolicy.from_dict(data, where)
     if "heads" in data and "op" in data:
         return ablation_policy(validate(AblationFile, data, where).model_dump(), means)
     if "prior" in data and "layers" in data and "name" not in data:
