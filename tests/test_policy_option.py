@@ -122,3 +122,43 @@ def test_a_command_says_what_it_loads_and_sweeps_on_a_terminal_only(ranked, tmp_
     assert main(_ablate(ranked, tmp_path / "quiet")) == 0
     err = capsys.readouterr().err
     assert "importing torch" not in err and "corelens: loaded" not in err
+
+
+def _hybrid(ranked, out, *options) -> list[str]:
+    model, heads, data = ranked
+    return ["hybrid", "--model", str(model), "--heads", str(heads), "--data", str(data), "--n-heads", "25%",
+            "--sets", "top", "--sink", "2", "--window", "8", "--max-new-tokens", "2", "--out", str(out), *options]  # fmt: skip
+
+
+def test_hybrid_takes_its_policy_with_parameters_too(ranked, tmp_path, capsys, monkeypatch):
+    stream = {"name": "hybrid", "decode": "stream", "kernel": "blocked"}
+    assert main(_hybrid(ranked, tmp_path / "opts", "--decode", "stream", "--kernel", "blocked")) == 0
+    assert main(_hybrid(ranked, tmp_path / "json", "--policy", json.dumps(stream))) == 0
+    table = (tmp_path / "json" / "hybrid.csv").read_bytes()
+    assert table == (tmp_path / "opts" / "hybrid.csv").read_bytes()
+    assert pd.read_csv(tmp_path / "json" / "hybrid.csv")["cache_saved_fraction"].iloc[1] > 0  # it streamed
+    manifest = json.loads((tmp_path / "json" / "manifest.json").read_text())
+    assert manifest["policy"] == {
+        "name": "hybrid",
+        "decode": "stream",
+        "kernel": "blocked",
+        "dense_below": 1.1,
+    }
+    entry = json.loads((tmp_path / "json" / "policies.json").read_text())[1]["policy"]
+    assert {k: entry[k] for k in ("name", "decode", "kernel", "sink", "window")} == {
+        **stream,
+        "sink": 2,
+        "window": 8,
+    }
+    import corelens.models.loaded as loaded
+
+    monkeypatch.setattr(loaded, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    for options, said in [
+        (["--policy", '{"name": "hybrid", "window": 64}'], "leave 'sink' and 'window' out"),
+        (["--policy", "hybrid", "--decode", "stream"], "not both"),
+        (["--policy", "zero"], "unknown hybrid policy 'zero'; expected one of hybrid"),
+    ]:
+        capsys.readouterr()
+        assert main(_hybrid(ranked, tmp_path / "bad", *options)) != 0
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err

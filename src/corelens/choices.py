@@ -27,6 +27,8 @@ CONVENTIONS = ("mass", "logits", "mean_logits")
 # every head dense (stock sdpa): the hybrid path's merge and second pass would cost more than they save
 # (benchmarks/README.md#partitioned-crossover).
 KERNELS = ("auto", *names("hybrid kernel"))
+# policies: what `corelens hybrid --policy` sweeps (hybrid attention and the registered policies derived from it).
+HYBRID_POLICIES = names("policy", base="HybridAttention")
 DENSE_BELOW = 1.1
 # metrics.kvheads: the units a head table counts, and how a KV head's score gathers its query heads'.
 GRANULARITIES = ("query", "kv")

@@ -29,7 +29,9 @@ from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's re
     Plan,
     Preset,
     full_heads,
+    given_policy,
     heads_settings,
+    parameters,
     rank_manifest,
     ranking_data,
     read_heads,
@@ -102,7 +104,7 @@ def template_of(
         >>> template_of('{"name": "hybrid"}')
         Traceback (most recent call last):
         ...
-        corelens.errors.OptionError: --policy: 'hybrid' is not a policy on a set of heads; expected one of knockout, mean, uniform, zero
+        corelens.errors.OptionError: --policy: 'hybrid' cannot be swept here; expected one of knockout, mean, uniform, zero
     """
     if policy is None:
         return operator_policy(op, keys, ())
@@ -111,22 +113,10 @@ def template_of(
             "give the policy as --policy or as --op / --keys, not both (a knockout's key set is a field of the "
             """policy: --policy '{"name": "knockout", "keys": "omega"}')"""
         )
-    if isinstance(policy, str):
-        policy = Policy.from_json(policy, "--policy")
-    elif isinstance(policy, dict):
-        policy = Policy.from_dict(policy, "--policy")
-    if not isinstance(policy, HeadsPolicy):
-        raise OptionError(
-            f"--policy: {policy.name!r} is not a policy on a set of heads; expected one of {', '.join(OPS)}"
-        )
+    policy = given_policy(policy, HeadsPolicy, OPS)
     if policy.heads:
         raise OptionError(f"--policy: {policy.name!r} is given heads; a sweep fills them from each head set")
     return policy
-
-
-def parameters(policy: HeadsPolicy) -> dict:
-    """Return the policy as data without the fields a head set fills: its name and parameters."""
-    return {k: v for k, v in policy.to_dict().items() if k not in FILLED}
 
 
 @dataclass
@@ -274,17 +264,17 @@ class AblatePreset(Preset):
             "reference_sha256": file_hash(ref) if ref else None,
             # A policy with parameters the operator's name does not say (recorded only then: runs of the
             # stock operators resume as before); its whole data is the manifest's `policy`.
-            **({"policy": parameters(self.template)} if self._parameters() else {}),
+            **({"policy": parameters(self.template, FILLED)} if self._parameters() else {}),
         }
 
     def _parameters(self) -> bool:
         """Return True when the template differs from its operator's defaults (beyond the key set)."""
         plain = operator_policy(self.op, self.keys, ())
-        return parameters(self.template) != parameters(plain)
+        return parameters(self.template, FILLED) != parameters(plain, FILLED)
 
     def annotate(self, plan: Plan, run) -> None:
         """Record the policy every set gets (name and parameters) in the manifest."""
-        run.manifest["policy"] = parameters(self.template)
+        run.manifest["policy"] = parameters(self.template, FILLED)
 
     def prepare(self, plan: Plan, run) -> None:
         """Op mean: the reference statistics, computed once (by rank 0 under torchrun) and kept in the run."""

@@ -24,7 +24,7 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,12 +32,12 @@ import pandas as pd
 
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
 from corelens.attention.streaming import DECODES, HybridPlan
-from corelens.choices import ADAPTIVE, HYBRID_SET_KINDS
+from corelens.choices import ADAPTIVE, HYBRID_POLICIES, HYBRID_SET_KINDS
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.evaluate import interval
-from corelens.experiments.policy_sweep import RECORD, Plan, Preset, sweep_policies
+from corelens.experiments.policy_sweep import RECORD, Plan, Preset, given_policy, parameters, sweep_policies
 from corelens.experiments.sweep import run_on_path, run_sweep
 from corelens.metrics import draws
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
@@ -267,6 +267,47 @@ class HybridCurve:
     warning: str | None = None  # why the run changes nothing (S + W covers most prompts, ...), or None
 
 
+# The fields of hybrid attention the sweep fills: each condition's full set, S and W (--sink / --window, which
+# may be shares of the median prompt) and where the set came from; the rest are the policy's parameters.
+FILLED = ("full", "sink", "window", "source")
+
+
+def hybrid_template(
+    policy: Policy | dict | str | None = None,
+    decode: str = "full",
+    kernel: str = "auto",
+    dense_below: float | None = DENSE_BELOW,
+) -> HybridAttention:
+    """Return the policy every full set of a hybrid sweep gets, its full set still empty: `policy` (hybrid
+    attention or a registered policy derived from it: a policy, its `to_dict` data or JSON text, parameters
+    included) or else hybrid attention with `decode`, `kernel` and `dense_below`.
+
+    Examples:
+        >>> hybrid_template('{"name": "hybrid", "decode": "stream"}') == hybrid_template(decode="stream")
+        True
+        >>> hybrid_template('{"name": "hybrid", "window": 64}')
+        Traceback (most recent call last):
+        ...
+        corelens.errors.OptionError: --policy: S and W are the sweep's --sink / --window (a count or a share of the median prompt); leave 'sink' and 'window' out of the policy
+    """
+    plain = HybridAttention(decode=decode, kernel=kernel, dense_below=dense_below)
+    if policy is None:
+        return plain
+    if plain != HybridAttention():
+        raise OptionError(
+            "give hybrid attention's settings as --policy or as --decode / --kernel / --dense-below, not both"
+        )
+    policy = given_policy(policy, HybridAttention, HYBRID_POLICIES)
+    if policy.full:
+        raise OptionError(
+            f"--policy: {policy.name!r} is given full heads; a sweep fills them from each head set"
+        )
+    if (policy.sink, policy.window) != (HybridAttention.sink, HybridAttention.window):
+        raise OptionError("--policy: S and W are the sweep's --sink / --window (a count or a share of the median "
+                          "prompt); leave 'sink' and 'window' out of the policy")  # fmt: skip
+    return policy
+
+
 def is_share(spec: str | int) -> bool:
     """Return True when a size is a share of the median prompt ("25%") rather than a token count."""
     return str(spec).strip().endswith("%")
@@ -278,9 +319,7 @@ class HybridPreset(Preset):
 
     sink: str | int = 128
     window: str | int = 1024
-    decode: str = "full"
-    kernel: str = "auto"
-    dense_below: float | None = DENSE_BELOW
+    template: HybridAttention = field(default_factory=HybridAttention)  # `hybrid_template`
     sink_n: int = 0  # S and W in tokens, resolved by `prepare`
     window_n: int = 0
     median: float = math.nan  # the median prompt length (from the length pass, or the records' tokens)
@@ -290,6 +329,19 @@ class HybridPreset(Preset):
 
     command = "hybrid"
     outputs = HYBRID
+
+    @property
+    def decode(self) -> str:
+        return self.template.decode
+
+    @property
+    def kernel(self) -> str:
+        return self.template.kernel
+
+    @property
+    def dense_below(self) -> float | None:
+        return self.template.dense_below
+
     key, size = "keep", "full_heads"
     columns = [*RECORD[:3], "tokens", *RECORD[3:], "saved"]
 
@@ -321,9 +373,14 @@ class HybridPreset(Preset):
         }
 
     def optional(self, plan: Plan) -> dict:
+        out = {}
         if self.kernel != "auto" or self.dense_below != DENSE_BELOW:
-            return {"kernel": self.kernel, "dense_below": self.dense_below}
-        return {}
+            out.update(kernel=self.kernel, dense_below=self.dense_below)
+        # A policy with parameters the options above do not say (a policy derived from hybrid attention).
+        plain = HybridAttention(decode=self.decode, kernel=self.kernel, dense_below=self.dense_below)
+        if parameters(self.template, FILLED) != parameters(plain, FILLED):
+            out["policy"] = parameters(self.template, FILLED)
+        return out
 
     def prepare(self, plan: Plan, run) -> None:
         """Resolve S and W; a share of the median prompt needs every prompt's length before the loop (measured
@@ -368,6 +425,7 @@ class HybridPreset(Preset):
         return {"name": c.name, **({"policy": policy.to_dict()} if policy else {}), "adaptive": c.adaptive}
 
     def annotate(self, plan: Plan, run) -> None:
+        run.manifest["policy"] = parameters(self.template, FILLED)
         run.manifest.update(sink_tokens=self.sink_n, window_tokens=self.window_n)
         if self.lengths is not None:
             run.manifest["median_prompt_tokens"] = self.median
@@ -382,9 +440,8 @@ class HybridPreset(Preset):
         if c.adaptive:
             budget = c.policy.fraction(*self.shape[:2])
             return AdaptiveHybrid(budget, c.policy.full, c.policy.sink, c.policy.window, kernel=self.kernel)
-        return HybridAttention.of(
-            c.policy, decode=self.decode, kernel=self.kernel, dense_below=self.dense_below
-        )
+        plan = c.policy
+        return replace(self.template, full=plan.full, sink=plan.sink, window=plan.window, source=plan.source)
 
     def share(self, c: Condition):
         return None if c.policy is None else (c.adaptive, c.policy.full)
@@ -463,6 +520,7 @@ def curve(
     granularity: str | None = None,
     kernel: str = "auto",
     dense_below: float | None = DENSE_BELOW,
+    policy: Policy | dict | str | None = None,
     ctx: RunContext | None = None,
     **context,
 ) -> HybridCurve:
@@ -481,8 +539,10 @@ def curve(
     may also be given as keywords.
     The sweep is `corelens.experiments.policy_sweep`'s, with `HybridPreset`; each sample is prepared once, and
     once more before the loop only when S or W is a share of the median prompt.
+    `policy` (`hybrid_template`): hybrid attention or a registered policy derived from it, with its parameters,
+    in place of `decode` / `kernel` / `dense_below`; each full set fills it.
     """
-    preset = HybridPreset(sink, window, decode, kernel, dense_below)
+    preset = HybridPreset(sink, window, hybrid_template(policy, decode, kernel, dense_below))
     swept = sweep_policies(
         preset, m, data, heads, ks=parse_k(keeps), granularity=granularity, warn=warn, sets=list(sets),
         seeds=seeds, seed=seed, random_from=random_from, stable_p=stable_p, control_width=control_width,
@@ -505,4 +565,9 @@ def _dense_share(prefill: dict) -> float:
 
 # Load a model from its path (or hub id) and run the hybrid accuracy curve into a run directory; `corelens hybrid`.
 curve_path = partial(run_on_path, curve)
-run_command = partial(run_sweep, curve)
+
+
+def run_command(config, ctx, load_options: dict):
+    """`corelens hybrid`: the policy checked (its fields, --policy beside --decode...) before the model loads."""
+    hybrid_template(config.policy, config.decode, config.kernel, config.dense_below)
+    return run_sweep(curve, config, ctx, load_options)

@@ -157,6 +157,25 @@ def same_file_warning(data: str | Path, identified: dict) -> str | None:
     return None
 
 
+def given_policy(policy: Policy | dict | str, base: type, choices: Sequence[str]) -> Policy:
+    """Return a sweep's `--policy` (a policy, its `to_dict` data or JSON text) as a policy of class `base`,
+    its fields checked (`Policy.from_dict`); one line naming the option when it is not one."""
+    if isinstance(policy, str):
+        policy = Policy.from_json(policy, "--policy")
+    elif isinstance(policy, dict):
+        policy = Policy.from_dict(policy, "--policy")
+    if not isinstance(policy, base):
+        raise OptionError(
+            f"--policy: {policy.name!r} cannot be swept here; expected one of {', '.join(choices)}"
+        )
+    return policy
+
+
+def parameters(policy: Policy, filled: Sequence[str]) -> dict:
+    """Return the policy as data without the fields a sweep fills per head set: its name and parameters."""
+    return {k: v for k, v in policy.to_dict().items() if k not in filled}
+
+
 def answer_each(
     m: Loaded,
     prepared: Prepared,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from corelens.choices import (
     DENSE_BELOW,
+    HYBRID_POLICIES,
     HYBRID_SET_KINDS,
     KERNELS,
     KEY_SETS,
@@ -223,6 +224,14 @@ class HybridConfig:
         "head dense, as stock attention (0: never; the default is not yet measured on a GPU)",
         type=float,
     )
+    policy: str | None = option(
+        None,
+        help="the policy each full set gets, with its parameters, instead of --decode / --kernel / --dense-below: "
+        f'a name ({", ".join(HYBRID_POLICIES)}), JSON such as \'{{"name": "hybrid", "decode": "stream"}}\' or a '
+        ".json file; S and W stay --sink / --window",
+        type=("policy_of", HYBRID_POLICIES, "hybrid policy"),
+        metavar="NAME|JSON",
+    )
     seeds: object = _SEEDS
     control_width: float = _WIDTH
     max_draws: int = _MOST
@@ -243,6 +252,7 @@ class HybridConfig:
             "granularity",
             "kernel",
             "dense_below",
+            "policy",
         )
         return {"keeps": self.keep, "sets": _names(self.sets), **{n: getattr(self, n) for n in names}}
 
