@@ -1,0 +1,106 @@
+"""The extending guides pass where they point: each docs/extending/*.md template is written at the path its guide
+names (`<!-- template: PATH -->` before the block) in a copy of the repository, and the house's tests run there.
+
+A block whose path exists already is added to that file (at its end, or after the line that `after "TEXT"` in
+the marker names); the others are new files. In the copy, a subprocess (PYTHONPATH: the copy's `src`) runs the
+import layers, the registries' tests, the kind's own tests and the template's test, so a guide whose name clashes
+with a house rule, is registered twice or misses an import fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDES = ROOT / "docs" / "extending"
+MARKER = re.compile(r'<!-- template: (\S+?)(?: after "(.+?)")? -->\n```python\n(.*?)^```', re.S | re.M)
+
+# guide -> the tests run in the copy beside test_layers, test_registry and the template's own test.
+CHECKS = {
+    "policy.md": ["tests/test_policy_invariants.py", "tests/test_extending.py", "tests/test_policies.py"],
+    "experiment.md": ["tests/test_shape.py::test_an_output_key_names_one_file", "tests/test_cli_startup.py"],
+    "family.md": ["tests/test_families.py", "tests/test_parity.py::test_logits_equal_stock_sdpa"],
+    "kernel.md": [
+        "tests/test_extending_family.py::test_toy_kernel_from_template",
+        "tests/test_kernels_split.py",
+    ],
+    "reader.md": ["tests/test_readers.py", "tests/test_extending_family.py::test_toy_reader_from_template"],
+}
+SELECT = {"family.md": "my_vl"}  # -k: the parametrised family tests on the template's family only
+
+
+def templates(page: Path) -> list[tuple[str, str | None, str]]:
+    """Return the (path, after, code) of each marked ```python block of a guide."""
+    return MARKER.findall(page.read_text())
+
+
+def template(page: Path, path: str) -> str:
+    """Return the code of the block a guide writes at `path`."""
+    found = [code for where, _, code in templates(page) if where == path]
+    assert len(found) == 1, f"{page.name}: no one python block after <!-- template: {path} -->"
+    return found[0]
+
+
+def copy_repository(to: Path) -> Path:
+    """Copy what the tests read (src, tests, docs' text, pyproject) into `to`; no caches or figures."""
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "figures", "*.egg-info")
+    for name in ("src", "tests", "docs"):
+        shutil.copytree(ROOT / name, to / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, to / name)
+    return to
+
+
+def write_template(root: Path, path: str, after: str | None, code: str) -> None:
+    """Write one block at `path` under `root`: a new file, or added to the file there (after `after`)."""
+    target = root / path
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(code)
+    elif after is None:
+        target.write_text(target.read_text().rstrip("\n") + "\n\n\n" + code)
+    else:
+        text = target.read_text()
+        assert after in text, f"{path}: no line {after!r} to add the guide's block after"
+        head, _, tail = text.partition(after)
+        target.write_text(head + after + tail.split("\n", 1)[0] + "\n" + code + tail.split("\n", 1)[1])
+
+
+def run_tests(root: Path, tests: list[str], select: str | None = None) -> subprocess.CompletedProcess:
+    """Run pytest on `tests` in the copy at `root`, with its own sources first on the path."""
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tests]
+    command += ["-k", select] if select else []
+    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_every_guide_has_its_templates_and_checks():
+    assert sorted(p.name for p in GUIDES.glob("*.md")) == sorted(CHECKS)
+    for page in GUIDES.glob("*.md"):
+        assert templates(page), f"{page.name}: no <!-- template: PATH --> block"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("guide", sorted(CHECKS))
+def test_the_guide_passes_where_it_points(guide, tmp_path):
+    root = copy_repository(tmp_path / "repo")
+    written = templates(GUIDES / guide)
+    for path, after, code in written:
+        write_template(root, path, after, code)
+    own = [path for path, _, _ in written if path.startswith("tests/")]
+    assert own, f"{guide}: no test of its own (a <!-- template: tests/test_NAME.py --> block)"
+    tests = ["tests/test_layers.py", "tests/test_registry.py", *CHECKS[guide], *own]
+    if guide in SELECT:  # the parametrised tests on the template's case, every test of the other files
+        done = run_tests(root, [t for t in tests if "test_families" not in t and "test_parity" not in t])
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+        tests = [t for t in tests if "test_families" in t or "test_parity" in t]
+    done = run_tests(root, tests, SELECT.get(guide))
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout.split("\n")[-2], done.stdout[-2000:]
