@@ -36,7 +36,7 @@ CHECKS = {
 SELECT = {"family.md": "my_vl"}  # -k: the parametrised family tests on the template's family only
 
 
-def templates(page: Path) -> list[tuple[str, str | None, str]]:
+def templates(page: Path) -> list[tuple[str, str, str]]:
     """Return the (path, after, code) of each marked ```python block of a guide."""
     return MARKER.findall(page.read_text())
 
@@ -58,13 +58,13 @@ def copy_repository(to: Path) -> Path:
     return to
 
 
-def write_template(root: Path, path: str, after: str | None, code: str) -> None:
+def write_template(root: Path, path: str, after: str, code: str) -> None:
     """Write one block at `path` under `root`: a new file, or added to the file there (after `after`)."""
     target = root / path
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(code)
-    elif after is None:
+    elif not after:
         target.write_text(target.read_text().rstrip("\n") + "\n\n\n" + code)
     else:
         text = target.read_text()
