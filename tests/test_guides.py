@@ -29,9 +29,22 @@ CHECKS = {
     "family.md": ["tests/test_families.py", "tests/test_parity.py::test_logits_equal_stock_sdpa"],
     "kernel.md": [
         "tests/test_extending_family.py::test_toy_kernel_from_template",
-        "tests/test_kernels_split.py",
+        "tests/test_kernels_split.py::test_bench_kernel_choices_are_the_kernels",
     ],
     "reader.md": ["tests/test_readers.py", "tests/test_extending_family.py::test_toy_reader_from_template"],
+}
+# The steps a guide gives in words, done here as its reader would: (path, text there, what it becomes).
+STEPS = {
+    "kernel.md": [  # 2: import the module, so its kernel registers; 3: its name among the choices
+        (
+            "src/corelens/attention/kernels/__init__.py",
+            "from corelens.attention.kernels.interface import KernelInterface, Prefill, kernel\n",
+            "from corelens.attention.kernels.interface import KernelInterface, Prefill, kernel\n"
+            "from corelens.attention.kernels.my_kernel import my_kernel  # noqa: F401\n",
+        ),
+        ("src/corelens/choices.py", '"flex", "partitioned")', '"flex", "partitioned", "my_kernel")'),
+        ("src/corelens/commands/bench.py", '"flex", "partitioned")', '"flex", "partitioned", "my_kernel")'),
+    ],
 }
 SELECT = {"family.md": "my_vl"}  # -k: the parametrised family tests on the template's family only
 
@@ -94,7 +107,18 @@ def test_the_guide_passes_where_it_points(guide, tmp_path):
     written = templates(GUIDES / guide)
     for path, after, code in written:
         write_template(root, path, after, code)
-    own = [path for path, _, _ in written if path.startswith("tests/")]
+    for path, text, becomes in STEPS.get(guide, []):
+        source = (root / path).read_text()
+        assert source.count(text) == 1, (
+            f"{guide}: {path} no longer holds {text!r}: update STEPS and the guide"
+        )
+        (root / path).write_text(source.replace(text, becomes))
+    own = [  # the template's own tests: its test file, or the tests it adds to one
+        f"{path}::{name}" if (ROOT / path).exists() else path
+        for path, _, code in written
+        if path.startswith("tests/")
+        for name in (re.findall(r"^def (test_\w+)", code, re.M) if (ROOT / path).exists() else [path])
+    ]
     assert own, f"{guide}: no test of its own (a <!-- template: tests/test_NAME.py --> block)"
     tests = ["tests/test_layers.py", "tests/test_registry.py", *CHECKS[guide], *own]
     if guide in SELECT:  # the parametrised tests on the template's case, every test of the other files
