@@ -46,7 +46,33 @@ STEPS = {
         ("src/corelens/commands/bench.py", '"flex", "partitioned")', '"flex", "partitioned", "my_kernel")'),
     ],
 }
-SELECT = {"family.md": "my_vl"}  # -k: the parametrised family tests on the template's family only
+SELECT = {"family.md": "my_vl"}
+
+# The family guide's one precondition: transformers has the family's classes. In the copy a plugin stands them in
+# (Qwen2-VL's, under `my_vl`), as tests/test_extending_family.py does for its toy.
+STAND_IN = {
+    "family.md": """
+import sys
+
+import transformers
+from transformers import AutoConfig, AutoModelForImageTextToText
+
+
+class MyVLConfig(transformers.Qwen2VLConfig):
+    model_type = "my_vl"
+
+
+class MyVLForConditionalGeneration(transformers.Qwen2VLForConditionalGeneration):
+    config_class = MyVLConfig
+
+
+AutoConfig.register("my_vl", MyVLConfig)
+AutoModelForImageTextToText.register(MyVLConfig, MyVLForConditionalGeneration)
+module = sys.modules["transformers"]  # importing the Qwen2-VL classes replaced the lazy module there
+module.MyVLConfig, module.MyVLProcessor = MyVLConfig, transformers.Qwen2VLProcessor
+module.MyVLForConditionalGeneration = MyVLForConditionalGeneration
+"""
+}  # -k: the parametrised family tests on the template's family only
 
 
 def templates(page: Path) -> list[tuple[str, str, str]]:
@@ -87,9 +113,11 @@ def write_template(root: Path, path: str, after: str, code: str) -> None:
 
 
 def run_tests(root: Path, tests: list[str], select: str | None = None) -> subprocess.CompletedProcess:
-    """Run pytest on `tests` in the copy at `root`, with its own sources first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    """Run pytest on `tests` in the copy at `root`, with its own sources first on the path (and, where it
+    exists, the plugin `stand_in.py` at its root loaded first)."""
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tests]
+    command += ["-p", "stand_in"] if (root / "stand_in.py").exists() else []
     command += ["-k", select] if select else []
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
 
@@ -107,6 +135,8 @@ def test_the_guide_passes_where_it_points(guide, tmp_path):
     written = templates(GUIDES / guide)
     for path, after, code in written:
         write_template(root, path, after, code)
+    if guide in STAND_IN:
+        (root / "stand_in.py").write_text(STAND_IN[guide])
     for path, text, becomes in STEPS.get(guide, []):
         source = (root / path).read_text()
         assert source.count(text) == 1, (
@@ -119,7 +149,8 @@ def test_the_guide_passes_where_it_points(guide, tmp_path):
         if path.startswith("tests/")
         for name in (re.findall(r"^def (test_\w+)", code, re.M) if (ROOT / path).exists() else [path])
     ]
-    assert own, f"{guide}: no test of its own (a <!-- template: tests/test_NAME.py --> block)"
+    # A family's own tests are the parametrised family tests (CHECKS); every other guide shows its test.
+    assert own or guide in SELECT, f"{guide}: no test of its own (a <!-- template: tests/... --> block)"
     tests = ["tests/test_layers.py", "tests/test_registry.py", *CHECKS[guide], *own]
     if guide in SELECT:  # the parametrised tests on the template's case, every test of the other files
         done = run_tests(root, [t for t in tests if "test_families" not in t and "test_parity" not in t])
