@@ -46,7 +46,7 @@ STEPS = {
         ("src/corelens/commands/bench.py", '"flex", "partitioned")', '"flex", "partitioned", "my_kernel")'),
     ],
 }
-SELECT = {"family.md": "my_vl"}
+SELECT = {"family.md": "my_vl"}  # -k: the parametrised tests of CHECKS on the template's case only
 
 # The family guide's one precondition: transformers has the family's classes. In the copy a plugin stands them in
 # (Qwen2-VL's, under `my_vl`), as tests/test_extending_family.py does for its toy.
@@ -72,7 +72,7 @@ module = sys.modules["transformers"]  # importing the Qwen2-VL classes replaced 
 module.MyVLConfig, module.MyVLProcessor = MyVLConfig, transformers.Qwen2VLProcessor
 module.MyVLForConditionalGeneration = MyVLForConditionalGeneration
 """
-}  # -k: the parametrised family tests on the template's family only
+}
 
 
 def templates(page: Path) -> list[tuple[str, str, str]]:
@@ -112,6 +112,16 @@ def write_template(root: Path, path: str, after: str, code: str) -> None:
         target.write_text(head + after + tail.split("\n", 1)[0] + "\n" + code + tail.split("\n", 1)[1])
 
 
+def own_tests(written: list[tuple[str, str, str]]) -> list[str]:
+    """Return the template's own tests: the test files it writes, or the tests it adds to one."""
+    own = []
+    for path, _, code in written:
+        if path.startswith("tests/"):
+            added = (ROOT / path).exists()
+            own += [f"{path}::{n}" for n in re.findall(r"^def (test_\w+)", code, re.M)] if added else [path]
+    return own
+
+
 def run_tests(root: Path, tests: list[str], select: str | None = None) -> subprocess.CompletedProcess:
     """Run pytest on `tests` in the copy at `root`, with its own sources first on the path (and, where it
     exists, the plugin `stand_in.py` at its root loaded first)."""
@@ -149,19 +159,16 @@ def test_the_guide_passes_where_it_points(guide, tmp_path):
             f"{guide}: {path} no longer holds {text!r}: update STEPS and the guide"
         )
         (root / path).write_text(source.replace(text, becomes))
-    own = [  # the template's own tests: its test file, or the tests it adds to one
-        f"{path}::{name}" if (ROOT / path).exists() else path
-        for path, _, code in written
-        if path.startswith("tests/")
-        for name in (re.findall(r"^def (test_\w+)", code, re.M) if (ROOT / path).exists() else [path])
-    ]
+    own = own_tests(written)
     # A family's own tests are the parametrised family tests (CHECKS); every other guide shows its test.
     assert own or guide in SELECT, f"{guide}: no test of its own (a <!-- template: tests/... --> block)"
-    tests = ["tests/test_layers.py", "tests/test_registry.py", *CHECKS[guide], *own]
-    if guide in SELECT:  # the parametrised tests on the template's case, every test of the other files
-        done = run_tests(root, [t for t in tests if "test_families" not in t and "test_parity" not in t])
+    house = ["tests/test_layers.py", "tests/test_registry.py", *own]
+    if guide in SELECT:
+        runs = [(house, None), (CHECKS[guide], SELECT[guide])]
+    else:
+        runs = [([*house, *CHECKS[guide]], None)]
+    for tests, select in runs:
+        done = run_tests(root, tests, select)
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-        tests = [t for t in tests if "test_families" in t or "test_parity" in t]
-    done = run_tests(root, tests, SELECT.get(guide))
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout and " skipped" not in done.stdout.split("\n")[-2], done.stdout[-2000:]
+        summary = done.stdout.strip().splitlines()[-1]
+        assert " passed" in summary and "skipped" not in summary, summary
