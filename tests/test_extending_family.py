@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import test_families
+import test_guides
 import test_parity
 import transformers
 from transformers import AutoConfig, AutoModelForImageTextToText
@@ -25,13 +26,6 @@ from corelens.models.families import FAMILIES, FamilyInterface
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "extending" / "family.md"
-
-
-def template(page: Path, marker: str) -> str:
-    """Return the ```python block that follows `<!-- marker -->` on a docs page."""
-    found = re.search(rf"<!-- {marker} -->\n```python\n(.*?)^```", page.read_text(), re.S | re.M)
-    assert found, f"{page.name}: no python block after <!-- {marker} -->"
-    return found.group(1)
 
 
 @pytest.fixture
@@ -54,7 +48,11 @@ def toy_family(tmp_path, monkeypatch):
         monkeypatch.setattr(transformers, name, cls, raising=False)
     package = tmp_path / "toy_vl"
     package.mkdir()
-    code = template(GUIDE, "family template").replace("my_vl", "toy_vl").replace("MyVL", "ToyVL")
+    code = (
+        test_guides.template(GUIDE, "src/corelens/models/families/my_vl/__init__.py")
+        .replace("my_vl", "toy_vl")
+        .replace("MyVL", "ToyVL")
+    )
     (package / "__init__.py").write_text(code)
     monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
     try:
@@ -80,7 +78,9 @@ def toy_reader(tmp_path, monkeypatch):
 
     folder = tmp_path / "readers"
     folder.mkdir()
-    code = template(GUIDE.with_name("reader.md"), "reader template").replace("my_reader", "toy_reader")
+    code = test_guides.template(
+        GUIDE.with_name("reader.md"), "src/corelens/data/readers/my_reader.py"
+    ).replace("my_reader", "toy_reader")
     (folder / "toy_reader.py").write_text(code)
     monkeypatch.setattr(readers, "__path__", [*readers.__path__, str(folder)])
     try:
@@ -121,7 +121,9 @@ def test_toy_kernel_from_template(tmp_path, monkeypatch):
     from corelens.choices import KERNELS
 
     assert set(KERNELS) - {"auto"} == set(kernels.IMPLEMENTATIONS), "choices.KERNELS is the kernel registry"
-    code = template(GUIDE.with_name("kernel.md"), "kernel template").replace("my_kernel", "toy_kernel")
+    code = test_guides.template(
+        GUIDE.with_name("kernel.md"), "src/corelens/attention/kernels/my_kernel.py"
+    ).replace("my_kernel", "toy_kernel")
     (tmp_path / "toy_kernel.py").write_text(code)
     spec = importlib.util.spec_from_file_location("toy_kernel", tmp_path / "toy_kernel.py")
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
