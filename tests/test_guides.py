@@ -30,20 +30,19 @@ CHECKS = {
     "kernel.md": [
         "tests/test_extending_family.py::test_toy_kernel_from_template",
         "tests/test_kernels_split.py::test_bench_kernel_choices_are_the_kernels",
+        "tests/test_registered.py",
     ],
     "reader.md": ["tests/test_readers.py", "tests/test_extending_family.py::test_toy_reader_from_template"],
 }
 # The steps a guide gives in words, done here as its reader would: (path, text there, what it becomes).
 STEPS = {
-    "kernel.md": [  # 2: import the module, so its kernel registers; 3: its name among the choices
+    "kernel.md": [  # 2: import the module, so its kernel registers (its name is a choice with no edit)
         (
             "src/corelens/attention/kernels/__init__.py",
             "from corelens.attention.kernels.interface import KernelInterface, Prefill, kernel\n",
             "from corelens.attention.kernels.interface import KernelInterface, Prefill, kernel\n"
             "from corelens.attention.kernels.my_kernel import my_kernel  # noqa: F401\n",
         ),
-        ("src/corelens/choices.py", '"flex", "partitioned")', '"flex", "partitioned", "my_kernel")'),
-        ("src/corelens/commands/bench.py", '"flex", "partitioned")', '"flex", "partitioned", "my_kernel")'),
     ],
 }
 SELECT = {"family.md": "my_vl"}  # -k: the parametrised tests of CHECKS on the template's case only
