@@ -8,7 +8,7 @@ DOCTESTS := src/corelens/runs src/corelens/data/paths.py src/corelens/models/hub
 	src/corelens/experiments/evaluate.py src/corelens/attention/dispatch.py src/corelens/attention/interventions.py \
 	src/corelens/attention/streaming.py src/corelens/heads/artifact.py src/corelens/metrics \
 	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py \
-	src/corelens/report/curves.py src/corelens/report/summary.py src/corelens/commands/preflight.py src/corelens/experiments/hybrid.py \
+	src/corelens/report/curves.py src/corelens/report/heatmap.py src/corelens/report/summary.py src/corelens/commands/preflight.py src/corelens/experiments/hybrid.py \
 	src/corelens/policies/graded_budget.py src/corelens/experiments/frontier.py \
 	src/corelens/attention/kernels/crossover.py \
 	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py \
