@@ -169,8 +169,8 @@ def overlay_grid(panels: list[Panel], heads: list[tuple[str, np.ndarray]], *, ti
                           path_effects=[patheffects.withStroke(linewidth=2 * MAX_LINE_PT * v, foreground="black")])
                    for v in (1.0, 0.5, MIN_LEVEL)]  # fmt: skip
         labels = [f"{100 * v * top:.1f} %" for v in (1.0, 0.5, MIN_LEVEL)]
-        fig.legend(handles, labels, loc="outside right upper", fontsize=LABEL_PT, frameon=False,
-                   title="outlined cell:\nshare of the\nhead's whole\nattention", title_fontsize=LABEL_PT)  # fmt: skip
+        fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=LABEL_PT, frameon=False,
+                   title="outlined cell: its share of\nthe head's whole attention", title_fontsize=LABEL_PT)  # fmt: skip
     if title:
         fig.suptitle(short_title(title, width), fontsize=TITLE_PT)
     return fig
