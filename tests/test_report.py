@@ -534,6 +534,13 @@ def test_explorer_maps_are_quantised_and_bounded(study, tmp_path):
     small = np.load(path)
     assert [len(small[f"heads_{i}"]) for i in range(3)] == [8, 2, 2]
     assert small["heads_2"].tolist() == order[:2]
+    # Each head's part of its whole attention on the drawn panel, as the overlay measures it.
+    from corelens.report.overlay import attention_maps, panels, token_grid
+
+    prepared, maps = attention_maps(model, samples[0], [tuple(h) for h in order])
+    segment = panels(samples[0], prepared, max_panels=1)[0].segment
+    expected = [token_grid(segment, maps[tuple(h)]).sum() for h in order]
+    assert np.allclose(small["panel_0"], expected, atol=1e-6) and 0 < min(expected) <= max(expected) <= 1
     assert sum(small[f"maps_{i}"].nbytes for i in range(3)) <= bound_bytes(8, 3, top=2, all_samples=1)
     # The large run: 28 x 28 heads, 200 samples, base64 in the page, under 50 MB.
     assert bound_bytes(28 * 28, 200) * 4 / 3 < 50e6
@@ -576,6 +583,7 @@ def test_explorer_data_of_a_28x28_head_200_sample_run_stays_under_50_mb(tmp_path
         stored = names if i < ALL_SAMPLES else names[:TOP]
         arrays[f"maps_{i}"] = rng.integers(0, 256, (len(stored), 32, MAX_CELLS // 32), dtype=np.uint8)
         arrays[f"scale_{i}"] = rng.random(len(stored)).astype(np.float32)
+        arrays[f"panel_{i}"] = rng.random(len(stored)).astype(np.float32)
         arrays[f"heads_{i}"] = np.asarray(stored, dtype=np.int16)
         buffer = io.BytesIO()
         Image.fromarray(rng.integers(0, 256, (PICTURE, PICTURE, 3), dtype=np.uint8)).save(
