@@ -4,11 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.corelens-installed
 # Modules whose `Examples:` docstrings run as doctests in `make test`.
-DOCTESTS := src/corelens/runs src/corelens/data/paths.py src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/attention/schema.py src/corelens/experiments/rank.py src/corelens/experiments/scorers \
+DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiments/ablate.py src/corelens/data/paths.py src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/attention/schema.py src/corelens/experiments/rank.py src/corelens/experiments/scorers \
 	src/corelens/experiments/evaluate.py src/corelens/attention/dispatch.py src/corelens/attention/interventions.py \
 	src/corelens/attention/streaming.py src/corelens/heads/artifact.py src/corelens/metrics \
 	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py \
-	src/corelens/report/curves.py src/corelens/report/summary.py src/corelens/commands/preflight.py src/corelens/experiments/hybrid.py \
+	src/corelens/report/curves.py src/corelens/report/heatmap.py src/corelens/report/summary.py src/corelens/commands/preflight.py src/corelens/experiments/hybrid.py \
 	src/corelens/policies/graded_budget.py src/corelens/policies/hybrid_attention.py src/corelens/experiments/frontier.py \
 	src/corelens/attention/kernels/crossover.py \
 	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py \

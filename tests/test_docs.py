@@ -182,3 +182,34 @@ def test_no_page_or_figure_in_docs_names_a_temporary_path():
         if path.is_file() and TEMPORARY.search(path.read_bytes())
     ]
     assert not found, f"temporary paths in: {found}"
+
+
+def test_no_figure_text_chunk_names_a_temporary_path():
+    """A PNG's compressed text chunks (zTXt, iTXt) hide their words from a byte search: decoded here."""
+    from PIL import Image
+
+    found = []
+    for path in sorted((ROOT / "docs").rglob("*.png")):
+        with Image.open(path) as picture:
+            picture.load()  # text chunks after the pixels are read with them
+            text = " ".join(f"{k} {v}" for k, v in picture.text.items())
+        if TEMPORARY.search(text.encode()):
+            found.append(str(path.relative_to(ROOT)))
+    assert not found, f"temporary paths in the text chunks of: {found}"
+
+
+SHOWCASE = ("report-summary.png", "explorer.png")  # the README's and docs/report.md's screenshots
+
+
+def test_the_showcase_screenshots_exist_and_stay_small():
+    """The two screenshots of the demo's report (benchmarks/showcase.py) exist, are linked, and are under
+    300 kB each (256-colour PNGs)."""
+    from PIL import Image
+
+    linked = README_MD.read_text(encoding="utf-8") + (ROOT / "docs" / "report.md").read_text(encoding="utf-8")
+    for name in SHOWCASE:
+        path = ROOT / "docs" / "figures" / name
+        assert path.is_file() and f"figures/{name}" in linked, name
+        assert 20_000 < path.stat().st_size < 300_000, (name, path.stat().st_size)
+        with Image.open(path) as picture:
+            assert picture.width >= 1000 and picture.mode == "P", (name, picture.size, picture.mode)

@@ -63,6 +63,7 @@ def _overlay(kind: str, n: int, size: tuple[int, int]):
         label = f"frames {2 * i}-{2 * i + 1}" if kind == "video" else f"image {i}"
         panels.append(Panel(segment, picture, label, [(10, 10, 50, 50)] if i == 0 else [], i == 0))
     attention = np.random.default_rng(0).random(start)
+    attention /= attention.sum()  # one head's attention: sums to 1 over the keys
     heads = [(f"top {i + 1}: L{i}H{i + 10}", attention) for i in range(3)]
     heads += [(f"bottom: L2{i}H1{i}", attention) for i in range(3)]
     return overlay_grid(panels, heads, title=QUESTION)
@@ -123,3 +124,75 @@ def test_spearman_matrix_labels_are_inside_the_image(monkeypatch):
         assert clipped(*drawn_texts(saved[0], monkeypatch)) == []
     finally:
         plt.close(saved[0])
+
+
+def _page_overlay(parts: dict[str, float]):
+    """A one-page overlay of heads with `parts` of their attention on the page (peaked on cell (1, 2)), over a
+    picture of flat coloured blocks, one block per cell; return the figure and the picture's block colours."""
+    segment = Segment("image", 0, 10, 4, 6, (480, 320))
+    colours = np.random.default_rng(1).integers(40, 220, (4, 6, 3))
+    picture = Image.fromarray(np.kron(colours, np.ones((80, 80, 1))).astype(np.uint8))
+    peak = np.full((4, 6), 0.02)
+    peak[1, 2] = 1 - 0.02 * 23
+    heads = []
+    for name, part in parts.items():
+        attention = np.zeros(10 + 24 + 5)
+        attention[10:34] = part * peak.ravel()
+        attention[:10] = 1 - part  # the rest on the text
+        heads.append((name, attention))
+    return overlay_grid([Panel(segment, picture, "page 0", [], True)], heads), colours
+
+
+def _panel_pixels(fig, ax) -> np.ndarray:
+    fig.canvas.draw()
+    rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
+    box = ax.get_window_extent()
+    height = rgb.shape[0]
+    return rgb[round(height - box.y1) + 2 : round(height - box.y0) - 2, round(box.x0) + 2 : round(box.x1) - 2]
+
+
+def test_overlay_outlines_a_strong_head_and_leaves_a_null_head_bare():
+    """Issue 44: on a page, a head with 28 % of its attention there and one with 0.2 % must look different
+    (one scale for all heads), and the outline leaves the picture's colour inside every cell."""
+    fig, colours = _page_overlay({"top 1: L0H6": 0.28, "bottom: L3H4": 0.002})
+    try:
+        strong, null = (_panel_pixels(fig, row[0]) for row in np.atleast_2d(fig.axes[:2]).reshape(2, 1))
+        yellow = lambda px: ((px[..., 0] > 200) & (px[..., 1] > 170) & (px[..., 2] < 80)).sum()  # noqa: E731
+        assert yellow(strong) > 200 and yellow(null) == 0, (yellow(strong), yellow(null))
+        texts = [t.get_text() for t in fig.texts + [t for ax in fig.axes for t in ax.texts]]
+        assert any("28 % on these pictures" in t for t in texts) and any("0 % on these" in t for t in texts)
+        rows, cols = min(strong.shape[0], null.shape[0]), min(strong.shape[1], null.shape[1])
+        assert (
+            np.abs(strong[:rows, :cols] - null[:rows, :cols]).mean() > 2
+        )  # the drawn images differ measurably
+        h, w = null.shape[0] / 4, null.shape[1] / 6
+        for r in range(4):  # the middle of every cell keeps the picture's colour, outlined or not
+            for c in range(6):
+                middle = strong[
+                    round((r + 0.4) * h) : round((r + 0.6) * h), round((c + 0.4) * w) : round((c + 0.6) * w)
+                ]
+                assert np.abs(middle - colours[r, c]).max() <= 3, (r, c)
+        peak_box = strong[round(1 * h) : round(2 * h), round(2 * w) : round(3 * w)]
+        assert yellow(peak_box) > 0.5 * yellow(strong)  # the heaviest outline: the cell of the most attention
+    finally:
+        plt.close(fig)
+
+
+def test_heads_heatmap_puts_layer_0_at_the_top_as_the_explorer_grid():
+    from corelens.report.heatmap import heatmap_figure
+
+    heads = pd.DataFrame(
+        {"layer": [0, 0, 1, 1, 2, 2], "head": [0, 1] * 3, "mass": [0.9, 0.1, 0.2, 0.3, 0.1, 0.1]}
+    )
+    fig = heatmap_figure(heads)
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        assert ax.yaxis_inverted()
+        labels = sorted(
+            ax.get_yticklabels(), key=lambda t: -t.get_window_extent().y0
+        )  # top of the image first
+        assert [t.get_text() for t in labels] == ["L0", "L1", "L2"]
+        assert ax.images[0].get_array()[0, 0] == pytest.approx(0.9)  # row 0 of the image: layer 0
+    finally:
+        plt.close(fig)

@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 #
 # Every stored sample keeps its `top` best heads; the first `all_samples` keep every head. A map is the head's
 # share of its attention over the cells of the sample's first panel (the one holding the target), average-
-# pooled to at most `MAX_CELLS` cells and scaled to 0..255 (its maximum share is kept as a float32). So a run
+# pooled to at most `MAX_CELLS` cells and scaled to 0..255 (its maximum share is kept as a float32), and
+# `panel_{i}` keeps the part of the head's whole attention that falls on that panel (float32; the page draws
+# share x panel part on one scale for all heads, so a head that looks at the text shows no outline). So a run
 # stores at most (heads x all_samples + top x (samples - all_samples)) x MAX_CELLS bytes of maps, plus one
 # JPEG of at most `PICTURE` pixels a side per sample: for 28 x 28 heads, 200 samples, top 32 and 8 full
 # samples, (784 x 8 + 32 x 192) x 1024 B = 12.7 MB (17 MB once base64-encoded in the page).
@@ -95,16 +97,18 @@ def write_explorer(
         chosen = every if i < all_samples else every[:top]
         prepared, maps = attention_maps(m, sample, chosen, query)
         panel = panels(sample, prepared, max_panels=1)[0]
-        grids = []
+        grids, parts = [], []
         for head in chosen:
             grid = token_grid(panel.segment, maps[head])
             grids.append(pool(grid / (grid.sum() or 1.0)))
+            parts.append(grid.sum())
         stack = np.stack(grids)
         scale = stack.max(axis=(1, 2))
         arrays[f"maps_{i}"] = np.round(255 * stack / np.where(scale > 0, scale, 1)[:, None, None]).astype(
             np.uint8
         )
         arrays[f"scale_{i}"] = scale.astype(np.float32)
+        arrays[f"panel_{i}"] = np.asarray(parts, dtype=np.float32)
         arrays[f"heads_{i}"] = np.asarray(chosen, dtype=np.int16)
         xe, ye = panel.segment.cell_edges()
         meta.append(
@@ -152,12 +156,15 @@ def _task(run: Path) -> dict | None:
     samples = []
     for i, info in enumerate(meta["samples"]):
         maps = arrays[f"maps_{i}"]
+        # Runs written before `panel_{i}` was stored: every head counted as all on the panel (maps as shares).
+        part = arrays[f"panel_{i}"] if f"panel_{i}" in arrays else np.ones(len(maps), dtype=np.float32)
         samples.append(
             {
                 **info,
                 "heads": [f"L{layer}H{head}" for layer, head in arrays[f"heads_{i}"].tolist()],
                 "shape": list(maps.shape[1:]),
                 "scale": [_short(v) for v in arrays[f"scale_{i}"].astype(float)],
+                "panel": [_short(v) for v in part.astype(float)],
                 "maps": base64.b64encode(maps.tobytes()).decode("ascii"),
                 "ram": per_sample.get(info["id"], {}),
             }
@@ -184,10 +191,10 @@ def explorer_section(scripts: Markup) -> Markup:
     """Return the explorer's HTML; `scripts`: the `<script>` elements that define `EXPLORER` (inline or a
     file) and then run `EXPLORER_JS`."""
     return Markup("""<section id='explorer'><h2>Head explorer</h2>
-<p>The grid has one cell per head; its number is the head's <strong>rank</strong> by mean RAM (1 = most
-attention on the target) and its colour the mean RAM. The top head is shown on load; click a head to see its
-share of visual attention on each stored sample (8 per page); tick “compare” to fill panel B. Search a head by
-name, e.g. L1H2.</p>
+<p>The grid has one cell per head (layer 0 at the top); its number is the head's <strong>rank</strong> by mean
+RAM (1 = most attention on the target) and its colour the mean RAM. The task's top head is shown on load and on
+its tab; click a head to see the cells it attends on each stored sample (8 per page), outlined on the picture;
+tick “compare” to fill panel B. Search a head by name, e.g. L1H2.</p>
 <div id='tasks'></div>
 <p><input id='head-search' placeholder='L0H1' size='8'> <button id='head-go'>show</button>
 <label><input type='checkbox' id='compare'> compare (panel B)</label>
@@ -235,9 +242,10 @@ EXPLORER_JS = r"""
   // Grid colour: white (lowest mean RAM of the task) to HOT (highest), opaque so the text colour can be
   // chosen for contrast: black or white, whichever is farther from the cell's luminance (WCAG AA, >= 4.5:1).
   var HOT = [200, 40, 0];
-  // Maps: a cell the head attends at most uniformly is darkened to 1 - DIM / 255 of its brightness, no more,
-  // so that the objects stay legible under a diffuse head.
-  var DIM = 150;
+  // Maps: the picture keeps its own colours; a cell is outlined (yellow, on a dark halo where cells are large
+  // enough) with a weight and opacity that grow with its share of the head's whole attention, over the
+  // sample's largest such share of any stored head; cells under FLOOR of it are not outlined.
+  var FLOOR = 0.1, OUTLINE = '#ffd400';
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
     for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
@@ -275,9 +283,27 @@ EXPLORER_JS = r"""
     grid.appendChild(document.createTextNode('Grid: number = rank by mean RAM (1 = highest); colour = mean RAM, lowest'));
     grid.appendChild(bar([[0, 'rgb(' + heat(0) + ')'], [1, 'rgb(' + heat(1) + ')']]));
     grid.appendChild(document.createTextNode('highest of this task.'));
-    maps.appendChild(document.createTextNode('Maps: picture dimmed where the head attends at most a uniform share'));
-    maps.appendChild(bar([[0, 'rgba(0, 0, 0, ' + (DIM / 255).toFixed(2) + ')'], [1, 'rgba(0, 0, 0, 0)']]));
-    maps.appendChild(document.createTextNode('clear (true colours) at the sample\u2019s largest share; yellow outline: cells above half of it; cyan: target box.'));
+    maps.appendChild(document.createTextNode('Maps: the picture in its own colours; outlined cells: where the head looks, the line'));
+    var key = el('canvas', {width: 160, height: 24}), kx = key.getContext('2d');
+    kx.fillStyle = '#777'; kx.fillRect(0, 0, key.width, key.height);
+    [FLOOR, 0.5, 1].forEach(function (v, i) { outline(kx, 8 + 52 * i, 2, 20, 20, v); });
+    maps.appendChild(key);
+    maps.appendChild(document.createTextNode('heavier with the cell\u2019s share of the head\u2019s whole attention (one scale for every head of a sample: the heaviest is its largest share of any head; none under ' + (100 * FLOOR) + ' % of it), so a head that looks at the text shows no outline; cyan: target box.'));
+  }
+  // Outline the cell (x, y, w, h) at level v in (0, 1]: lines inside its border band (at most a third of the
+  // cell), the middle of the cell left as the picture is.
+  function outline(ctx, x, y, w, h, v) {
+    var band = Math.max(1, Math.floor(Math.min(w, h) / 3)), halo = band >= 3;
+    var lw = Math.max(1, Math.round((halo ? band - 2 : band) * v)), a = 0.45 + 0.55 * v;
+    function ring(width, colour) {
+      var inset = (halo ? lw + 2 : lw) / 2;
+      ctx.lineWidth = width; ctx.strokeStyle = colour;
+      ctx.strokeRect(x + inset, y + inset, w - 2 * inset, h - 2 * inset);
+    }
+    ctx.save(); ctx.globalAlpha = a;
+    if (halo) ring(lw + 2, '#000');
+    ring(lw, OUTLINE);
+    ctx.restore();
   }
   function drawMap(sample, index, canvas) {
     var img = new Image();
@@ -285,24 +311,15 @@ EXPLORER_JS = r"""
       var w = canvas.width, h = canvas.height, ctx = canvas.getContext('2d');
       ctx.drawImage(img, 0, 0, w, h);
       var rows = sample.shape[0], cols = sample.shape[1], all = sample._maps || (sample._maps = bytes(sample.maps));
-      var cells = document.createElement('canvas'); cells.width = cols; cells.height = rows;
-      var c2 = cells.getContext('2d'), data = c2.createImageData(cols, rows), hot = [];
-      // Level: the cell's share above uniform, over the sample's largest share of any stored head. The
-      // overlay only dims (black, more where the head attends less): the attended cells keep their colours.
-      var uniform = 1 / (rows * cols), top = Math.max.apply(null, sample.scale);
-      for (var i = 0; i < rows * cols; i++) {
-        var share = all[index * rows * cols + i] / 255 * sample.scale[index];
-        var v = Math.min(1, Math.max(0, (share - uniform) / ((top - uniform) || 1)));
-        data.data[4 * i + 3] = Math.round(DIM * (1 - v));
-        if (v >= 0.5) hot.push(i);
-      }
-      c2.putImageData(data, 0, 0);
+      // A cell's share of the head's whole attention: its share of the panel x the head's part on the panel,
+      // over the largest cell of any stored head of this sample (one scale: a null head draws nothing).
+      var top = Math.max.apply(null, sample.scale.map(function (s, k) { return s * sample.panel[k]; }));
       var sx = w / sample.size[0], sy = h / sample.size[1], e = sample.extent;
       var cw = (e[2] - e[0]) * sx / cols, ch = (e[3] - e[1]) * sy / rows;
-      ctx.imageSmoothingEnabled = false;
-      ctx.drawImage(cells, e[0] * sx, e[1] * sy, (e[2] - e[0]) * sx, (e[3] - e[1]) * sy);
-      ctx.strokeStyle = '#ffd400'; ctx.lineWidth = 1;
-      hot.forEach(function (i) { ctx.strokeRect(e[0] * sx + (i % cols) * cw + 0.5, e[1] * sy + Math.floor(i / cols) * ch + 0.5, cw - 1, ch - 1); });
+      for (var i = 0; i < rows * cols; i++) {
+        var v = all[index * rows * cols + i] / 255 * sample.scale[index] * sample.panel[index] / (top || 1);
+        if (top > 0 && v >= FLOOR) outline(ctx, e[0] * sx + (i % cols) * cw, e[1] * sy + Math.floor(i / cols) * ch, cw, ch, Math.min(1, v));
+      }
       ctx.strokeStyle = 'cyan'; ctx.lineWidth = 2;
       sample.boxes.forEach(function (b) { ctx.strokeRect(b[0] * sx, b[1] * sy, (b[2] - b[0]) * sx, (b[3] - b[1]) * sy); });
       canvas.dataset.drawn = '1';
@@ -336,7 +353,7 @@ EXPLORER_JS = r"""
       var canvas = el('canvas', {width: Math.round(s.size[0] * scale), height: Math.round(s.size[1] * scale)});
       fig.appendChild(canvas);
       var ram = s.ram[name] || [null, null, null];
-      fig.appendChild(el('figcaption', {}, s.id + ': RAM ' + pct(ram[0]) + ', share ' + pct(ram[1]) + ', lift ' + times(ram[2])));
+      fig.appendChild(el('figcaption', {}, s.id + ': RAM ' + pct(ram[0]) + ', share ' + pct(ram[1]) + ', lift ' + times(ram[2]) + '; ' + pct(s.panel[index]) + ' of its attention on this picture'));
       panel.appendChild(fig);
       drawMap(s, index, canvas);
     });
@@ -421,8 +438,9 @@ EXPLORER_JS = r"""
     box.innerHTML = '';
     EXPLORER.forEach(function (t, i) {
       var b = el('button', {'class': i === task ? 'on' : '', 'data-task': t.name}, t.name);
+      // A task's tab shows its own top head in A (B, a comparison, keeps its head where the task has it).
       b.addEventListener('click', function () { task = i; drawTasks(); drawGrid(); drawPicker();
-        if (picked.a) showHead('a', picked.a); if (picked.b) showHead('b', picked.b); });
+        if (topHead()) showHead('a', topHead()); if (picked.b) showHead('b', picked.b); });
       box.appendChild(b);
     });
   }

@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from matplotlib import patheffects
+from matplotlib.collections import PatchCollection
+from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from PIL import Image
 
@@ -40,6 +43,9 @@ PANEL_IN = 2.0
 MARGIN_IN = 1.6
 LABEL_PT = 9
 TITLE_PT = 10
+# Outlines: cells under MIN_LEVEL of the figure's largest cell are not outlined; the largest gets MAX_LINE_PT.
+MIN_LEVEL = 0.1
+MAX_LINE_PT = 2.5
 
 
 def preview(picture: Image.Image, size: tuple[int, int], max_side: int = OVERLAY_MAX_SIDE) -> Image.Image:
@@ -73,16 +79,57 @@ def short_title(title: str, width_in: float, font_pt: float = TITLE_PT, lines: i
     return "\n".join(wrapped)
 
 
+def outline_levels(grids: list[np.ndarray], floor: float = MIN_LEVEL) -> tuple[float, list[np.ndarray]]:
+    """Return the largest cell of `grids` (shared by every head drawn) and each grid over it, 0 below `floor`.
+
+    A cell's level is its share of the head's *whole* attention over the largest such share of any head and
+    panel of the figure: a head that looks elsewhere (0 % on the pictures) has no outlined cell, a strong one
+    has outlines as heavy as the figure's heaviest.
+
+    Examples:
+        >>> top, levels = outline_levels([np.array([[0.2, 0.1]]), np.array([[0.0, 0.01]])])
+        >>> top, levels[0].tolist(), levels[1].tolist()
+        (0.2, [[1.0, 0.5]], [[0.0, 0.0]])
+    """
+    top = max([float(g.max()) for g in grids if g.size] or [0.0])
+    return top, [np.where(g >= floor * top, g / top, 0.0) if top > 0 else np.zeros_like(g) for g in grids]
+
+
+def _outline_cells(ax, segment: Segment, levels: np.ndarray, max_pt: float) -> None:
+    """Outline each cell of `levels` above 0 inside its own border: line weight and opacity grow with the level,
+    a dark line under a yellow one so that it shows on light and dark pictures; inside, the picture's pixels
+    are untouched."""
+    xe, ye = segment.cell_edges()
+    cells = [(r, c) for r, c in zip(*np.nonzero(levels))]
+    if not cells:
+        return
+    boxes, widths, colours, halos = [], [], [], []
+    for r, c in cells:
+        v = float(levels[r, c])
+        w, h = xe[c + 1] - xe[c], ye[r + 1] - ye[r]
+        inset = 0.12  # of the cell: the lines lie in its border band, its middle keeps the picture
+        boxes.append(
+            Rectangle((xe[c] + inset * w, ye[r] + inset * h), (1 - 2 * inset) * w, (1 - 2 * inset) * h)
+        )
+        widths.append(max(0.4, max_pt * v))
+        colours.append((1.0, 0.83, 0.0, 0.45 + 0.55 * v))
+        halos.append((0.0, 0.0, 0.0, 0.45 + 0.55 * v))
+    ax.add_collection(
+        PatchCollection(boxes, facecolor="none", edgecolor=halos, linewidths=[2 * w for w in widths])
+    )
+    ax.add_collection(PatchCollection([Rectangle(b.get_xy(), b.get_width(), b.get_height()) for b in boxes],
+                                      facecolor="none", edgecolor=colours, linewidths=widths))  # fmt: skip
+
+
 def overlay_grid(panels: list[Panel], heads: list[tuple[str, np.ndarray]], *, title: str = "") -> plt.Figure:
     """Return the heads x panels figure of `overlay_figure`, laid out but not saved (tests read its text)."""
     panels = panels[:MAX_PANELS]  # wider, the report would scale its labels below MIN_LABEL_PX
     n_rows, n_cols = len(heads), max(1, len(panels))
-    shares = []
-    for _, attention in heads:
-        grids = [token_grid(p.segment, attention) for p in panels]
-        total = float(sum(g.sum() for g in grids)) or 1.0
-        shares.append([g / total for g in grids])
-    vmax = max([float(g.max()) for row in shares for g in row] or [1.0])
+    # Absolute: a cell's share of the head's whole attention (its query rows' attention sums to 1 over the
+    # keys), on one scale for every head, so a head that looks at the text shows no outline at all.
+    raw = [[token_grid(p.segment, attention) for p in panels] for _, attention in heads]
+    top, flat = outline_levels([g for row in raw for g in row])
+    levels = [flat[r * len(panels) : (r + 1) * len(panels)] for r in range(n_rows)]
     width = PANEL_IN * n_cols + MARGIN_IN
     # A row as tall as its tallest panel at PANEL_IN wide (wide frames, tall pages), plus its title's room.
     aspect = max([p.segment.orig_size[1] / max(1, p.segment.orig_size[0]) for p in panels] or [1.0])
@@ -90,7 +137,6 @@ def overlay_grid(panels: list[Panel], heads: list[tuple[str, np.ndarray]], *, ti
     fig, axes = plt.subplots(
         n_rows, n_cols, figsize=(width, row_in * n_rows + 0.9), dpi=DPI, squeeze=False, layout="compressed"
     )
-    image = None
     for r, (name, _) in enumerate(heads):
         for c, panel in enumerate(panels):
             ax = axes[r][c]
@@ -98,14 +144,9 @@ def overlay_grid(panels: list[Panel], heads: list[tuple[str, np.ndarray]], *, ti
             # Drawn in image coordinates (extent), from a bounded preview: never at full size.
             ax.imshow(preview(panel.picture, (w, h)), extent=(0, w, h, 0))
             xe, ye = panel.segment.cell_edges()
-            image = ax.imshow(
-                shares[r][c],
-                extent=(xe[0], xe[-1], ye[-1], ye[0]),
-                cmap="magma",
-                alpha=0.6,
-                vmin=0.0,
-                vmax=vmax,
-            )
+            # A line at most a quarter of a cell's width on the page, at most MAX_LINE_PT.
+            cell_pt = PANEL_IN * 72 * (xe[-1] - xe[0]) / max(1, w) / max(1, panel.segment.cols)
+            _outline_cells(ax, panel.segment, levels[r][c], min(MAX_LINE_PT, cell_pt / 8))
             ax.set_xlim(min(0, xe[0]), max(w, xe[-1]))
             ax.set_ylim(max(h, ye[-1]), min(0, ye[0]))
             for x0, y0, x1, y1 in panel.boxes:
@@ -120,12 +161,16 @@ def overlay_grid(panels: list[Panel], heads: list[tuple[str, np.ndarray]], *, ti
                     fontsize=LABEL_PT,
                 )
             if c == 0:  # a text at a fixed place: a y label moves at draw time, after the layout placed it
-                ax.text(-0.04, 0.5, name, transform=ax.transAxes, rotation=90, ha="right", va="center",
-                        fontsize=LABEL_PT)  # fmt: skip
-    if image is not None:
-        bar = fig.colorbar(image, ax=axes, shrink=0.6)
-        bar.set_label("share of the head's\nvisual attention", fontsize=LABEL_PT)
-        bar.ax.tick_params(labelsize=LABEL_PT)
+                here = float(sum(g.sum() for g in raw[r]))
+                ax.text(-0.04, 0.5, f"{name}\n{100 * here:.0f} % on these pictures", transform=ax.transAxes,
+                        rotation=90, ha="right", va="center", fontsize=LABEL_PT)  # fmt: skip
+    if top > 0:
+        handles = [Line2D([], [], color="#ffd400", lw=MAX_LINE_PT * v,
+                          path_effects=[patheffects.withStroke(linewidth=2 * MAX_LINE_PT * v, foreground="black")])
+                   for v in (1.0, 0.5, MIN_LEVEL)]  # fmt: skip
+        labels = [f"{100 * v * top:.1f} %" for v in (1.0, 0.5, MIN_LEVEL)]
+        fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=LABEL_PT, frameon=False,
+                   title="outlined cell: its share of\nthe head's whole attention", title_fontsize=LABEL_PT)  # fmt: skip
     if title:
         fig.suptitle(short_title(title, width), fontsize=TITLE_PT)
     return fig
@@ -134,7 +179,8 @@ def overlay_grid(panels: list[Panel], heads: list[tuple[str, np.ndarray]], *, ti
 def overlay_figure(
     panels: list[Panel], heads: list[tuple[str, np.ndarray]], path: str | Path, *, title: str = ""
 ) -> Path:
-    """Write a heads x panels grid: each head's share of visual attention per token over each picture.
+    """Write a heads x panels grid: the cells each head attends, outlined over each picture (the picture's own
+    colours stay inside the outlines); one scale for all heads, so a head that looks elsewhere shows none.
 
     At most `MAX_PANELS` panels, each `PANEL_IN` inches wide, labels at `LABEL_PT`: the figure is at most
     `REPORT_WIDTH_PX` wide in the report, so its labels are at least `MIN_LABEL_PX` tall there.
