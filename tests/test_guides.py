@@ -9,6 +9,7 @@ with a house rule, is registered twice or misses an import fails here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -171,3 +172,57 @@ def test_the_guide_passes_where_it_points(guide, tmp_path):
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
         summary = done.stdout.strip().splitlines()[-1]
         assert " passed" in summary and "skipped" not in summary, summary
+
+
+CLI_RUN = """
+import json, sys
+from pathlib import Path
+
+import pandas as pd
+
+from corelens.cli import main
+from corelens.organism import organism_path
+from corelens.organism.tasks import generate
+
+out = Path(sys.argv[1])
+ident, data = generate("image", out / "ident", 4, seed=1), generate("image", out / "eval", 4, seed=2)
+model = str(organism_path())
+assert main(["rank", "--model", model, "--data", str(ident), "--query", "answer", "--out", str(out / "rank")]) == 0
+common = ["ablate", "--model", model, "--data", str(data), "--heads", str(out / "rank" / "heads.csv"),
+          "--n-heads", "3", "--sets", "top", "--max-new-tokens", "4"]
+scale = {"name": "scale", "factor": 0.0}
+assert main([*common, "--policy", json.dumps(scale), "--out", str(out / "scaled")]) == 0
+assert main([*common, "--op", "zero", "--out", str(out / "zeroed")]) == 0
+assert main([*common, "--op", "scale", "--out", str(out / "half")]) == 0
+print(json.dumps({
+    "scaled": pd.read_csv(out / "scaled" / "ablation.csv")[["op", "accuracy", "heads"]].to_dict("list"),
+    "zeroed": pd.read_csv(out / "zeroed" / "ablation.csv")[["op", "accuracy", "heads"]].to_dict("list"),
+    "manifest": json.loads((out / "scaled" / "manifest.json").read_text()),
+    "half": json.loads((out / "half" / "manifest.json").read_text()),
+    "sets": json.loads((out / "scaled" / "headsets.json").read_text()),
+}))
+"""
+
+
+@pytest.mark.e2e
+def test_the_guide_policy_runs_from_the_command_line(tmp_path):
+    """The issue's measure of "one way per idea": the guide's policy, under the guide's own name and with no file
+    touched beside it and its test, runs from `corelens ablate --policy` (and `--op`) and records its parameter."""
+    root = copy_repository(tmp_path / "repo")
+    for path, after, code in templates(GUIDES / "policy.md"):
+        write_template(root, path, after, code)
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", CLI_RUN, str(tmp_path / "runs")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    scaled, zeroed = got["scaled"], got["zeroed"]
+    assert scaled["op"] == ["scale", "scale"] and zeroed["op"] == ["zero", "zero"]
+    assert scaled["heads"] == zeroed["heads"] and scaled["accuracy"] == zeroed["accuracy"]  # factor 0: zeroed
+    assert scaled["accuracy"][1] < scaled["accuracy"][0]  # the top heads matter, so the equality can fail
+    assert got["manifest"]["policy"] == {"name": "scale", "factor": 0.0}
+    assert got["manifest"]["settings"]["policy"] == {"name": "scale", "factor": 0.0}  # not the default 0.5
+    assert (
+        got["half"]["policy"] == {"name": "scale", "factor": 0.5} and "policy" not in got["half"]["settings"]
+    )
+    assert [s["policy"]["factor"] for s in got["sets"]] == [0.0, 0.0]
