@@ -162,3 +162,29 @@ def test_hybrid_takes_its_policy_with_parameters_too(ranked, tmp_path, capsys, m
         assert main(_hybrid(ranked, tmp_path / "bad", *options)) != 0
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err, err
+
+
+def test_a_rerun_with_other_settings_is_refused_before_torch_loads(ranked, tmp_path, capsys, monkeypatch):
+    """The run folder's refusal, given before the model loads: another --n-heads, another command; the same
+    command resumes, and a folder whose run logged nothing never blocks."""
+    import sys
+
+    import corelens.models.loaded as loaded
+
+    out = tmp_path / "run"
+    first = _ablate(ranked, out)
+    monkeypatch.setattr(sys, "argv", ["corelens", *first])  # what the manifest records
+    assert main(first) == 0
+    real = loaded.load
+    monkeypatch.setattr(loaded, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    other = [*first[: first.index("--n-heads") + 1], "3", *first[first.index("--n-heads") + 2 :]]
+    for argv, said in [(other, "holds a 'ablate' run with other settings (k)"),
+                       ([*first, "--op", "uniform"], "other settings (op)"),
+                       (_hybrid(ranked, out), "holds a 'ablate' run with other settings (command)")]:  # fmt: skip
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+    monkeypatch.setattr(loaded, "load", real)
+    assert main(first) == 0  # the same settings: resumed
+    assert "resumed" in capsys.readouterr().err

@@ -163,6 +163,11 @@ def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show) -
     """
     cfg = config_of(_named(config), args)
     loads = load_options(args) if hasattr(args, "revision") else {}  # stability loads no model
+    if main_process():
+        from corelens.commands.preflight import check_rerun
+
+        # A rerun with other settings (or another command) in --out: refused before torch and the model load.
+        check_rerun(args.command, cfg, getattr(args, "out", None), add_config)
     with said(f"corelens {args.command}: importing torch and transformers"):  # seconds, before any output
         run = _named(entry)
     result = run(cfg, context_of(args), loads)

@@ -101,3 +101,57 @@ def check_model(args: argparse.Namespace) -> None:
             f"family; supported: {', '.join(supported)} (docs/families.md)"
         )
     check_sizes(args, config)
+
+
+def check_rerun(command: str, config: object, out: str | Path | None, add_config) -> None:
+    """Refuse, before torch loads, a run folder `out` that holds another command, or this command's run with
+    other settings: the refusal the run folder itself gives once the model is loaded (`runs.rundir.Run`).
+
+    The earlier run's options are its recorded command line (`argv`) parsed again as this command's config
+    (`add_config(parser, Config)` adds its options);
+    an option counts where the manifest's settings hold a setting of its name (so that the run folder would
+    refuse the change too), and a folder whose run logged no sample yet never blocks (it starts afresh).
+    Anything that cannot be read or parsed is left to the run folder's own check.
+    """
+    import dataclasses
+
+    from corelens.runs import jsonfile
+    from corelens.runs.fields import settings
+    from corelens.runs.rundir import LOG, MANIFEST, SHARDS
+
+    folder = Path(out) if out is not None else None
+    if folder is None or not (folder / MANIFEST).is_file():
+        return
+    try:
+        old = jsonfile.load(folder / MANIFEST)
+    except Exception:  # a damaged manifest: the run folder's own check names it
+        return
+    logs = [folder / LOG, *folder.glob(SHARDS)]
+    if not isinstance(old, dict) or not any(p.is_file() and p.stat().st_size for p in logs):
+        return
+    refuse = f"{folder} holds a {old.get('command')!r} run with other settings"
+    if old.get("command") != command:
+        raise OptionError(f"{refuse} (command); use another --out or delete it")
+    argv, recorded = old.get("argv"), old.get("settings")
+    if not isinstance(argv, list) or command not in argv or not isinstance(recorded, dict):
+        return
+    parser = _Quiet(add_help=False, exit_on_error=False)
+    add_config(parser, type(config))
+    try:
+        parsed = parser.parse_known_args([str(a) for a in argv[argv.index(command) + 1 :]])[0]
+        before = settings(
+            dataclasses.replace(config, **{k: v for k, v in vars(parsed).items() if hasattr(config, k)})
+        )
+    except (argparse.ArgumentError, TypeError, ValueError):
+        return  # an option since renamed or a file since moved: the run folder's check decides
+    now = settings(config)
+    changed = sorted(k for k in now if k in recorded and before[k] != now[k])
+    if changed:
+        raise OptionError(f"{refuse} ({', '.join(changed)}); use another --out or delete it")
+
+
+class _Quiet(argparse.ArgumentParser):
+    """A parser that raises on a bad command line instead of printing its usage and exiting."""
+
+    def error(self, message: str):
+        raise argparse.ArgumentError(None, message)
