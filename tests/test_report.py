@@ -513,9 +513,10 @@ def test_report_serve_on_localhost_stops_on_ctrl_c(study, browser, tmp_path):
 
 
 def test_explorer_maps_are_quantised_and_bounded(study, tmp_path):
+    from corelens.capture import attention_maps
     from corelens.data.sample import read_samples
     from corelens.models.loaded import load
-    from corelens.report.explorer import MAX_CELLS, bound_bytes, pool, write_explorer
+    from corelens.report.explorer import MAX_CELLS, bound_bytes, explorer_heads, pool, write_explorer
 
     root, runs, _, _ = study
     heads = pd.read_csv(runs[0] / "heads.csv").sort_values("rank")
@@ -530,12 +531,14 @@ def test_explorer_maps_are_quantised_and_bounded(study, tmp_path):
         )  # each map is a share: sums to 1
     samples, _ = read_samples(root / "data" / "image" / "image.jsonl")
     model = load(root / "model", device="cpu")
-    path, _ = write_explorer(model, samples, heads, tmp_path, top=2, all_samples=1)
+    kept = explorer_heads(heads, len(samples), top=2, all_samples=1)
+    measured = [(s, *attention_maps(model, s, hs), hs) for s, hs in zip(samples, kept)]
+    path, _ = write_explorer([(s, p, hs, m) for s, p, m, hs in measured], tmp_path, top=2, all_samples=1)
     small = np.load(path)
     assert [len(small[f"heads_{i}"]) for i in range(3)] == [8, 2, 2]
     assert small["heads_2"].tolist() == order[:2]
     # Each head's part of its whole attention on the drawn panel, as the overlay measures it.
-    from corelens.report.overlay import attention_maps, panels, token_grid
+    from corelens.report.overlay import panels, token_grid
 
     prepared, maps = attention_maps(model, samples[0], [tuple(h) for h in order])
     segment = panels(samples[0], prepared, max_panels=1)[0].segment

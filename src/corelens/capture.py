@@ -18,6 +18,9 @@ Optional, in the same forward:
 - `norope=True`: the attention output recomputed with rotary position encoding disabled (identity rotation),
   from the pre-RoPE queries and keys read at the q/k projections (after q_norm / k_norm where the family has
   them), with the same values, mask, kernel and `o_proj` (for ε_RoPE, docs/methods.md#geometry).
+
+`attention_maps` captures what the report draws over the pictures: chosen heads' attention over every key of
+one prompt (the overlays and the head explorer; `corelens.report` draws, it does not run the model).
 """
 
 from __future__ import annotations
@@ -26,12 +29,17 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from corelens.attention.dispatch import AttentionCall, AttentionHook, activate
+from corelens.attention.probes import KeyMapProbe
+from corelens.attention.prompt_context import AttentionContext, attention_context
+from corelens.data.sample import Sample
 from corelens.errors import OptionError, UnsupportedModelError
 from corelens.models.loaded import Loaded
+from corelens.models.prepare import Prepared, prepare
 
 
 @dataclass
@@ -230,3 +238,21 @@ class ResidualCapture:
             )
 
         return hook
+
+
+def attention_maps(
+    m: Loaded,
+    sample: Sample,
+    heads: list[tuple[int, int]],
+    query: str = "question",
+    probe: KeyMapProbe | None = None,
+) -> tuple[Prepared, dict[tuple[int, int], np.ndarray]]:
+    """Return the prepared prompt and, per head, the mean attention of the `query` rows over every key.
+
+    `probe`: a `KeyMapProbe(heads)` built without rows, shared by the samples drawn."""
+    prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None)
+    probe = probe if probe is not None else KeyMapProbe(heads)
+    context = AttentionContext.of(prepared, sample=sample, query_rows=prepared.rows(query))
+    with torch.no_grad(), attention_context(context), activate(m.layer_modules(), probe):
+        m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
+    return prepared, {head: values.double().numpy() for head, values in probe.maps.items()}

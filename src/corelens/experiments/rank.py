@@ -212,13 +212,18 @@ def _figures(
     # Overlays and the explorer draw query heads' attention maps: they read the query-head table.
     by_query = ranking.heads if ranking.query_table is None else ranking.query_table
     if cfg.overlays > 0:
-        from corelens.report.overlay import write_overlays
+        from corelens.attention.probes import KeyMapProbe
+        from corelens.capture import attention_maps
+        from corelens.report.overlay import top_bottom, write_overlays
 
         ranked = {r["id"] for r in records}
         chosen = [s for s in samples if s.id in ranked][: cfg.overlays]
         if ctx.progress:  # a figure of heads x pictures: seconds without another line
             print(f"drawing the attention overlays of {len(chosen)} sample(s)", flush=True)
-        write_overlays(m, chosen, by_query, run.path / "figures", query=cfg.query)
+        top, bottom = top_bottom(by_query)
+        probe = KeyMapProbe(top + bottom)  # one probe: each forward's context gives its rows
+        measured = ((s, *attention_maps(m, s, top + bottom, cfg.query, probe)) for s in chosen)
+        write_overlays(measured, top, bottom, run.path / "figures")
     if cfg.explorer > 0:
         _explorer(m, samples, records, by_query, run, cfg.explorer, cfg.query)
 
@@ -227,11 +232,14 @@ def _explorer(
     m: Loaded, samples: list[Sample], records: list[dict], heads: pd.DataFrame, run: Run, n: int, query: str
 ):
     """Store the head explorer's maps of the first `n` ranked samples and print their size and bound."""
-    from corelens.report.explorer import bound_bytes, write_explorer
+    from corelens.capture import attention_maps
+    from corelens.report.explorer import bound_bytes, explorer_heads, write_explorer
 
     ranked = {r["id"] for r in records}
     chosen = [s for s in samples if s.id in ranked][:n]
-    path, size = write_explorer(m, chosen, heads, run.path, query=query)
+    kept = explorer_heads(heads, len(chosen))
+    measured = ((s, *attention_maps(m, s, hs, query), hs) for s, hs in zip(chosen, kept))
+    path, size = write_explorer(((s, p, hs, maps) for s, p, maps, hs in measured), run.path)
     bound = bound_bytes(len(heads), len(chosen))
     print(
         f"explorer maps: {size / 1e6:.2f} MB in {path.name} (bound {bound / 1e6:.2f} MB before compression)"

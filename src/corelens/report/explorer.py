@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from corelens.runs.outputs import RANK
 
 if TYPE_CHECKING:
     from corelens.data.sample import Sample
-    from corelens.models.loaded import Loaded
+    from corelens.models.prepare import Prepared
 
 
 # The head explorer's data: per-sample, per-head visual attention maps, quantised to uint8 (`explorer.npz`).
@@ -74,28 +75,20 @@ def _picture(panel) -> str:
 
 
 def write_explorer(
-    m: Loaded,
-    samples: list[Sample],
-    heads: pd.DataFrame,
+    measured: Iterable[tuple[Sample, Prepared, list[tuple[int, int]], dict[tuple[int, int], np.ndarray]]],
     folder: str | Path,
     *,
-    query: str = "question",
     top: int = TOP,
     all_samples: int = ALL_SAMPLES,
 ) -> tuple[Path, int]:
-    """Write `explorer.npz` and `explorer.json` for `samples` into `folder`; return the npz path and its size."""
-    from corelens.report.overlay import (
-        attention_maps,
-        panels,
-        token_grid,
-    )  # runs the model: torch, matplotlib
+    """Write `explorer.npz` and `explorer.json` into `folder` from each measured (sample, prepared prompt, heads
+    chosen, their maps: `corelens.capture.attention_maps`); return the npz path and its size. The caller
+    measures every head for the first `all_samples` samples and the `top` best for the others
+    (`explorer_heads`)."""
+    from corelens.report.overlay import panels, token_grid  # matplotlib and PIL: only when writing
 
-    ranked = heads.sort_values("rank")
-    every = list(zip(ranked["layer"].astype(int), ranked["head"].astype(int)))
     arrays, meta = {}, []
-    for i, sample in enumerate(samples):
-        chosen = every if i < all_samples else every[:top]
-        prepared, maps = attention_maps(m, sample, chosen, query)
+    for i, (sample, prepared, chosen, maps) in enumerate(measured):
         panel = panels(sample, prepared, max_panels=1)[0]
         grids, parts = [], []
         for head in chosen:
@@ -128,6 +121,14 @@ def write_explorer(
     write_text(RANK.path(folder, "explorer"), json.dumps({"samples": meta, "top": top, "all_samples": all_samples}),
                root=folder)  # fmt: skip
     return folder / "explorer.npz", (folder / "explorer.npz").stat().st_size
+
+
+def explorer_heads(heads: pd.DataFrame, samples: int, *, top: int = TOP, all_samples: int = ALL_SAMPLES):
+    """Return, per stored sample, the heads the explorer keeps: every head (best first) for the first
+    `all_samples`, the `top` best for the others."""
+    ranked = heads.sort_values("rank")
+    every = list(zip(ranked["layer"].astype(int), ranked["head"].astype(int)))
+    return [every if i < all_samples else every[:top] for i in range(samples)]
 
 
 def _short(value: float) -> float | None:

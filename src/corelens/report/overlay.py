@@ -1,33 +1,33 @@
 """Attention overlays: a head's attention over visual tokens drawn on the images, frames or pages it covers.
 
-`write_overlays` measures where the top and bottom heads of a ranking look (`attention_maps`: the per-key
-attention of chosen heads for one sample) and draws it on the sample's pixels (`panels`, `overlay_figure`).
+`write_overlays` draws where the top and bottom heads of a ranking look, measured by the caller
+(`corelens.capture.attention_maps`: the per-key attention of chosen heads for one sample), on the sample's
+pixels (`panels`, `overlay_figure`). Nothing here runs the model.
 """
 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 from matplotlib import patheffects
 from matplotlib.collections import PatchCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from PIL import Image
 
-from corelens.attention import activate
-from corelens.attention.probes import KeyMapProbe
-from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.data.paths import inside, safe_name
 from corelens.data.sample import Sample, load_images, load_video
 from corelens.layout import Segment
-from corelens.models.loaded import Loaded
-from corelens.models.prepare import Prepared, prepare
 from corelens.report.figure import DPI, plt, save_figure
+
+if TYPE_CHECKING:
+    from corelens.models.prepare import Prepared
 
 # Longest side, in pixels, of the picture drawn under an overlay: a panel is about 2 inches wide at the
 # figure's dpi, so more pixels add memory and nothing visible (a 12000 x 12000 image would take 430 MB).
@@ -188,24 +188,6 @@ def overlay_figure(
     return save_figure(overlay_grid(panels, heads, title=title), path)
 
 
-def attention_maps(
-    m: Loaded,
-    sample: Sample,
-    heads: list[tuple[int, int]],
-    query: str = "question",
-    probe: KeyMapProbe | None = None,
-) -> tuple[Prepared, dict[tuple[int, int], np.ndarray]]:
-    """Return the prepared prompt and, per head, the mean attention of the `query` rows over every key.
-
-    `probe`: a `KeyMapProbe(heads)` built without rows, shared by the samples drawn."""
-    prepared = prepare(m, sample, answer=sample.answer if query == "answer" else None)
-    probe = probe if probe is not None else KeyMapProbe(heads)
-    context = AttentionContext.of(prepared, sample=sample, query_rows=prepared.rows(query))
-    with torch.no_grad(), attention_context(context), activate(m.layer_modules(), probe):
-        m.model(**prepared.to(m.device), use_cache=False, logits_to_keep=1)
-    return prepared, {head: values.double().numpy() for head, values in probe.maps.items()}
-
-
 def panels(sample: Sample, prepared: Prepared, max_panels: int = MAX_PANELS) -> list[Panel]:
     """Return the pixel panels of a prompt (images, pages, first frame of each video frame group).
 
@@ -235,23 +217,24 @@ def panels(sample: Sample, prepared: Prepared, max_panels: int = MAX_PANELS) -> 
     return out[:max_panels]
 
 
-def write_overlays(
-    m: Loaded,
-    samples: list[Sample],
-    heads: pd.DataFrame,
-    folder: str | Path,
-    *,
-    k: int = 3,
-    query: str = "question",
-) -> list[Path]:
-    """Draw the top-`k` and bottom-`k` heads' attention for each of `samples`; return the figure paths."""
+def top_bottom(heads: pd.DataFrame, k: int = 3) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Return the `k` best and `k` worst ranked (layer, head) pairs of a head table."""
     ranked = heads.sort_values("rank")
     top = list(zip(ranked["layer"].head(k).astype(int), ranked["head"].head(k).astype(int)))
     bottom = list(zip(ranked["layer"].tail(k).astype(int), ranked["head"].tail(k).astype(int)))
+    return top, bottom
+
+
+def write_overlays(
+    measured: Iterable[tuple[Sample, Prepared, dict[tuple[int, int], np.ndarray]]],
+    top: list[tuple[int, int]],
+    bottom: list[tuple[int, int]],
+    folder: str | Path,
+) -> list[Path]:
+    """Draw the `top` and `bottom` heads' attention for each measured (sample, prepared prompt, maps); return
+    the figure paths."""
     paths = []
-    probe = KeyMapProbe(top + bottom)  # one probe: each forward's context gives its rows
-    for sample in samples:
-        prepared, maps = attention_maps(m, sample, top + bottom, query, probe)
+    for sample, prepared, maps in measured:
         rows = [(f"top {i + 1}: L{lh[0]}H{lh[1]}", maps[lh]) for i, lh in enumerate(top)]
         rows += [(f"bottom: L{lh[0]}H{lh[1]}", maps[lh]) for lh in bottom]
         path = inside(folder, Path(folder) / f"overlay-{safe_name(sample.id)}.png")
