@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from corelens.experiments.ablate import _summary
-from corelens.experiments.evaluate import interval
+from corelens.metrics.answers import interval
 from corelens.metrics.headsets import label
 from corelens.metrics.uncertainty import draws_interval
 

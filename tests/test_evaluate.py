@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corelens.experiments.evaluate import interval, normalise, score
+from corelens.metrics.answers import interval, normalise, score
 
 ABCD = ["cat", "dog", "red circle", "blue square"]
 LETTERS = ["B", "A", "C"]  # choices that are themselves letters: choice A's text is "B"

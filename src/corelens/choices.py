@@ -41,7 +41,7 @@ OPTIONAL = ("stable",)  # asked for by name only: its size varies with the ranki
 STABLE_P = 0.9
 # experiments.scorers: the registered head scores of `rank --score`.
 HEAD_SCORES = names("head score")
-# experiments.evaluate: how an answer is scored.
+# metrics.answers: how an answer is scored.
 SCORERS = ("auto", "exact", "choice", "yesno")
 # experiments.hybrid: what a hybrid sweep's `sets` may name.
 ADAPTIVE = "adaptive"

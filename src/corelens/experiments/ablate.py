@@ -23,7 +23,6 @@ from corelens.choices import OPS
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.evaluate import interval
 from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's readers, public here as before)
     RECORD,
     Plan,
@@ -41,6 +40,7 @@ from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's re
 )
 from corelens.experiments.sweep import run_on_path, run_sweep, summary_table
 from corelens.metrics import draws, kvheads
+from corelens.metrics.answers import interval
 from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, label, parse_k
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare

@@ -36,10 +36,10 @@ from corelens.choices import ADAPTIVE, HYBRID_POLICIES, HYBRID_SET_KINDS
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.evaluate import interval
 from corelens.experiments.policy_sweep import RECORD, Plan, Preset, given_policy, parameters, sweep_policies
 from corelens.experiments.sweep import run_on_path, run_sweep
 from corelens.metrics import draws
+from corelens.metrics.answers import interval
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
 from corelens.metrics.kvheads import expand, granularity_of, shares
 from corelens.metrics.uncertainty import RESAMPLED

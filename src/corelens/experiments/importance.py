@@ -39,7 +39,8 @@ from corelens.experiments.ablate import (
     read_heads,
     same_file_warning,
 )
-from corelens.experiments.evaluate import answer, score
+from corelens.experiments.evaluate import answer
+from corelens.metrics.answers import score
 from corelens.metrics.causal_effects import agreement, estimator_agreement, importance_table
 from corelens.metrics.posterior import few_samples
 from corelens.metrics.ram import read_ram

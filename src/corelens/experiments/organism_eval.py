@@ -17,7 +17,8 @@ from pathlib import Path
 
 from corelens.data.sample import read_samples
 from corelens.errors import OptionError
-from corelens.experiments.evaluate import evaluate, interval
+from corelens.experiments.evaluate import evaluate
+from corelens.metrics.answers import interval
 from corelens.models.loaded import Loaded, load
 from corelens.organism.config import TRAIN_DATA_SEED
 from corelens.organism.tasks import TASKS, generate, render

@@ -25,10 +25,10 @@ import pandas as pd
 
 from corelens.data.sample import Sample, task_of
 from corelens.errors import CorelensError, InputError, OptionError
-from corelens.experiments.evaluate import score
 from corelens.experiments.sweep import Tail, conclude_sweep
 from corelens.heads.artifact import check_heads, check_table, csv_line, read_table
 from corelens.metrics import draws, kvheads
+from corelens.metrics.answers import score
 from corelens.metrics.headsets import SEEDED, HeadSet, k_count, select
 from corelens.metrics.ram import read_ram
 from corelens.metrics.uncertainty import RESAMPLED, resampled_tables

@@ -29,9 +29,9 @@ from corelens.attention.prompt_context import AttentionContext, attention_contex
 from corelens.choices import PRIOR_NAMES, PRIORS
 from corelens.data.sample import Sample
 from corelens.errors import CorelensError, InputError
-from corelens.experiments.evaluate import interval, score
 from corelens.experiments.loading import run_loaded
 from corelens.experiments.policy_sweep import answer_each
+from corelens.metrics.answers import interval, score
 from corelens.models.loaded import Loaded, load
 from corelens.models.prepare import Prepared, prepare, prompt_length
 from corelens.policies import SharedPrior

@@ -335,7 +335,7 @@ def summary_table(
     """
     import pandas as pd
 
-    from corelens.experiments.evaluate import interval
+    from corelens.metrics.answers import interval
     from corelens.metrics.headsets import SEEDED
     from corelens.metrics.uncertainty import draws_interval
 

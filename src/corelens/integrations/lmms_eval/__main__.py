@@ -7,8 +7,8 @@ import shlex
 import sys
 
 from corelens.errors import CorelensError
-from corelens.experiments.evaluate import SCORERS
 from corelens.integrations.lmms_eval.task import write_task
+from corelens.metrics.answers import SCORERS
 
 
 def main(argv: list[str] | None = None) -> int:

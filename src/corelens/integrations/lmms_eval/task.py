@@ -4,7 +4,7 @@ The task folder holds `NAME.yaml` (lmms-eval's task format, written with PyYAML:
 download), `NAME.json` (the samples, image paths made absolute) and `NAME_utils.py` (the functions below, which
 lmms-eval's `!function` tag loads from the folder). The question is the prompt text and the images are the
 visuals, so the corelens model builds the same sample as corelens' own harness; `accuracy` is corelens'
-scorer (`corelens.experiments.evaluate.score`).
+scorer (`corelens.metrics.answers.score`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from PIL import Image
 
 from corelens.data.sample import read_samples
 from corelens.errors import CorelensError
-from corelens.experiments.evaluate import SCORERS, score
+from corelens.metrics.answers import SCORERS, score
 
 
 def doc_to_visual(doc: dict[str, Any]) -> list[Image.Image]:
