@@ -12,7 +12,7 @@ parsers from these classes.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -312,6 +312,26 @@ class FrontierConfig:
             "scorer": self.scorer,
             "max_new_tokens": self.max_new_tokens,
         }
+
+
+def condition_table(records, conds: Iterable, row: Callable, columns: Sequence[str]):
+    """Return a sweep's per-condition table (ablation.csv, hybrid.csv): one row per condition of `conds`,
+    `row(c, got, scores)` of its answers `got` (its rows of `records`) and their `scores` (accuracy, n,
+    correct and the Wilson interval ci_low / ci_high), in the order of `columns`; `seed` an integer column."""
+    import pandas as pd
+
+    from corelens.experiments.evaluate import interval
+
+    rows = []
+    for c in conds:
+        got = records[records["condition"] == c.name]
+        n, correct = len(got), int(got["correct"].sum()) if len(got) else 0
+        low, high = interval(correct, n)
+        scores = {"accuracy": correct / n if n else float("nan"), "n": n, "correct": correct}
+        rows.append(row(c, got, {**scores, "ci_low": low, "ci_high": high}))
+    table = pd.DataFrame(rows, columns=columns)
+    table["seed"] = table["seed"].astype("Int64")
+    return table
 
 
 def summary_table(
