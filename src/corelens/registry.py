@@ -21,10 +21,11 @@ a `Family` is named by its `model_type`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar
 
 from corelens.errors import CorelensError, OptionError
@@ -110,6 +111,15 @@ def import_modules(package: str, path: Iterable[str], *, packages_only: bool = F
     for name in names:
         importlib.import_module(f"{package}.{name}")
     return names
+
+
+def refuse_unknown_fields(cls: type, data: Mapping, what: str, noun: str = "field") -> None:
+    """Refuse, in one line naming `what`, the keys of `data` that are not init fields of the dataclass `cls`
+    (a `from_dict` reading a registered class' `to_dict` data)."""
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise OptionError(f"{what}: unknown {noun}(s) {unknown}; expected some of {sorted(known)}")
 
 
 class NamedClasses:
