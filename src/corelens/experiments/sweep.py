@@ -123,13 +123,19 @@ _SEEDS, _WIDTH, _MOST = draw_options("each random / layer-matched set")
 
 
 @dataclass(frozen=True)
-class AblateConfig:
-    """The settings of `corelens ablate` (docs/usage.md#causal-ablation)."""
+class SweepConfig:
+    """The options a head-set sweep's help lists first: the model, the samples, the ranking and the run."""
 
     model: str = model_option()
     data: str = data_option(EVAL_DATA)
     heads: str = heads_option()
     out: str = out_option()
+
+
+@dataclass(frozen=True)
+class AblateConfig(SweepConfig):
+    """The settings of `corelens ablate` (docs/usage.md#causal-ablation)."""
+
     k: str = option(
         "1%,2%,5%,10%",
         help="how many heads each set holds: counts or shares of all heads, e.g. 1%%,5%% or 4,8",
@@ -179,13 +185,9 @@ class AblateConfig:
 
 
 @dataclass(frozen=True)
-class HybridConfig:
+class HybridConfig(SweepConfig):
     """The settings of `corelens hybrid` (docs/usage.md#core-guided-hybrid-attention)."""
 
-    model: str = model_option()
-    data: str = data_option(EVAL_DATA)
-    heads: str = heads_option()
-    out: str = out_option()
     keep: str = option(
         "5%,10%,20%,50%",
         help="how many heads are kept full: shares of all heads or counts, e.g. 10%% or 8",
