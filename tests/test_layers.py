@@ -49,7 +49,8 @@ LAYERS = (
     # registries' names read from their source (no import), which choices lists.
     # registry: the one registry idiom (name -> implementation) of families, kernels, readers, policies.
     # deprecation: the allow-list of old import paths (one shim file at each) and the helper each calls.
-    ("errors", "choices", "registered", "registry", "deprecation"),
+    # lazy: the module `__getattr__` that imports a package's public names on first use (PEP 562).
+    ("errors", "choices", "registered", "registry", "deprecation", "lazy"),
 )
 RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

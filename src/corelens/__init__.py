@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from importlib import import_module as _import_module
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING
+
+from corelens.lazy import lazy_names as _lazy_names
 
 __version__ = _version("corelens")  # one source: pyproject.toml, as installed
 
@@ -69,14 +70,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from corelens.policies import POLICIES, Policy, answer
 
 
-def __getattr__(name: str):
-    """Import a public name's module on first use and keep the name (later uses are plain lookups)."""
-    module = _EXPORTS.get(name) or _DEPRECATED.get(name)
-    if module is None:
-        raise AttributeError(f"module 'corelens' has no attribute {name!r}")
-    value = getattr(_import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_names(__name__, {**_DEPRECATED, **_EXPORTS}, globals())
 
 
 def __dir__() -> list[str]:

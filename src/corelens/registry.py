@@ -21,8 +21,11 @@ a `Family` is named by its `model_type`).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import inspect
-from collections.abc import Iterator, MutableMapping
+import pkgutil
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar
 
 from corelens.errors import CorelensError, OptionError
@@ -98,6 +101,25 @@ class Registry(MutableMapping):
     def unregister(cls, name: str) -> None:
         """Remove a library-wide entry (a test's temporary registration)."""
         cls._global_mapping.pop(name, None)
+
+
+def import_modules(package: str, path: Iterable[str], *, packages_only: bool = False) -> list[str]:
+    """Import every module (or, with `packages_only`, every sub-package) of `package` found on `path` (its
+    `__path__`), so that each registers what it defines: a new file in a registry's folder needs no line in
+    its `__init__.py`. Return their names."""
+    names = [m.name for m in pkgutil.iter_modules(path) if m.ispkg or not packages_only]
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return names
+
+
+def refuse_unknown_fields(cls: type, data: Mapping, what: str, noun: str = "field") -> None:
+    """Refuse, in one line naming `what`, the keys of `data` that are not init fields of the dataclass `cls`
+    (a `from_dict` reading a registered class' `to_dict` data)."""
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise OptionError(f"{what}: unknown {noun}(s) {unknown}; expected some of {sorted(known)}")
 
 
 class NamedClasses:

@@ -15,17 +15,11 @@ def run_train(args: argparse.Namespace) -> None:
     """Train an organism from scratch into `--out`."""
     from corelens.organism.architecture import OrganismConfig
     from corelens.organism.train import TrainConfig, train
+    from corelens.runs.fields import from_mapping
 
-    cfg = TrainConfig(
-        steps=args.steps,
-        batch=args.batch,
-        turns=args.turns,
-        lr=args.lr,
-        seed=args.seed,
-        threads=args.threads,
-        time_limit=args.time_limit,
-        model=OrganismConfig.sized(layers=args.layers, heads=args.heads, hidden=args.hidden),
-    )
+    # --steps, --batch, --turns, --lr, --seed, --threads and --time-limit are named like their fields.
+    sizes = OrganismConfig.sized(layers=args.layers, heads=args.heads, hidden=args.hidden)
+    cfg = from_mapping(TrainConfig, {**vars(args), "model": sizes})
     train(args.out, cfg, argv=["corelens", *sys.argv[1:]] if args.record_argv else None)
 
 

@@ -38,7 +38,7 @@ from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's re
     same_file_warning,
     sweep_policies,
 )
-from corelens.experiments.sweep import run_on_path, run_sweep, summary_table
+from corelens.experiments.sweep import condition_table, run_on_path, run_sweep, summary_table
 from corelens.metrics import draws, kvheads
 from corelens.metrics.answers import interval
 from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, label, parse_k
@@ -171,35 +171,25 @@ def _table(
 ) -> pd.DataFrame:
     """Return ablation.csv: per condition its accuracy; `k_heads` counts the asked rows (query heads, or KV
     heads at `unit` "kv"), `query_heads` the query heads ablated, `kv_heads` the KV heads they touch."""
-    rows = []
-    for c in conds:
-        got = records[records["condition"] == c.name]
-        n, correct = len(got), int(got["correct"].sum()) if len(got) else 0
-        low, high = interval(correct, n)
-        rows.append(
-            {
-                "set": c.kind,
-                "k": c.k,
-                "k_heads": c.count,
-                "seed": c.seed,
-                "op": op,
-                "keys": keys if op == "knockout" else "",
-                "accuracy": correct / n if n else float("nan"),
-                "n": n,
-                "correct": correct,
-                "ci_low": low,
-                "ci_high": high,
-                "overlap": c.overlap,
-                "short_by": c.short_by,
-                "granularity": unit,
-                "query_heads": len(c.policy.heads),
-                "kv_heads": len(kvheads.kv_heads_of(c.policy.heads, group)),
-                "heads": label(c.policy.heads),
-            }
-        )
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    table["seed"] = table["seed"].astype("Int64")
-    return table
+
+    def row(c: Condition, got: pd.DataFrame, scores: dict) -> dict:
+        return {
+            "set": c.kind,
+            "k": c.k,
+            "k_heads": c.count,
+            "seed": c.seed,
+            "op": op,
+            "keys": keys if op == "knockout" else "",
+            **scores,
+            "overlap": c.overlap,
+            "short_by": c.short_by,
+            "granularity": unit,
+            "query_heads": len(c.policy.heads),
+            "kv_heads": len(kvheads.kv_heads_of(c.policy.heads, group)),
+            "heads": label(c.policy.heads),
+        }
+
+    return condition_table(records, conds, row, COLUMNS)
 
 
 @dataclass

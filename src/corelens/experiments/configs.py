@@ -8,6 +8,7 @@ the command line is parsed (`corelens.commands.options.add_config`), before any 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from corelens.choices import (
@@ -39,6 +40,9 @@ from corelens.runs.fields import (
 )
 
 PIXELS, PAGES = limits_options()
+
+# An option of the scorers' settings block (see RankConfig's `sink`): recorded through the scorer, not by itself.
+score_setting = partial(option, group="score", setting=False)
 
 
 IMPORTANCE_OPS = ("zero", "knockout")  # the single-head operators attribution patching supports too
@@ -112,74 +116,54 @@ class RankConfig:
     seed: int = option(0, help="seed of the bootstrap resamples", type=int)
     # The scorers' settings (`--score`), each named like the field of its scorer class; the manifest records
     # them through the scorer (settings key `score`), not one by one.
-    sink: str = option(
+    sink: str = score_setting(
         "128",
         help="outside-window: sink tokens S, a count or a share of each prompt (4, 5%%); gates, greedy: a count",
         type="token_size",
-        group="score",
-        setting=False,
     )
-    window: str = option(
+    window: str = score_setting(
         "1024",
         help="outside-window: recent keys W, a count or a share of each prompt (16, 25%%); gates, greedy: a count",
         type="token_size",
-        group="score",
-        setting=False,
     )
-    all_answers: bool = option(
+    all_answers: bool = score_setting(
         False,
         help="retrieval: count every answer, not only the correct ones",
         action="store_true",
-        group="score",
-        setting=False,
     )
-    gate_loss: str = option(
+    gate_loss: str = score_setting(
         "hidden",
         help="gates: distance to the dense model at the answer rows: final hidden states (mean squared "
         "error, DuoAttention's) or the answer's negative log-likelihood",
         choices=("hidden", "logp"),
-        group="score",
-        setting=False,
     )
-    gate_lambda: float = option(0.05, help="gates: weight of mean(alpha) in the loss", type=float, group="score",
-                                setting=False)  # fmt: skip
-    gate_lr: float = option(
-        0.02, help="gates: Adam's learning rate", type=float, group="score", setting=False
-    )
-    gate_epochs: int = option(
-        2, help="gates: passes over the samples", type=int, group="score", setting=False
-    )
-    gate_batch: int = option(4, help="gates: samples per step", type=int, group="score", setting=False)
-    gate_seed: int = option(0, help="gates: seed of the sample order", type=int, group="score", setting=False)
-    greedy_mode: str = option(
+    gate_lambda: float = score_setting(0.05, help="gates: weight of mean(alpha) in the loss", type=float)
+    gate_lr: float = score_setting(0.02, help="gates: Adam's learning rate", type=float)
+    gate_epochs: int = score_setting(2, help="gates: passes over the samples", type=int)
+    gate_batch: int = score_setting(4, help="gates: samples per step", type=int)
+    gate_seed: int = score_setting(0, help="gates: seed of the sample order", type=int)
+    greedy_mode: str = score_setting(
         "hybrid",
         help="greedy: grow the set of full heads under hybrid attention (largest gain in log p) or of zeroed "
         "heads (largest loss)",
         choices=("hybrid", "ablate"),
-        group="score",
-        setting=False,
     )
-    greedy_budget: int = option(8, help="greedy: heads selected", type=int, group="score", setting=False)
-    greedy_batch: int = option(
-        32, help="greedy: candidate sets per forward (0: one per forward, by policy)", type=int, group="score",
-        setting=False,
-    )  # fmt: skip
-    op: str = option(
+    greedy_budget: int = score_setting(8, help="greedy: heads selected", type=int)
+    greedy_batch: int = score_setting(
+        32,
+        help="greedy: candidate sets per forward (0: one per forward, by policy)",
+        type=int,
+    )
+    op: str = score_setting(
         "zero",
         help="causal: single-head operator (docs/methods.md#interventions)",
         choices=IMPORTANCE_OPS,
-        group="score",
-        setting=False,
     )
-    keys: str = option(
-        "visual", help="causal: knockout key set", choices=KEY_SETS, group="score", setting=False
-    )
-    effect: str = option(
+    keys: str = score_setting("visual", help="causal: knockout key set", choices=KEY_SETS)
+    effect: str = score_setting(
         "exact",
         help="causal: exact log-p drop (one forward per head) or its attribution-patching estimate",
         choices=("exact", "attribution"),
-        group="score",
-        setting=False,
     )
 
     @property

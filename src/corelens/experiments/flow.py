@@ -124,17 +124,13 @@ class _State:
         return self._tme
 
 
+# The options of FlowOptions that are `rid_terms`' keywords of the same names.
+RID_OPTIONS = ("rank", "eps", "energy", "method")
+
+
 def _rid(a: _State, b: _State, opts: FlowOptions) -> dict[str, float]:
-    t = rid_terms(
-        a.x,
-        b.x,
-        rank=opts.rank,
-        eps=opts.eps,
-        energy=opts.energy,
-        method=opts.method,
-        spectrum_in=a.spectrum,
-        spectrum_out=b.spectrum,
-    )
+    options = {name: getattr(opts, name) for name in RID_OPTIONS}
+    t = rid_terms(a.x, b.x, spectrum_in=a.spectrum, spectrum_out=b.spectrum, **options)
     return {
         "rid": t.rid,
         "dS": t.dS,

@@ -199,11 +199,8 @@ def fit_gates(
     killed there would.
 
     Examples:
-        >>> import corelens as cl
-        >>> from corelens.organism import organism_path
-        >>> from corelens.organism.tasks import generate
-        >>> m = cl.load(organism_path(), device="cpu")
-        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 2, seed=1))
+        >>> from corelens.organism import quickstart
+        >>> m, samples = quickstart(getfixture("tmp_path"), 2)
         >>> r = fit_gates(m, samples, GateSettings(epochs=1, batch=2, sink=2, window=4))
         >>> r.alpha.shape, len(r.losses), bool((r.alpha <= 1).all() and (r.alpha >= 0).all())
         ((4, 8), 1, True)

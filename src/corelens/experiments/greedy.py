@@ -217,11 +217,8 @@ def greedy_heads(
     the last saved step.
 
     Examples:
-        >>> import corelens as cl
-        >>> from corelens.organism import organism_path
-        >>> from corelens.organism.tasks import generate
-        >>> m = cl.load(organism_path(), device="cpu")
-        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 2, seed=1))
+        >>> from corelens.organism import quickstart
+        >>> m, samples = quickstart(getfixture("tmp_path"), 2)
         >>> pool = ((0, 5), (0, 6), (1, 0))
         >>> r = greedy_heads(m, samples, GreedySettings(budget=2, sink=2, window=4, candidates=pool))
         >>> len(r.order), r.evaluations  # 3 + 2 candidate sets, and the empty set

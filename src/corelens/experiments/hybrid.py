@@ -37,7 +37,7 @@ from corelens.data.sample import Sample
 from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.policy_sweep import RECORD, Plan, Preset, given_policy, parameters, sweep_policies
-from corelens.experiments.sweep import run_on_path, run_sweep
+from corelens.experiments.sweep import condition_table, run_on_path, run_sweep
 from corelens.metrics import draws
 from corelens.metrics.answers import interval
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
@@ -206,11 +206,9 @@ def _table(
     layers, heads, kv_heads = shape
     total_heads = layers * heads
     units = total_heads if granularity == "query" else layers * kv_heads
-    rows = []
-    for c in conds:
-        got = records[records["condition"] == c.name]
-        n, correct = len(got), int(got["correct"].sum()) if len(got) else 0
-        low, high = interval(correct, n)
+
+    def row(c: Condition, got: pd.DataFrame, scores: dict) -> dict:
+        n = scores["n"]
         full = total_heads if c.policy is None else len(c.policy.full)
         tokens = float(got["tokens"].mean()) if n else float("nan")
         full_set = (
@@ -219,38 +217,31 @@ def _table(
         lengths = [int(t) for t in got["tokens"]] or None
         eff = shares(full_set, layers, heads, kv_heads, sink=sink, window=window, tokens=lengths)
         asked = units if c.asked is None else c.asked
-        rows.append(
-            {
-                "set": c.kind,
-                "keep": c.keep,
-                "full_heads": full,
-                "fraction": full / total_heads,
-                "seed": c.seed,
-                "sink": sink,
-                "window": window,
-                "accuracy": correct / n if n else float("nan"),
-                "n": n,
-                "correct": correct,
-                "ci_low": low,
-                "ci_high": high,
-                "mean_tokens": tokens,
-                "ideal_speedup": pooled_speedup(got["tokens"], full / total_heads, sink, window),
-                "cache_saved_fraction": float(got["saved"].mean()) if n else float("nan"),
-                "short_by": c.short_by,
-                "granularity": granularity,
-                "asked": asked,
-                "asked_fraction": asked / units,
-                "kv_full_heads": eff["kv_full"],
-                "kv_fraction": eff["kv_fraction"],
-                "cache_kept_fraction": eff["cache_kept_fraction"],
-                "heads": "all" if c.policy is None else label(c.policy.full),
-                "dense_prefills": float(got["dense_prefills"].mean()) if n else 0.0,
-                "prompt_covered": float((got["tokens"] <= sink + window).mean()) if n else float("nan"),
-            }
-        )
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    table["seed"] = table["seed"].astype("Int64")
-    return table
+        return {
+            "set": c.kind,
+            "keep": c.keep,
+            "full_heads": full,
+            "fraction": full / total_heads,
+            "seed": c.seed,
+            "sink": sink,
+            "window": window,
+            **scores,
+            "mean_tokens": tokens,
+            "ideal_speedup": pooled_speedup(got["tokens"], full / total_heads, sink, window),
+            "cache_saved_fraction": float(got["saved"].mean()) if n else float("nan"),
+            "short_by": c.short_by,
+            "granularity": granularity,
+            "asked": asked,
+            "asked_fraction": asked / units,
+            "kv_full_heads": eff["kv_full"],
+            "kv_fraction": eff["kv_fraction"],
+            "cache_kept_fraction": eff["cache_kept_fraction"],
+            "heads": "all" if c.policy is None else label(c.policy.full),
+            "dense_prefills": float(got["dense_prefills"].mean()) if n else 0.0,
+            "prompt_covered": float((got["tokens"] <= sink + window).mean()) if n else float("nan"),
+        }
+
+    return condition_table(records, conds, row, COLUMNS)
 
 
 @dataclass

@@ -12,7 +12,7 @@ parsers from these classes.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,13 +123,19 @@ _SEEDS, _WIDTH, _MOST = draw_options("each random / layer-matched set")
 
 
 @dataclass(frozen=True)
-class AblateConfig:
-    """The settings of `corelens ablate` (docs/usage.md#causal-ablation)."""
+class SweepConfig:
+    """The options a head-set sweep's help lists first: the model, the samples, the ranking and the run."""
 
     model: str = model_option()
     data: str = data_option(EVAL_DATA)
     heads: str = heads_option()
     out: str = out_option()
+
+
+@dataclass(frozen=True)
+class AblateConfig(SweepConfig):
+    """The settings of `corelens ablate` (docs/usage.md#causal-ablation)."""
+
     k: str = option(
         "1%,2%,5%,10%",
         help="how many heads each set holds: counts or shares of all heads, e.g. 1%%,5%% or 4,8",
@@ -179,13 +185,9 @@ class AblateConfig:
 
 
 @dataclass(frozen=True)
-class HybridConfig:
+class HybridConfig(SweepConfig):
     """The settings of `corelens hybrid` (docs/usage.md#core-guided-hybrid-attention)."""
 
-    model: str = model_option()
-    data: str = data_option(EVAL_DATA)
-    heads: str = heads_option()
-    out: str = out_option()
     keep: str = option(
         "5%,10%,20%,50%",
         help="how many heads are kept full: shares of all heads or counts, e.g. 10%% or 8",
@@ -312,6 +314,26 @@ class FrontierConfig:
             "scorer": self.scorer,
             "max_new_tokens": self.max_new_tokens,
         }
+
+
+def condition_table(records, conds: Iterable, row: Callable, columns: Sequence[str]):
+    """Return a sweep's per-condition table (ablation.csv, hybrid.csv): one row per condition of `conds`,
+    `row(c, got, scores)` of its answers `got` (its rows of `records`) and their `scores` (accuracy, n,
+    correct and the Wilson interval ci_low / ci_high), in the order of `columns`; `seed` an integer column."""
+    import pandas as pd
+
+    from corelens.experiments.evaluate import interval
+
+    rows = []
+    for c in conds:
+        got = records[records["condition"] == c.name]
+        n, correct = len(got), int(got["correct"].sum()) if len(got) else 0
+        low, high = interval(correct, n)
+        scores = {"accuracy": correct / n if n else float("nan"), "n": n, "correct": correct}
+        rows.append(row(c, got, {**scores, "ci_low": low, "ci_high": high}))
+    table = pd.DataFrame(rows, columns=columns)
+    table["seed"] = table["seed"].astype("Int64")
+    return table
 
 
 def summary_table(

@@ -6,8 +6,9 @@ constants of `corelens.metrics.kvheads` (its parser) does not import torch.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from corelens.lazy import lazy_names
 
 _EXPORTS = {
     **dict.fromkeys(("mixig", "row_entropies", "tme"), "corelens.metrics.mixing"),
@@ -56,10 +57,4 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str):
-    """Import a name's module on first use and keep the name."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'corelens.metrics' has no attribute {name!r}")
-    value = getattr(import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _EXPORTS, globals())

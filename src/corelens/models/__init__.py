@@ -6,8 +6,9 @@ hub id before the model loads) is then importable without torch.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from corelens.lazy import lazy_names
 
 _EXPORTS = {
     "decoder_attention_modules": "corelens.attention.modules",
@@ -26,10 +27,4 @@ if TYPE_CHECKING:
     from corelens.models.loaded import SUPPORTED, Loaded, load
 
 
-def __getattr__(name: str):
-    """Import a public name's module on first use and keep the name."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'corelens.models' has no attribute {name!r}")
-    value = getattr(import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _EXPORTS, globals())

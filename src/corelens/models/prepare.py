@@ -97,11 +97,8 @@ def prepare(
     occluded copy, docs/methods.md#causal-omega).
 
     Examples:
-        >>> import corelens as cl
-        >>> from corelens.organism import organism_path
-        >>> from corelens.organism.tasks import generate
-        >>> m = cl.load(organism_path(), device="cpu")
-        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
+        >>> from corelens.organism import quickstart
+        >>> m, samples = quickstart(getfixture("tmp_path"), 1)
         >>> p = prepare(m, samples[0])
         >>> p.seq_len, len(p.layout.visual), p.question_rows.tolist()  # 36 image tokens, 7 question tokens
         (50, 36, [40, 41, 42, 43, 44, 45, 46])

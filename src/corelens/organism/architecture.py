@@ -19,6 +19,16 @@ FAMILY = "qwen2_5_vl"
 MIN_PIXELS = 4 * 28 * 28
 MAX_PIXELS = 224 * 224  # larger images are scaled down to at most 64 visual tokens
 
+# Where the sizes of an `OrganismConfig` go: these reach `tiny_config` as its keywords of the same names; the
+# vision tower's are set on its `vision_config`, {attribute: OrganismConfig field}.
+TEXT_SIZES = ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vision_depth")
+VISION_SIZES = {
+    "hidden_size": "vision_hidden",
+    "num_heads": "vision_heads",
+    "intermediate_size": "vision_intermediate",
+    "window_size": "window_size",
+}
+
 
 def build_processor(min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS):
     """Return the organism's processor: Qwen2.5-VL's processor around the organism's word-level tokenizer."""
@@ -28,22 +38,10 @@ def build_processor(min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS):
 
 def build_model(cfg: OrganismConfig, processor, seed: int = 0) -> torch.nn.Module:
     """Return a randomly initialised Qwen2.5-VL of sizes `cfg`, wired to `processor`'s tokenizer."""
-    config = tiny_config(
-        FAMILY,
-        processor.tokenizer,
-        hidden=cfg.hidden,
-        layers=cfg.layers,
-        heads=cfg.heads,
-        kv_heads=cfg.kv_heads,
-        head_dim=cfg.head_dim,
-        intermediate=cfg.intermediate,
-        vision_depth=cfg.vision_depth,
-    )
+    config = tiny_config(FAMILY, processor.tokenizer, **{name: getattr(cfg, name) for name in TEXT_SIZES})
     vision = config.vision_config
-    vision.hidden_size = cfg.vision_hidden
-    vision.num_heads = cfg.vision_heads
-    vision.intermediate_size = cfg.vision_intermediate
-    vision.window_size = cfg.window_size
+    for attribute, name in VISION_SIZES.items():
+        setattr(vision, attribute, getattr(cfg, name))
     for part in (config, config.get_text_config(), vision):
         part.initializer_range = cfg.init_std
     torch.manual_seed(seed)

@@ -21,9 +21,6 @@ Examples:
     corelens.errors.OptionError: unknown policy 'nope'; known: adaptive-hybrid, graded, hybrid, knockout, mean, sap, uniform, zero
 """
 
-import importlib as _importlib
-import pkgutil as _pkgutil
-
 from corelens.policies.adaptive_hybrid import AdaptiveHybrid
 from corelens.policies.core import POLICIES, Applied, Policy, PolicyInterface, answer, context_of, register
 from corelens.policies.heads import HeadsHook, HeadsPolicy
@@ -34,10 +31,10 @@ from corelens.policies.sap_priors import PRIOR_CLASSES, Prior, build_prior, regi
 from corelens.policies.shared_prior import SharedPrior
 from corelens.policies.uniform import UniformHeads
 from corelens.policies.zero import ZeroHeads
+from corelens.registry import import_modules as _import_modules
 
 # Every module of this folder registers its policies on import: a new file needs no line here.
-for _module in _pkgutil.iter_modules(__path__):
-    _importlib.import_module(f"{__name__}.{_module.name}")
+_import_modules(__name__, __path__)
 
 __all__ = [
     "POLICIES",

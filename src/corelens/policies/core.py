@@ -14,7 +14,7 @@ import abc
 import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,7 +24,7 @@ from corelens.attention.dispatch import AttentionHook, activate
 from corelens.attention.prompt_context import AttentionContext, attention_context
 from corelens.attention.schema import upgrade_hybrid_file
 from corelens.errors import OptionError
-from corelens.registry import NamedClasses, Registry
+from corelens.registry import NamedClasses, Registry, refuse_unknown_fields
 
 if TYPE_CHECKING:
     from corelens.data.sample import Sample
@@ -165,12 +165,7 @@ class Policy(abc.ABC):
             raise OptionError(f"{where}: field 'name': unknown policy {name!r}; expected one of "
                               f"{', '.join(sorted(POLICIES))}")  # fmt: skip
         target = POLICIES[name] if cls is Policy or name != cls.name else cls
-        known = {f.name for f in fields(target) if f.init}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise OptionError(
-                f"{where}: policy {name!r}: unknown field(s) {unknown}; expected some of {sorted(known)}"
-            )
+        refuse_unknown_fields(target, data, f"{where}: policy {name!r}")
         try:
             return target(**check(target, data, where))
         except (TypeError, ValueError) as err:  # a class' own check (__post_init__) of a valid-typed field

@@ -72,10 +72,8 @@ class HybridAttention(SessionPolicy):
 
     Examples:
         >>> import corelens as cl
-        >>> from corelens.organism import organism_path
-        >>> from corelens.organism.tasks import generate
-        >>> m = cl.load(organism_path(), device="cpu")
-        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
+        >>> from corelens.organism import quickstart
+        >>> m, samples = quickstart(getfixture("tmp_path"), 1)
         >>> inputs = cl.prepare(m, samples[0]).inputs
         >>> def answer(**kw):  # two greedy tokens
         ...     out = m.model.generate(**inputs, max_new_tokens=2, do_sample=False, **kw)

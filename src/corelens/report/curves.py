@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from corelens.report.figure import plt, save_figure
+from corelens.report.figure import label_accuracy, plt, save_figure
 
 STYLE = {
     "top": ("tab:red", "o"),
@@ -77,12 +77,9 @@ def dose_response(
         right = max(right, float(x.max()))
         if y0 is not None:
             ax.plot([x0, x.iloc[0]], [y0, stats["acc"].iloc[0]], color=colour, ls=":", lw=1)
-    ax.set_xlabel("heads ablated (% of all layer x head pairs)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.02, 1.02)
+    label_accuracy(ax, "heads ablated (% of all layer x head pairs)")
     ax.set_xlim(0, 1.15 * right if right > 0 else 1)
     ax.set_title(title or "ablation dose-response")
-    ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
@@ -133,11 +130,8 @@ def accuracy_vs_kept(table: pd.DataFrame, path: str | Path, *, title: str | None
             ax.plot(x, stats["acc"], color=colour, marker=marker, label=f"{label} (95 % CI)")
             ax.fill_between(x, stats["ci_lo"], stats["ci_hi"], color=colour, alpha=0.15, lw=0)
     ax.set_xlim(0, min(100.0, 1.3 * right) if right > 0 else 100.0)  # one share: not an axis of 24-26 %
-    ax.set_xlabel("heads kept full (% of all query heads)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.02, 1.02)
+    label_accuracy(ax, "heads kept full (% of all query heads)")
     ax.set_title(title or "hybrid attention: accuracy vs heads kept full", fontsize=9)
-    ax.legend(fontsize=8, loc="best")
     return save_figure(fig, path)
 
 

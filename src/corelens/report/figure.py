@@ -16,6 +16,15 @@ __all__ = ["DPI", "plt", "save_figure"]
 DPI = 120  # every figure is written at this resolution
 
 
+def label_accuracy(ax, xlabel: str, ylabel: str = "accuracy") -> None:
+    """Label an accuracy plot: `xlabel`, the accuracy axis over [0, 1] (a margin keeps points at 0 and 1
+    whole) and the legend where it hides least."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8, loc="best")
+
+
 def save_figure(fig, path: str | Path) -> Path:
     """Lay out `fig`, write it to `path` (PNG, `DPI` dpi; folders created), close it; return the path."""
     path = Path(path)

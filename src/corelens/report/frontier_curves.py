@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from corelens.report.figure import plt, save_figure
+from corelens.report.figure import label_accuracy, plt, save_figure
 
 
 def frontier_figure(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
@@ -32,9 +32,6 @@ def frontier_figure(table: pd.DataFrame, path: str | Path, *, title: str | None 
         ax.fill_between(
             x, group["hybrid_ci_low"], group["hybrid_ci_high"], color=line.get_color(), alpha=0.15, lw=0
         )
-    ax.set_xlabel("KV cache kept (% of a full cache)")
-    ax.set_ylabel("hybrid accuracy")
-    ax.set_ylim(-0.02, 1.02)
+    label_accuracy(ax, "KV cache kept (% of a full cache)", "hybrid accuracy")
     ax.set_title(title or "accuracy against KV cache kept", fontsize=9)
-    ax.legend(fontsize=8, loc="best")
     return save_figure(fig, path)

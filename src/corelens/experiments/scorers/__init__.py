@@ -15,18 +15,15 @@ Examples:
     Retrieval(all_answers=True)
 """
 
-import importlib as _importlib
-import pkgutil as _pkgutil
-
 from corelens.experiments.scorers.base import SCORERS, SampleScorer, ScoreJob, Scorer, register, scorer_of
 from corelens.experiments.scorers.outside_window import OutsideWindow
 from corelens.experiments.scorers.ram_mass import Ram
 from corelens.experiments.scorers.retrieval import Retrieval
 from corelens.experiments.scorers.single_head import Causal
+from corelens.registry import import_modules as _import_modules
 
 # Every module of this folder registers its scorers on import: a new file needs no line here.
-for _module in _pkgutil.iter_modules(__path__):
-    _importlib.import_module(f"{__name__}.{_module.name}")
+_import_modules(__name__, __path__)
 
 __all__ = [
     "SCORERS",

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from corelens.errors import InputError, OptionError
+from corelens.errors import InputError
 from corelens.models.prepare import prepare, prompt_length
-from corelens.registry import NamedClasses, Registry
+from corelens.registry import NamedClasses, Registry, refuse_unknown_fields
 from corelens.runs.driver import Loop
 
 if TYPE_CHECKING:
@@ -130,12 +130,7 @@ class Scorer(abc.ABC):
         data = dict(data)
         name = data.pop("name", cls.name)
         target = SCORERS[name] if cls is Scorer or name != cls.name else cls
-        known = {f.name for f in fields(target) if f.init}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise OptionError(
-                f"head scorer {name!r}: unknown setting(s) {unknown}; expected some of {sorted(known)}"
-            )
+        refuse_unknown_fields(target, data, f"head scorer {name!r}", "setting")
         return target(**data)
 
 

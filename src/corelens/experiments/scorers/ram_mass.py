@@ -58,10 +58,8 @@ def measure_sample(
 
     Examples:
         >>> import corelens as cl
-        >>> from corelens.organism import organism_path
-        >>> from corelens.organism.tasks import generate
-        >>> m = cl.load(organism_path(), device="cpu")
-        >>> samples, _ = cl.read_samples(generate("image", getfixture("tmp_path"), 1, seed=1))
+        >>> from corelens.organism import quickstart
+        >>> m, samples = quickstart(getfixture("tmp_path"), 1)
         >>> r = cl.measure_sample(m, samples[0], query="answer")
         >>> r.mass.shape, r.n_omega, r.n_visual
         ((4, 8), 1, 36)

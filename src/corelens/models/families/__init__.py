@@ -7,18 +7,13 @@ the template and docs/families.md lists what a family provides.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from corelens.models.families.family import FIELDS, Family, FamilyInterface, register, video_as_given
+from corelens.registry import import_modules
 
 
 def import_all() -> list[str]:
     """Import (so register) every family package on this package's path; return their names."""
-    names = [m.name for m in pkgutil.iter_modules(__path__) if m.ispkg]  # base.py is what they share
-    for name in names:
-        importlib.import_module(f"{__name__}.{name}")
-    return names
+    return import_modules(__name__, __path__, packages_only=True)  # family.py is what they share
 
 
 import_all()
