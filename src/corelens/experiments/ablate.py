@@ -40,7 +40,6 @@ from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's re
 )
 from corelens.experiments.sweep import condition_table, run_on_path, run_sweep, summary_table
 from corelens.metrics import draws, kvheads
-from corelens.metrics.answers import interval
 from corelens.metrics.headsets import SETS, STABLE_P, HeadSet, head_sets, label, parse_k
 from corelens.models.loaded import Loaded
 from corelens.models.prepare import Prepared, prepare

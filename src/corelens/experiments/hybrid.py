@@ -39,7 +39,6 @@ from corelens.errors import warn as default_warn
 from corelens.experiments.policy_sweep import RECORD, Plan, Preset, given_policy, parameters, sweep_policies
 from corelens.experiments.sweep import condition_table, run_on_path, run_sweep
 from corelens.metrics import draws
-from corelens.metrics.answers import interval
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
 from corelens.metrics.kvheads import expand, granularity_of, shares
 from corelens.metrics.uncertainty import RESAMPLED

@@ -322,7 +322,7 @@ def condition_table(records, conds: Iterable, row: Callable, columns: Sequence[s
     correct and the Wilson interval ci_low / ci_high), in the order of `columns`; `seed` an integer column."""
     import pandas as pd
 
-    from corelens.experiments.evaluate import interval
+    from corelens.metrics.answers import interval
 
     rows = []
     for c in conds:
