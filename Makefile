@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.corelens-installed
 # Modules whose `Examples:` docstrings run as doctests in `make test`.
-DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiments/ablate.py src/corelens/data/paths.py src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/attention/schema.py src/corelens/experiments/rank.py src/corelens/experiments/scorers \
+DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiments/ablate.py src/corelens/data/paths.py src/corelens/data/jsonfile.py src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/attention/schema.py src/corelens/experiments/rank.py src/corelens/experiments/scorers \
 	src/corelens/experiments/evaluate.py src/corelens/attention/dispatch.py src/corelens/attention/interventions.py \
 	src/corelens/attention/streaming.py src/corelens/heads/artifact.py src/corelens/metrics \
 	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py \

@@ -212,7 +212,7 @@ def test_a_headset_with_a_repeated_key_is_refused(rank_run, tmp_path, capsys):
 
 
 def test_an_oversized_json_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
-    from corelens.runs import jsonfile
+    from corelens.data import jsonfile
 
     path = tmp_path / "headset.json"
     path.write_text(json.dumps({"pad": "x" * 5000}))

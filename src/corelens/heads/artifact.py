@@ -30,11 +30,12 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from corelens.data import jsonfile
 from corelens.errors import CorelensError, warn
 from corelens.heads.card import card
 from corelens.heads.spec import FORMAT, count
 from corelens.metrics import kvheads
-from corelens.runs import files, identity, jsonfile
+from corelens.runs import files, identity
 
 FILE = "headset.json"
 TABLE = "heads.csv"
