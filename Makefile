@@ -14,7 +14,7 @@ DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiment
 	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py \
 	src/corelens/deprecation.py
 
-.PHONY: demo test check lint format bench clean venv
+.PHONY: demo test check lint format bench clean venv lock
 
 venv: $(STAMP)
 
@@ -30,6 +30,16 @@ $(STAMP): requirements.lock requirements-extras.lock pyproject.toml
 	@echo "[install 4/4] corelens itself, editable"
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
+
+# requirements.lock, generated: pyproject.toml's dependencies (with the dev and multi extras) and requirements.in,
+# resolved by uv for Linux x86_64 and Python 3.11 with every wheel's sha256. The pins already in the file are kept;
+# `make lock LOCK_FLAGS=--upgrade` moves them to the newest allowed. uv: `pip install uv` in any environment.
+UV ?= uv
+LOCK_FLAGS ?=
+lock:
+	$(UV) pip compile pyproject.toml requirements.in --extra dev --extra multi --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --generate-hashes --custom-compile-command "make lock" \
+		-o requirements.lock $(LOCK_FLAGS)
 
 demo: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/corelens demo --out runs/demo
