@@ -168,7 +168,8 @@ def weights_of_folder(folder: Path) -> dict[str, Any]:
 def weights_of_state(state: dict) -> dict[str, Any]:
     """Return the weights' metadata of a model kept in memory (no folder): its state dict's names, dtypes, shapes
     and the content fingerprint (`content_values`)."""
-    floats = {name: list(t.shape) for name, t in state.items() if t.is_floating_point()}
+    # Float tensors holding values (not on the meta device of an offloaded model) carry the fingerprint.
+    floats = {n: list(t.shape) for n, t in state.items() if t.is_floating_point() and t.device.type != "meta"}
     return {
         "tensors": {
             name: f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for name, t in sorted(state.items())
