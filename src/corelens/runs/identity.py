@@ -286,8 +286,8 @@ def judge(a: dict, b: dict) -> tuple[list[str], list[str]]:
     """Return (what makes the heads of `a` mean something else on `b`, what differs without changing that).
 
     Refused: the family, the layer / head / KV-head counts, any config field outside `BENIGN` (architecture,
-    rope), a tensor's name or shape, the weights' content (`_content`; a weight file's hash). Benign: `BENIGN` config fields and the weights'
-    dtypes (a re-save in bf16 of the same tensors). Two identities that are one model: ([], []).
+    rope), a tensor's name or shape, the weights' content (`_content`; a weight file's hash). Benign: `BENIGN`
+    config fields and the weights' dtypes (a re-save in bf16 of the same tensors). Two identities that are one model: ([], []).
 
     Examples:
         >>> a = {"digest": "1", "config": {"initializer_range": 0.02}, "tensors": {"w": "F32[2, 2]"}}
