@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.corelens-installed
 # Modules whose `Examples:` docstrings run as doctests in `make test`.
-DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiments/ablate.py src/corelens/data/paths.py src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/attention/schema.py src/corelens/experiments/rank.py src/corelens/experiments/scorers \
+DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiments/ablate.py src/corelens/data/paths.py src/corelens/data/jsonfile.py src/corelens/models/hub.py src/corelens/models/loaded.py src/corelens/attention/schema.py src/corelens/experiments/rank.py src/corelens/experiments/scorers \
 	src/corelens/experiments/evaluate.py src/corelens/attention/dispatch.py src/corelens/attention/interventions.py \
 	src/corelens/attention/streaming.py src/corelens/heads/artifact.py src/corelens/metrics \
 	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py \
@@ -14,7 +14,7 @@ DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiment
 	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py \
 	src/corelens/deprecation.py src/corelens/organism/__init__.py src/corelens/lazy.py
 
-.PHONY: demo test check lint format bench clean venv
+.PHONY: demo test check lint format bench clean venv lock
 
 venv: $(STAMP)
 
@@ -30,6 +30,16 @@ $(STAMP): requirements.lock requirements-extras.lock pyproject.toml
 	@echo "[install 4/4] corelens itself, editable"
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
+
+# requirements.lock, generated: pyproject.toml's dependencies (with the dev and multi extras) and requirements.in,
+# resolved by uv for Linux x86_64 and Python 3.11 with every wheel's sha256. The pins already in the file are kept;
+# `make lock LOCK_FLAGS=--upgrade` moves them to the newest allowed. uv: `pip install uv` in any environment.
+UV ?= uv
+LOCK_FLAGS ?=
+lock:
+	$(UV) pip compile pyproject.toml requirements.in --extra dev --extra multi --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --generate-hashes --custom-compile-command "make lock" \
+		-o requirements.lock $(LOCK_FLAGS)
 
 demo: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/corelens demo --out runs/demo

@@ -471,6 +471,7 @@ def _with(path: str, value):
         ("model.id", 5, "field 'model.id'"),
         ("model.identity", {"config": {}}, "field 'model.identity.digest': missing"),
         ("model.identity", {"digest": "ab", "tensors": {"w": 3}}, "field 'model.identity.tensors.w'"),
+        ("model.identity", {"digest": "ab", "content": {"w": ["1"]}}, "field 'model.identity.content.w[0]'"),
         ("keep", "1", "field 'keep'"),
         ("provenance", [], "field 'provenance'"),
         ("heads", {"layer": 0}, "field 'heads'"),

@@ -212,7 +212,7 @@ def test_a_headset_with_a_repeated_key_is_refused(rank_run, tmp_path, capsys):
 
 
 def test_an_oversized_json_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
-    from corelens.runs import jsonfile
+    from corelens.data import jsonfile
 
     path = tmp_path / "headset.json"
     path.write_text(json.dumps({"pad": "x" * 5000}))
@@ -420,6 +420,49 @@ def test_a_changed_rope_is_refused_unless_allowed_and_then_recorded(rank_run, ex
     assert main([*argv, "--allow-other-model"]) == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "ablate" / "manifest.json").read_text())
     assert "rope_theta" in " ".join(manifest["settings"]["model_identity_notes"])
+
+
+def test_the_same_config_with_other_weights_is_refused_unless_allowed(rank_run, exported, tmp_path, capsys):
+    """Another seed of the same config and shapes, or a small fine-tune (every weight moved by 0.1 %, far
+    less than a bf16 re-save's rounding would hide in another dtype, but the same dtype): the weights' content
+    refuses; `strict=False` uses the set with the note."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import corelens
+    from corelens.heads import HeadSet
+    from corelens.models.tiny import build_tiny_checkpoint
+
+    hs = HeadSet.load(exported)
+    seed = build_tiny_checkpoint("qwen2_5_vl", tmp_path / "seed1", words=WORDS, layers=2, heads=4, kv_heads=2,
+                                 seed=1)  # fmt: skip
+    tuned = tmp_path / "tuned"
+    shutil.copytree(rank_run["model"], tuned)
+    tensors = load_file(tuned / "model.safetensors")
+    tensors = {k: v * 1.001 if v.is_floating_point() else v for k, v in tensors.items()}
+    save_file(tensors, tuned / "model.safetensors", metadata={"format": "pt"})
+    for other in (seed, tuned):
+        assert json.loads((other / "config.json").read_text()) == json.loads(
+            (rank_run["model"] / "config.json").read_text()
+        )
+        with pytest.raises(CorelensError, match="weights' content of tensor .* differs.*--allow-other-model"):
+            hs.check(corelens.load(other, device="cpu"))
+        with pytest.raises(CorelensError, match="weights' content"):
+            hs.check(other)  # the checkpoint read without its weights: slices only
+        m = corelens.load(other, device="cpu", strict=False)
+        notes = hs.check(m)
+        assert (
+            notes
+            and "another model used (--allow-other-model)" in notes[0]
+            and "weights' content" in notes[0]
+        )
+    capsys.readouterr()
+    # The same weights in bf16 agree within its rounding: a note, never a refusal (the test above names it).
+    resaved = tmp_path / "bf16"
+    shutil.copytree(rank_run["model"], resaved)
+    corelens.load(rank_run["model"], device="cpu").model.to(torch.bfloat16).save_pretrained(resaved)
+    notes = hs.check(corelens.load(resaved, device="cpu"))
+    assert len(notes) == 1 and "tensor dtypes" in notes[0] and "content" not in notes[0], notes
 
 
 # --- 7. your own model in one call ----------------------------------------------------------------------------

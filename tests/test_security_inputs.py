@@ -461,3 +461,101 @@ def test_a_ram_parquet_of_another_schema_is_one_line_in_every_reader(tmp_path, c
     other = _rank_run(tmp_path / "other", FOREIGN)
     code = main(["stability", str(run), str(other), "--out", str(tmp_path / "st")])
     assert code == 2 and "ram.parquet" in _one_error_line(capsys)
+
+
+# --- issue 43, point 2: every dataset JSON through the bounded reader ---------------------------------------
+
+DATA = Path(__file__).parent / "data"
+
+
+def _repeated(text: str) -> str:
+    """The published record `text` with a key written twice (the last value would win silently in `json`)."""
+    return text.replace("{", '{"split": "val", "split": "test", ', 1)
+
+
+def _deep(text: str) -> str:
+    """A document nested 10 000 deep (Python's json recursion limit is about 1 000) in place of `text`."""
+    return "[" * 10_000 + "]" * 10_000
+
+
+def _annotation_file(kind: str, root: Path) -> tuple[Path, str]:
+    """Build a cheap `kind` dataset at `root`; return its annotation file and the published text it takes."""
+    from dataset_fixtures import mmlongbench, refcocog_release
+
+    if kind == "vidstg":
+        root.mkdir(parents=True)
+        (root / "sent_annos").mkdir()
+        return root / "sent_annos" / "test_annotations.json", (
+            DATA / "vidstg" / "test_annotations.json"
+        ).read_text()
+    if kind == "mmlongbench":
+        return mmlongbench(root) / "samples.json", (DATA / "mmlongbench" / "samples.json").read_text()
+    if kind == "mmdocir":
+        return mmdocir(root) / "MMDocIR_annotations.jsonl", (
+            DATA / "mmdocir" / "MMDocIR_annotations.jsonl"
+        ).read_text()
+    published = json.loads((DATA / "refcocog" / "published.json").read_text())
+    text = json.dumps(
+        {"images": [published["image"]], "annotations": [published["annotation"]], "categories": []}
+    )
+    return refcocog_release(root) / "instances.json", text
+
+
+@pytest.mark.parametrize("kind", ["vidstg", "mmlongbench", "mmdocir", "refcocog"])
+@pytest.mark.parametrize(
+    "hostile, match",
+    [
+        (_repeated, "key 'split' is repeated"),
+        (_deep, "nested more than 64 levels"),
+        (None, "more than the 4096"),
+    ],
+)
+def test_every_dataset_reader_bounds_its_json_and_refuses_a_repeated_key(
+    tmp_path, capsys, monkeypatch, kind, hostile, match
+):
+    from corelens.data import jsonfile
+
+    path, text = _annotation_file(kind, tmp_path / kind)
+    if hostile is None:  # an oversized file: the bound lowered to 4 KiB, the published records are larger
+        monkeypatch.setattr(jsonfile, "DATASET_MAX_BYTES", 4096)
+        assert len(text) > 4096 or kind == "refcocog"
+        text = text if len(text) > 4096 else text.replace("{", '{"pad": "' + "x" * 5000 + '", ', 1)
+    elif kind == "mmdocir":  # JSON Lines: the first published document made hostile, the line named
+        lines = text.splitlines()
+        text = "\n".join([hostile(lines[0]), *lines[1:]]) + "\n"
+    else:
+        text = hostile(text)
+    path.write_text(text)
+    code = main(["data", "convert", f"{kind}:{path.parent if kind != 'vidstg' else tmp_path / kind}",
+                 "--out", str(tmp_path / "out")])  # fmt: skip
+    line = _one_error_line(capsys)
+    assert code == 2 and match in line and path.name in line, line
+    if kind == "mmdocir" and hostile is not None:
+        assert f"{path.name}:1" in line
+
+
+@pytest.mark.parametrize(
+    "record, match",
+    [
+        ('{"id": "a", "id": "b", "images": ["a.png"], "question": "q"}', "key 'id' is repeated"),
+        ("[" * 10_000 + "]" * 10_000, "nested more than 64 levels"),
+        ('{"id": "a", "question": "' + "x" * 300 + '"}', "longer than 200 bytes"),
+    ],
+)
+def test_a_sample_line_is_bounded_and_refuses_a_repeated_key_naming_its_line(
+    tmp_path, monkeypatch, record, match
+):
+    from corelens.data import sample
+    from corelens.data.sample import read_samples
+
+    if "longer" in match:
+        monkeypatch.setattr(sample, "MAX_LINE_BYTES", 200)
+    path = tmp_path / "s.jsonl"
+    noise_image(8, 8, seed=0).save(tmp_path / "a.png")
+    good = '{"id": "%s", "images": ["a.png"], "question": "q"}\n'
+    path.write_text(good % "ok" + record + "\n" + good % "next")
+    with pytest.raises(InputError, match=match) as caught:
+        read_samples(path)
+    assert "s.jsonl:2" in str(caught.value) and "\n" not in str(caught.value)
+    samples, skipped = read_samples(path, skip_bad=True)  # the long line read past in pieces, never whole
+    assert [s.id for s in samples] == ["ok", "next"] and [s.line for s in skipped] == [2]

@@ -17,6 +17,7 @@ from typing import Any
 
 from PIL import Image
 
+from corelens.data import jsonfile
 from corelens.errors import InputError, OptionError
 
 Box = tuple[float, float, float, float]
@@ -33,6 +34,7 @@ _TIME_EPS = 1e-6
 # Sampling rates beyond this are not a video's: the decoder could never deliver them, and a grid that fine
 # only costs memory (docs/methods.md#resource-limits).
 MAX_FPS = 1000.0
+MAX_LINE_BYTES = 16 << 20  # one record names its images by path: kilobytes; a longer line is refused unread
 
 
 @dataclass(frozen=True)
@@ -531,6 +533,18 @@ def _decode_line(raw: bytes, line: int) -> str:
         raise _Bad(f"not valid UTF-8: {exc}", None) from None
 
 
+def _lines(handle) -> Iterable[bytes | None]:
+    """Yield the lines of the binary `handle`, None for a line over `MAX_LINE_BYTES` (read past in pieces,
+    never held whole)."""
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        if len(raw) <= MAX_LINE_BYTES:
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = handle.readline(MAX_LINE_BYTES)
+        yield None
+
+
 def _reject_constant(name: str) -> Any:
     """Refuse NaN / Infinity, which Python's json accepts but JSON does not."""
     raise ValueError(f"{name} is not valid JSON")
@@ -605,19 +619,18 @@ def read_samples(
     except OSError as exc:
         raise InputError(f"cannot open sample file: {exc}", file=source) from None
     with handle:
-        for line, raw in enumerate(handle, start=1):
+        for line, raw in enumerate(_lines(handle), start=1):
             obj: Any = None
             try:
+                if raw is None:
+                    raise _Bad(f"invalid JSON: the line is longer than {MAX_LINE_BYTES} bytes", None)
                 text = _decode_line(raw, line)
                 if not text.strip():
                     continue
-                try:
-                    obj = json.loads(text, parse_constant=_reject_constant)
+                try:  # a repeated key, a line over the size bound or nesting too deep: one line
+                    obj = jsonfile.parse(text, max_bytes=MAX_LINE_BYTES, parse_constant=_reject_constant)
                 except ValueError as exc:
                     raise _Bad(f"invalid JSON: {exc}", None) from None
-                except RecursionError:
-                    # Python's parser recurses once per nesting level; no sample is nested this deep.
-                    raise _Bad("invalid JSON: nested too deeply", None) from None
                 sample = parser.parse(obj, source, line)
             except _Bad as bad:
                 error = InputError(

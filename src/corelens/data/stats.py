@@ -9,13 +9,13 @@ are not loaded).
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from corelens.data import jsonfile
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, InputError
 
@@ -37,7 +37,7 @@ def locate(target: str | Path) -> tuple[Path, list[dict], Path]:
     if not target.exists():
         raise CorelensError(f"{target} does not exist")
     if target.is_dir() and (target / MANIFEST).is_file():
-        manifest = json.loads((target / MANIFEST).read_text())
+        manifest = jsonfile.load(target / MANIFEST, root=target)
         data = (manifest.get("settings") or {}).get("data") or manifest.get("data")
         if not data:
             raise CorelensError(f"{target / MANIFEST} names no sample file")
@@ -57,7 +57,11 @@ def locate(target: str | Path) -> tuple[Path, list[dict], Path]:
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        jsonfile.loads(line, f"{path}:{i}")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if line.strip()
+    ]
 
 
 def _dataset(sample: Sample) -> str:

@@ -30,11 +30,12 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from corelens.data import jsonfile
 from corelens.errors import CorelensError, warn
 from corelens.heads.card import card
 from corelens.heads.spec import FORMAT, count
 from corelens.metrics import kvheads
-from corelens.runs import files, identity, jsonfile
+from corelens.runs import files, identity
 
 FILE = "headset.json"
 TABLE = "heads.csv"
@@ -259,8 +260,8 @@ class HeadSet:
         `m.identity_notes`, which the run's manifest records).
 
         Compared: the identity (`corelens.runs.identity.judge`) when the set records one: the architecture,
-        rope, layer / head counts and the tensors' names and shapes refuse; a re-save in another dtype or an
-        initialisation / generation setting is a note. `strict=False` (`--allow-other-model`; by default
+        rope, layer / head counts, the tensors' names and shapes and the weights' content refuse; a re-save in
+        another dtype or an initialisation / generation setting is a note. `strict=False` (`--allow-other-model`; by default
         `m.strict_identity`, else True) turns a refusal into a warning and a note. An imported set (DuoAttention,
         SparseMM) is compared on the shape it records; a set written before identities on its shape, its old
         config hash checked only where it can be (same folder), else accepted with a note.

@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from corelens.data import jsonfile
 from corelens.errors import CorelensError, InputError
 from corelens.heads.artifact import HeadSet, count
-from corelens.runs import jsonfile
 from corelens.runs.files import folder, write_text, writer
 
 DUO_TSV = "full_attention_heads.tsv"

@@ -58,6 +58,9 @@ class Identity(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict, description="config field -> value or its digest")
     tensors: dict[str, str] | None = Field(None, description="tensor name -> DTYPE[shape]")
     files: dict[str, str] | None = Field(None, description="weight file -> 'size sha256'")
+    content: dict[str, list[Annotated[float, Field(strict=True)]]] | None = Field(
+        None, description="tensor name -> the fp32 values of its content fingerprint"
+    )
 
 
 class ModelRecord(BaseModel):

@@ -173,15 +173,15 @@ class Policy(abc.ABC):
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str = "policy") -> Policy:
-        """Return the policy of a `to_json` string (repeated keys, size and depth bounded: `runs.jsonfile`)."""
-        from corelens.runs.jsonfile import loads
+        """Return the policy of a `to_json` string (repeated keys, size and depth bounded: `data.jsonfile`)."""
+        from corelens.data.jsonfile import loads
 
         return cls.from_dict(loads(text, where), where)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Policy:
         """Return the policy of a JSON file; anything wrong with it is one line naming the file and field."""
-        from corelens.runs.jsonfile import load
+        from corelens.data.jsonfile import load
 
         return cls.from_dict(load(path), str(path))
 

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
+from corelens.data import jsonfile
 from corelens.metrics.ram import read_ram
 from corelens.report.summary import read_heads
-from corelens.runs import jsonfile
 from corelens.runs.files import write_text, writer
 from corelens.runs.outputs import RANK
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 from markupsafe import Markup
 
+from corelens.data import jsonfile
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
 from corelens.report import explorer
@@ -39,7 +40,6 @@ from corelens.report.summary import (
     shown_setting,
     summary_section,
 )
-from corelens.runs import jsonfile
 from corelens.runs.files import refuse_links_out
 from corelens.runs.outputs import FIGURES, MANIFEST, RANK, STABILITY
 from corelens.runs.rundir import read_manifest

@@ -29,9 +29,9 @@ from pathlib import Path
 import pandas as pd
 from markupsafe import Markup
 
+from corelens.data import jsonfile
 from corelens.errors import CorelensError
 from corelens.metrics.topology import sparsity
-from corelens.runs import jsonfile
 from corelens.runs.outputs import ABLATE, FLOW, FRONTIER, HYBRID, IMPORTANCE, OUTPUTS, RANK, SAP, STABILITY
 
 TOP = 3

@@ -11,6 +11,12 @@ The identity never holds a path. It is a digest of
   model in memory with no folder (kind "object") is described by its state dict; an identity made from a config
   alone (kind "config", no weights known) is compared on the config's digest only.
 
+Beside the digest (and outside it, so identities recorded before it still match), a fingerprint of the weights'
+content: a few values (`content_values`: the first `VALUES` of the first, middle and last row of `PICKED`
+matrices spread over the sorted tensor names) read as fp32 through the safetensors slices, never a whole
+tensor. Two checkpoints of one config and one shape whose values differ (another seed, a fine-tune) are two
+models; the same values re-saved in another dtype agree within that dtype's rounding (`ROUNDING`).
+
 A hub checkpoint also records its repository id and commit: two loads of one `ORG/NAME` at one commit are the
 same model whatever cache holds it, and a local copy of it is the same model when its digest agrees.
 
@@ -39,6 +45,12 @@ VOLATILE = {"transformers_version", "dtype", "torch_dtype"}
 OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 SHORT = 64  # a config value longer than this (as JSON) is summarised by a digest
 NAMED = 6  # a refusal names at most this many differences per kind, then counts the rest
+PICKED, VALUES = 4, 8  # the content fingerprint: VALUES values of 3 rows of PICKED matrices (96 numbers)
+# Two values agree across a dtype re-save when they differ by less than bf16's rounding (8 significant bits, a
+# relative step of 2^-8; fp16 rounds finer) plus an absolute floor for values fp16 stores as subnormals.
+ROUNDING, FLOOR = 2.0**-7, 1e-6
+# safetensors' dtype names as torch's, so a folder's record and a model in memory compare.
+DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 def _digest(data: Any) -> str:
@@ -95,25 +107,74 @@ def file_digest(path: Path) -> str:
     return f"{path.stat().st_size} {digest.hexdigest()}"
 
 
+def _picked(shapes: dict[str, list[int]]) -> list[str]:
+    """Return the names of the `PICKED` tensors the content fingerprint reads: matrices (no norm or bias,
+    which start equal in every model), spread evenly over the sorted names."""
+    names = sorted(n for n, shape in shapes.items() if len(shape) >= 2 and all(shape))
+    if len(names) <= PICKED:
+        return names
+    return [names[round(i * (len(names) - 1) / (PICKED - 1))] for i in range(PICKED)]
+
+
+def _rows(shape: list[int]) -> list[tuple[slice, ...]]:
+    """Return the slices of the first, middle and last row (first index of every dimension but the first and
+    the last) of a tensor of `shape`, `VALUES` values each."""
+    rows = sorted({0, shape[0] // 2, shape[0] - 1})
+    return [(slice(r, r + 1), *[slice(0, 1)] * (len(shape) - 2), slice(0, VALUES)) for r in rows]
+
+
+def _values(tensors: list) -> list[float]:
+    return [float(v) for t in tensors for v in t.float().flatten().tolist()]
+
+
+def content_values(shapes: dict[str, list[int]], read) -> dict[str, list[float]]:
+    """Return {tensor name: its fingerprint values as fp32} for the `_picked` tensors; `read(name, index)`
+    returns the slice `index` of a tensor (a safetensors slice or a tensor in memory).
+
+    Examples:
+        >>> import torch
+        >>> state = {"a.weight": torch.arange(12.0).reshape(3, 4), "a.bias": torch.zeros(3)}
+        >>> content_values({k: list(v.shape) for k, v in state.items()}, lambda n, i: state[n][i])
+        {'a.weight': [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]}
+    """
+    return {name: _values([read(name, index) for index in _rows(shapes[name])]) for name in _picked(shapes)}
+
+
+def _folder_content(shards: list[Path], tensors: dict[str, str]) -> dict[str, list[float]]:
+    """Return the content fingerprint of a checkpoint's float tensors, each value read from its shard's slice."""
+    from safetensors import safe_open
+
+    opened = [safe_open(str(shard), framework="pt") for shard in shards]
+    where = {name: f for f in opened for name in f.keys()}  # noqa: SIM118 - safe_open has keys(), no iteration
+    floats = {n: json.loads(_shape(spec)) for n, spec in tensors.items() if _dtype(spec) in DTYPES.values()}
+    return content_values(floats, lambda name, index: where[name].get_slice(name)[index])
+
+
 def weights_of_folder(folder: Path) -> dict[str, Any]:
-    """Return the weights' metadata of a checkpoint folder: tensors from safetensors headers, else file hashes."""
+    """Return the weights' metadata of a checkpoint folder: tensors from safetensors headers (and the content
+    fingerprint, `content_values`), else file hashes."""
     shards = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
     if shards:
         # Sharded or not, a tensor's name, dtype and shape are what the model is; the shard it sits in is not.
         tensors: dict[str, str] = {}
         for shard in shards:
             tensors.update(safetensors_tensors(shard))
-        return {"tensors": dict(sorted(tensors.items()))}
+        tensors = dict(sorted(tensors.items()))
+        return {"tensors": tensors, "content": _folder_content(shards, tensors)}
     others = sorted(p for p in folder.iterdir() if p.suffix in OTHER_WEIGHTS and p.is_file())
     return {"files": {p.name: file_digest(p) for p in others}}
 
 
 def weights_of_state(state: dict) -> dict[str, Any]:
-    """Return the weights' metadata of a model kept in memory (no folder): its state dict's names, dtypes, shapes."""
+    """Return the weights' metadata of a model kept in memory (no folder): its state dict's names, dtypes, shapes
+    and the content fingerprint (`content_values`)."""
+    # Float tensors holding values (not on the meta device of an offloaded model) carry the fingerprint.
+    floats = {n: list(t.shape) for n, t in state.items() if t.is_floating_point() and t.device.type != "meta"}
     return {
         "tensors": {
             name: f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for name, t in sorted(state.items())
-        }
+        },
+        "content": content_values(floats, lambda name, index: state[name][index].detach()),
     }
 
 
@@ -130,8 +191,10 @@ def record(
     clean = clean_config(data)
     text = config.get_text_config() if hasattr(config, "get_text_config") else None
     heads = getattr(text, "num_attention_heads", None)
+    # The content fingerprint stays outside the digest: identities recorded before it keep their digest.
+    metadata = {k: v for k, v in weights.items() if k != "content"}
     return {
-        "digest": _digest({"config": clean, "weights": weights}),
+        "digest": _digest({"config": clean, "weights": metadata}),
         "config_digest": _digest(clean),
         "id": source.get("id"),
         "commit": source.get("commit"),
@@ -147,9 +210,10 @@ def record(
 
 def same(a: dict, b: dict) -> bool:
     """Return True when two identities are one model: the same digest, or one hub repository at one commit;
-    an identity made from a config alone (kind "config": no weights known) agrees on the config's digest."""
+    an identity made from a config alone (kind "config": no weights known) agrees on the config's digest. One
+    digest with another weights' content (both recorded) is two models: another seed or a fine-tune."""
     if a.get("digest") == b.get("digest"):
-        return True
+        return not (a.get("content") and b.get("content") and a["content"] != b["content"])
     if "config" in (a.get("kind"), b.get("kind")) and a.get("config_digest") is not None:
         return a.get("config_digest") == b.get("config_digest")
     return bool(a.get("id") and a.get("commit")) and (a.get("id"), a.get("commit")) == (
@@ -190,6 +254,7 @@ def differences(a: dict, b: dict) -> list[str]:
     out += _changes("config field", a.get("config") or {}, b.get("config") or {})
     if "tensors" in a and "tensors" in b:
         out += _changes("tensor", a["tensors"], b["tensors"])
+        out += _content(a, b)[0]
     elif "files" in a and "files" in b:
         out += _changes("weight file", a["files"], b["files"])
     elif set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
@@ -221,8 +286,8 @@ def judge(a: dict, b: dict) -> tuple[list[str], list[str]]:
     """Return (what makes the heads of `a` mean something else on `b`, what differs without changing that).
 
     Refused: the family, the layer / head / KV-head counts, any config field outside `BENIGN` (architecture,
-    rope), a tensor's name or shape, a weight file's content. Benign: `BENIGN` config fields and the weights'
-    dtypes (a re-save in bf16 of the same tensors). Two identities that are one model: ([], []).
+    rope), a tensor's name or shape, the weights' content (`_content`; a weight file's hash). Benign: `BENIGN`
+    config fields and the weights' dtypes (a re-save in bf16 of the same tensors). Two identities that are one model: ([], []).
 
     Examples:
         >>> a = {"digest": "1", "config": {"initializer_range": 0.02}, "tensors": {"w": "F32[2, 2]"}}
@@ -258,6 +323,7 @@ def judge(a: dict, b: dict) -> tuple[list[str], list[str]]:
                 was = sorted({ta[k][: ta[k].find("[")] for k in dtypes})
                 now = sorted({tb[k][: tb[k].find("[")] for k in dtypes})
                 notes.append(f"tensor dtypes of {len(dtypes)} tensor(s): {'/'.join(was)} -> {'/'.join(now)}")
+            serious += _content(a, b)[0]
     elif "files" in a and "files" in b:
         serious += _changes("weight file", a["files"], b["files"])
     elif set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
@@ -267,6 +333,47 @@ def judge(a: dict, b: dict) -> tuple[list[str], list[str]]:
     if not serious and not notes:
         serious.append(f"model digest {a.get('digest')} -> {b.get('digest')}")
     return serious, notes
+
+
+def _dtype(spec: str | None) -> str | None:
+    name = spec[: spec.find("[")] if spec and "[" in spec else spec
+    return DTYPES.get(name or "", name)
+
+
+def _close(x: float, y: float) -> bool:
+    return abs(x - y) <= ROUNDING * max(abs(x), abs(y)) + FLOOR
+
+
+def _content(a: dict, b: dict) -> tuple[list[str], int]:
+    """Return (the fingerprinted tensors whose values differ, how many agree only within a re-save's rounding).
+
+    A tensor of one dtype in both must hold the very values; across dtypes (a bf16 re-save) each value must
+    agree within `ROUNDING`. An identity without a fingerprint (recorded before it) is not compared.
+
+    Examples:
+        >>> a = {"tensors": {"w": "F32[2, 2]"}, "content": {"w": [0.1, 0.2]}}
+        >>> _content(a, {"tensors": {"w": "BF16[2, 2]"}, "content": {"w": [0.10009765625, 0.2001953125]}})
+        ([], 1)
+        >>> _content(a, {**a, "content": {"w": [0.1, 0.2000001]}})
+        (["weights' content of tensor w differs (another seed or a fine-tune, not a re-save)"], 0)
+    """
+    ca, cb = a.get("content") or {}, b.get("content") or {}
+    differ, rounded = [], 0
+    for name in sorted(set(ca) & set(cb)):
+        x, y = ca[name], cb[name]
+        if x == y:
+            continue
+        one_dtype = _dtype((a.get("tensors") or {}).get(name)) == _dtype((b.get("tensors") or {}).get(name))
+        if not one_dtype and len(x) == len(y) and all(map(_close, x, y)):
+            rounded += 1
+        else:
+            differ.append(name)
+    shown = [
+        f"weights' content of tensor {n} differs (another seed or a fine-tune, not a re-save)" for n in differ
+    ]
+    return shown[:NAMED] + (
+        [f"and {len(differ) - NAMED} more tensors"] if len(differ) > NAMED else []
+    ), rounded
 
 
 def _weights_kind(ident: dict) -> str:

@@ -1,93 +1,12 @@
-"""Reading JSON that corelens did not necessarily write: bounded in size and depth, a repeated key refused.
-
-Every JSON document corelens reads (a manifest, a head set, a policy file, a run's side files, a dataset's
-annotations) goes through `loads` or `load`: Python's `json` keeps the last of two equal keys silently (a head
-set or a policy would lose the first), reads a file of any size into memory and fails with a traceback on
-nesting deeper than its recursion limit. Here a repeated key, a document over `MAX_BYTES` (a dataset's
-annotations may pass a larger bound), nesting over `MAX_DEPTH` or text that is not JSON is one line naming the
-file (and, for a repeated key, the key).
+"""Bounded JSON reading for run folders: the module lives in `corelens.data.jsonfile` (the dataset readers,
+a layer below nothing that reads runs, share it); its names are served here too.
 
 Examples:
-    >>> loads('{"a": [1, {"b": 2}]}', "x.json")
-    {'a': [1, {'b': 2}]}
-    >>> loads('{"a": 1, "a": 2}', "x.json")
-    Traceback (most recent call last):
-    ...
-    corelens.errors.InputError: x.json: not valid JSON (key 'a' is repeated)
+    >>> from corelens.data import jsonfile as moved_here
+    >>> load is moved_here.load
+    True
 """
 
-from __future__ import annotations
+from corelens.data.jsonfile import DATASET_MAX_BYTES, MAX_BYTES, MAX_DEPTH, load, loads, parse
 
-import json
-import os
-from pathlib import Path
-from typing import Any
-
-from corelens.errors import InputError
-from corelens.runs.files import read_bytes, within
-
-MAX_BYTES = 64 << 20  # a manifest, head set or policy is kilobytes; 64 MiB leaves room for any model's
-MAX_DEPTH = 64  # no corelens file nests deeper than a handful of levels
-
-
-def _unique(pairs: list[tuple[str, Any]]) -> dict:
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise ValueError(f"key {key!r} is repeated")
-        seen.add(key)
-    return dict(pairs)
-
-
-def _depth(value: Any) -> int:
-    """Return how deep `value` nests (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(item, dict):
-            stack += [(v, depth + 1) for v in item.values()]
-        elif isinstance(item, list):
-            stack += [(v, depth + 1) for v in item]
-    return deepest
-
-
-def loads(
-    text: str | bytes, where: str | Path, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH
-) -> Any:
-    """Return the JSON value of `text`; refuse (one line naming `where`) a repeated key, a document over
-    `max_bytes`, nesting over `max_depth` or text that is not JSON."""
-    if len(text) > max_bytes:
-        raise InputError(
-            f"{len(text)} bytes is more than the {max_bytes} a JSON file may hold here", file=str(where)
-        )
-    try:
-        value = json.loads(text, object_pairs_hook=_unique)
-    except RecursionError:  # nesting deeper than json itself reads
-        raise InputError(f"nested more than {max_depth} levels deep", file=str(where)) from None
-    except ValueError as err:
-        raise InputError(f"not valid JSON ({err})", file=str(where)) from None
-    if _depth(value) > max_depth:
-        raise InputError(f"nested more than {max_depth} levels deep", file=str(where))
-    return value
-
-
-def load(
-    path: str | Path,
-    *,
-    root: str | Path | None = None,
-    max_bytes: int = MAX_BYTES,
-    max_depth: int = MAX_DEPTH,
-) -> Any:
-    """Return the JSON value of the file at `path` (see `loads`), never read through a link leading out of
-    `root`; its size is checked before it is read."""
-    path = within(path, root)
-    try:
-        size = os.stat(path).st_size
-    except OSError as err:
-        raise InputError(f"cannot read it ({err.strerror})", file=str(path)) from None
-    if size > max_bytes:
-        raise InputError(
-            f"{size} bytes is more than the {max_bytes} a JSON file may hold here", file=str(path)
-        )
-    return loads(read_bytes(path), path, max_bytes=max_bytes, max_depth=max_depth)
+__all__ = ["DATASET_MAX_BYTES", "MAX_BYTES", "MAX_DEPTH", "load", "loads", "parse"]

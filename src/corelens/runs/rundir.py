@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from corelens.data import jsonfile
 from corelens.errors import CorelensError, InputError, warn
-from corelens.runs import identity, jsonfile
+from corelens.runs import identity
 from corelens.runs.dist import Dist
 from corelens.runs.files import append, check_inside, read_bytes, refuse_link, write_text, writer
 from corelens.runs.lock import Lock

@@ -22,6 +22,7 @@ import os
 import pkgutil
 from pathlib import Path
 
+from corelens.data import jsonfile
 from corelens.data.paths import inside
 from corelens.data.readers.common import Converted, ReaderInterface, reader
 from corelens.errors import CorelensError, OptionError
@@ -114,7 +115,7 @@ def resolve(spec: str | Path, *, skip_bad: bool = False, **options) -> Path:
     folder = cache_root() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     done = folder / "converted.json"
     if done.is_file():
-        return Path(json.loads(done.read_text())["path"])
+        return Path(jsonfile.load(done, root=folder)["path"])
     result = convert(str(spec), folder, skip_bad=skip_bad, **options)
     record = {"path": str(result.path), "n": result.n, "skipped": len(result.skipped)}
     inside(folder, done).write_text(json.dumps(record))

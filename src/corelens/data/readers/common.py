@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from collections.abc import Callable, Iterator
@@ -10,6 +9,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corelens.data import jsonfile
 from corelens.errors import CorelensError, InputError, OptionError
 from corelens.registry import Registry
 
@@ -85,16 +85,34 @@ class Records:
 
 
 def parse_json(text: str, **where):
-    """Return the JSON value of `text`, or refuse it in one line naming `where` (file, line)."""
+    """Return the JSON value of `text` (one record of a JSON Lines file), or refuse it in one line naming
+    `where` (file, line): invalid JSON, a repeated key, nesting or size over `jsonfile`'s bounds."""
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json can read
+        return jsonfile.parse(text, max_bytes=jsonfile.DATASET_MAX_BYTES)
+    except ValueError as exc:
         raise InputError(f"invalid JSON: {exc}", **where) from None
+
+
+def read_json(path: Path):
+    """Return the JSON value of a dataset's annotation file `path`, bounded (`jsonfile.DATASET_MAX_BYTES`,
+    checked before it is read), a repeated key or deep nesting refused in one line naming the file."""
+    return jsonfile.load(path, max_bytes=jsonfile.DATASET_MAX_BYTES)
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield (line number, text) of a dataset's JSON Lines file, its size checked against
+    `jsonfile.DATASET_MAX_BYTES` before it is read (each line then goes through `parse_json`)."""
+    size, bound = path.stat().st_size, jsonfile.DATASET_MAX_BYTES
+    if size > bound:
+        raise InputError(
+            f"{size} bytes is more than the {bound} a dataset file may hold here", file=str(path)
+        )
+    yield from enumerate(path.read_text().splitlines(), start=1)
 
 
 def read_json_list(path: Path, refusal: str) -> list:
     """Return the JSON list in file `path`; invalid JSON or another value is refused (`refusal` says what)."""
-    data = parse_json(path.read_text(), file=str(path))
+    data = read_json(path)
     if not isinstance(data, list):
         raise InputError(refusal, file=str(path))
     return data

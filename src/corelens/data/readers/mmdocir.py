@@ -31,6 +31,7 @@ from corelens.data.readers.common import (
     find_one,
     number,
     parse_json,
+    read_lines,
     reader,
     run_until_limit,
     shown_pages,
@@ -158,7 +159,7 @@ def _convert(
             raise InputError(f"missing column {column!r}", file=str(pages_path), field=column)
     # Only the columns used: the published file also holds every page's OCR and VLM text.
     frame = pd.read_parquet(pages_path, columns=["doc_name", "image_binary"])
-    for line, text in enumerate(annotations.read_text().splitlines(), start=1):
+    for line, text in read_lines(annotations):
         if not text.strip():
             continue
         where = {"file": str(annotations), "line": line}

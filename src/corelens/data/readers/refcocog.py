@@ -14,12 +14,19 @@ approach of `torch.load(weights_only=True)`.
 from __future__ import annotations
 
 import io
-import json
 import pickle
 from pathlib import Path
 
 from corelens.data.paths import inside, safe_name
-from corelens.data.readers.common import Records, clip_box, find_one, number, reader, run_until_limit
+from corelens.data.readers.common import (
+    Records,
+    clip_box,
+    find_one,
+    number,
+    read_json,
+    reader,
+    run_until_limit,
+)
 from corelens.errors import InputError
 
 TEMPLATE = "{expression}"
@@ -73,12 +80,12 @@ def _original(
     refs_path = find_one(source, ["refs(umd).p", "refs(google).p", "refs.p"], "RefCOCOg refs pickle")
     inst_path = find_one(source, ["instances.json"], "RefCOCOg instances.json")
     refs = load_refs(refs_path)
+    instances = read_json(inst_path)  # bounded; a repeated key or deep nesting is one line
     try:
-        instances = json.loads(inst_path.read_text())
         boxes = {a["id"]: a["bbox"] for a in instances["annotations"]}
         files = {im["id"]: im["file_name"] for im in instances["images"]}
         sizes = {im["id"]: (im.get("width"), im.get("height")) for im in instances["images"]}
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+    except (KeyError, TypeError) as exc:
         raise InputError(f"not a COCO instances file: {exc}", file=str(inst_path)) from None
     folder = images or next(
         (

@@ -29,7 +29,7 @@ from corelens.data.readers.common import (
     Records,
     clip_box,
     number,
-    parse_json,
+    read_json,
     read_json_list,
     reader,
     run_until_limit,
@@ -105,7 +105,7 @@ def _trajectories(entry: dict, source: Path, where: dict, cache: dict) -> list:
         # Many entries share a video (one per relation instance): read its VidOR file once.
         cache[vid] = None
         for hit in sorted(source.rglob(f"{glob.escape(vid)}.json")):
-            data = parse_json(hit.read_text(), file=str(hit))
+            data = read_json(hit)
             if isinstance(data, dict) and isinstance(data.get("trajectories"), list):
                 cache[vid] = data["trajectories"]
                 break

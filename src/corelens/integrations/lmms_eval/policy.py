@@ -20,6 +20,7 @@ from typing import Any
 
 from corelens.attention.interventions import OPS
 from corelens.attention.schema import HYBRID_FORMAT, AblationFile, SapFile, validate
+from corelens.data import jsonfile
 from corelens.data.sample import Sample
 from corelens.deprecation import deprecated
 from corelens.errors import CorelensError
@@ -31,7 +32,6 @@ from corelens.models.prepare import prepare
 from corelens.policies import POLICIES, HybridAttention, MeanHeads, SharedPrior, answer
 from corelens.policies import Policy as CorePolicy
 from corelens.policies.legacy import ablation_policy
-from corelens.runs import jsonfile
 
 
 def answer_sample(m: Loaded, sample: Sample, policy: CorePolicy | None, max_new_tokens: int) -> str:
