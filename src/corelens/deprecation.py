@@ -71,6 +71,7 @@ SHIMS = {
     "corelens.report.importance": "corelens.report.ram_vs_causal",
     "corelens.report.topology": "corelens.report.run_comparison",
     "corelens.report.uncertainty": "corelens.report.curves",
+    "corelens.runs.jsonfile": "corelens.data.jsonfile",
 }
 
 

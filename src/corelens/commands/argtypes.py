@@ -186,7 +186,7 @@ def policy_of(allowed: tuple[str, ...], what: str) -> Callable[[str], str]:
     import json
 
     def check(text: str) -> str:
-        from corelens.runs import jsonfile
+        from corelens.data import jsonfile
 
         spec: Any = text.strip()
         if spec.endswith(".json") and Path(spec).is_file():

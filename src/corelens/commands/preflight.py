@@ -115,7 +115,7 @@ def check_rerun(command: str, config: object, out: str | Path | None, add_config
     """
     import dataclasses
 
-    from corelens.runs import jsonfile
+    from corelens.data import jsonfile
     from corelens.runs.fields import settings
     from corelens.runs.rundir import LOG, MANIFEST, SHARDS
 
