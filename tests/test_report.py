@@ -653,3 +653,17 @@ def test_findings_of_flow_and_sap_runs(tmp_path):
     percent = f"{100 * vanilla.accuracy:.0f} % [{100 * vanilla.ci_low:.0f}–{100 * vanilla.ci_high:.0f} %]"
     assert f"vanilla {percent}" in text
     assert '<a href="#run-flow-image">flow-image</a>' in text and "Samples per run" in text
+
+
+def test_a_resumed_run_says_so_in_the_report(study, tmp_path):
+    """Answers logged before a code change are old ones: a resumed run's section says it reused them."""
+    import shutil
+
+    from corelens.report.html import run_section
+
+    _, runs, _, _ = study
+    fresh = str(run_section(runs[0]))
+    copy = shutil.copytree(runs[0], tmp_path / runs[0].name)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "resumed": 2}))
+    assert "Resumed" not in fresh and "Resumed 2 time(s)" in str(run_section(copy))

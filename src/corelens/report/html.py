@@ -141,6 +141,12 @@ def run_section(run: Path, shared: dict | None = None) -> Markup:
     }
     meta = {k: v for k, v in meta.items() if k not in (shared or {})}
     parts = [Markup("<h2>{} <small>({})</small></h2>").format(run.name, manifest.get("command"))]
+    resumed = manifest.get("resumed")
+    if isinstance(resumed, int) and resumed > 0:  # answers logged before a code change would be old ones
+        parts.append(
+            Markup("<p class='legend-note'>Resumed {} time(s): answers logged by an earlier start, from {}, are "
+                   "reused (a new --out redoes them).</p>").format(resumed, manifest.get("started"))
+        )  # fmt: skip
     parts.append(Markup("<details><summary>manifest</summary>{}</details>").format(_definition_list(meta)))
     heads = RANK.path(run, "heads")
     if manifest.get("command") == "rank" and heads.is_file():
