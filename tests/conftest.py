@@ -18,7 +18,9 @@ from corelens.models.tiny import ALL_FAMILIES, IMAGE_FAMILIES, build_tiny_checkp
 # The families laid out by the Qwen-VL layout (grids from the processor, images and video).
 FAMILIES = tuple(name for name in ALL_FAMILIES if REGISTRY[name].layout is qwen_layout_of)
 
-torch.set_num_threads(2)
+# One thread per pytest-xdist worker (`make test` and `make check` run one worker per core: a second thread per
+# worker only competes with the other worker); two for a run without workers.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="session")

@@ -144,7 +144,7 @@ def _write(images, folder, stem: str):
     paths = []
     for i, image in enumerate(images):
         paths.append(folder / f"{stem}-{i}.png")
-        image.save(paths[-1])
+        image.save(paths[-1], compress_level=0)  # stored, not deflated: the same pixels, half the time
     return tuple(paths)
 
 

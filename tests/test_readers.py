@@ -452,6 +452,7 @@ def _subset(result, out, ids=None, n=2):
     return out, [json.loads(line) for line in keep]
 
 
+@pytest.mark.e2e  # a whole workflow: a converted dataset ranked by the `rank` command
 @pytest.mark.parametrize("dataset", ["vidstg", "mmdocir", "mmlongbench", "refcocog"])
 def test_rank_runs_end_to_end_on_each_converted_genuine_dataset(dataset, request, tiny_dir, tmp_path):
     converted = request.getfixturevalue(f"{dataset}_converted")

@@ -135,6 +135,7 @@ def test_report_opens_with_findings_and_collapses_manifests(study):
     assert text.count("version: transformers") == 1 and text.count("<summary>manifest</summary>") == 4
 
 
+@pytest.mark.e2e  # a browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_report_renders_in_headless_chromium(study, tmp_path):
     _, _, _, report = study
@@ -179,6 +180,7 @@ def _screenshot(page, name: str, tmp_path) -> np.ndarray:
     return pixels
 
 
+@pytest.mark.e2e  # a browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_head_explorer_in_headless_chromium(study, browser, tmp_path):
     _, runs, _, report = study
@@ -356,6 +358,7 @@ def _explorer_page(runs: list[Path], out: Path) -> Path:
     return out
 
 
+@pytest.mark.e2e  # a browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_explorer_tab_shows_its_task_top_head_and_a_null_head_differs_from_a_strong_one(browser, tmp_path):
     """Issue 44: a task's tab selects that task's top head (not the previous task's); on a page, a head with
@@ -384,6 +387,7 @@ def test_explorer_tab_shows_its_task_top_head_and_a_null_head_differs_from_a_str
     assert browser.errors() == []
 
 
+@pytest.mark.e2e  # a browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_report_reads_at_a_glance_in_chromium(study, browser, tmp_path):
     """At 1400 x 900: no sideways page scroll (the wide hybrid.csv scrolls in its box), the top head shown on
@@ -470,6 +474,7 @@ def test_report_reads_at_a_glance_in_chromium(study, browser, tmp_path):
     assert browser.errors() == []
 
 
+@pytest.mark.e2e  # a browser
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_report_serve_on_localhost_stops_on_ctrl_c(study, browser, tmp_path):
     _, runs, _, _ = study

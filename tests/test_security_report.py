@@ -150,6 +150,7 @@ def test_the_policy_allows_only_the_pages_own_scripts_and_data_images(hostile):
     assert page.index("Content-Security-Policy") < page.index("<style>") < page.index("<script>")
 
 
+@pytest.mark.e2e  # a browser
 @needs_chromium
 def test_no_payload_runs_and_the_explorer_works_in_chromium(hostile, browser):  # noqa: F811
     _, runs, _, report = hostile
@@ -183,6 +184,7 @@ def test_no_payload_runs_and_the_explorer_works_in_chromium(hostile, browser):  
     assert [u for u in browser.requests() if not u.startswith(("file:", "data:"))] == []
 
 
+@pytest.mark.e2e  # a browser
 @needs_chromium
 def test_the_policy_stops_markup_that_escaped_the_escaping(hostile, browser, tmp_path):  # noqa: F811
     """If a value ever reached the markup raw, the page's policy still runs none of it."""
@@ -352,6 +354,7 @@ def test_the_page_is_readable_by_others_and_scales_on_a_phone(hostile, tmp_path)
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in files[0].read_text()
 
 
+@pytest.mark.e2e  # a browser
 @needs_chromium
 def test_the_served_report_runs_no_payload_in_chromium(served, browser):  # noqa: F811
     _, port, _ = served

@@ -122,6 +122,7 @@ def test_second_writer_is_refused_naming_the_holder(setup, tmp_path, capsys):
         holder.wait()
 
 
+@pytest.mark.e2e  # two processes: a lock holder and a real `corelens rank`
 def test_concurrent_rank_process_is_refused(setup, tmp_path):
     """A real second `corelens rank` into a folder a live run holds."""
     run = _copy(setup, tmp_path, drop_last=True)
