@@ -117,7 +117,7 @@ print(json.dumps({"ids": [s.id for s in samples], "sizes": [s.image_sizes[:1] fo
     [
         ("bomb", "images[0]", ["12000x12000", "--max-pixels"]),
         ("pages", "images", ["10,000 images", "--max-pages"]),
-        ("deep", None, ["nested too deeply"]),
+        ("deep", None, ["nested more than 64 levels deep"]),
         ("fps", "video.fps", ["fps must be", "1000000000000.0"]),
     ],
 )
@@ -167,7 +167,7 @@ def test_skip_bad_skips_every_payload_and_ranks_the_rest(payloads, tmp_path):
     skipped = {r.get("sample_id") or r["id"]: r["error"] for r in records if r["status"] == "skipped"}
     assert "--max-pixels" in skipped["bomb"] and "--max-pages" in skipped["pages"]
     assert "aspect ratio" in skipped["thin"] and "video.fps" in skipped["fps"]
-    deep = [error for key, error in skipped.items() if "nested too deeply" in error]
+    deep = [error for key, error in skipped.items() if "nested more than 64 levels deep" in error]
     assert len(deep) == 1 and "all.jsonl:6" in deep[0]
     assert sorted(r["id"] for r in records if r["status"] == "ok") == ["image-00000", "image-00001"]
     # The overlays drew the two ranked samples (from a bounded preview).
