@@ -246,6 +246,11 @@ def test_cli_end_to_end_then_resume_and_report(tiny_dir, tmp_path):
     assert (
         "RAM and causal importance (knockout, exact log-p drop, 2 samples) agree with Spearman" in done.stderr
     )
+    # Before it starts, what it will run (8 heads of 2 layers x 4, attribution by default beside exact).
+    said = (
+        "importance: per sample 9 answers (the model as it is and 8 single-head ablations) and one backward"
+    )
+    assert f"{said} (attribution) x 2 samples" in done.stderr
     table = pd.read_csv(out / "importance.csv")
     records = pd.read_parquet(out / "records.parquet")
     assert len(table) == 8 and len(records) == 16 and (out / "figures" / "ram_vs_causal.png").is_file()

@@ -82,7 +82,7 @@ def test_gradient_matches_finite_differences(organism, images):
     assert first_layer_input(m, prepared).shape == embeds.shape
 
 
-def test_rank_causal_runs_without_targets(organism, images, tmp_path):
+def test_rank_causal_runs_without_targets(organism, images, tmp_path, capsys):
     path, _ = images
     stripped = tmp_path / "plain.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -91,7 +91,11 @@ def test_rank_causal_runs_without_targets(organism, images, tmp_path):
     )
     stripped.with_name("img").symlink_to(path.parent / "img")
     settings = OmegaSettings("gradient")
-    ranking = cl.rank(organism, stripped, out=tmp_path / "run", omega=settings, n_boot=20, ks=None)
+    ranking = cl.rank(
+        organism, stripped, out=tmp_path / "run", omega=settings, n_boot=20, ks=None, progress=True
+    )
+    said = "rank: --omega causal (gradient) on 4 samples: per sample its greedy answer (up to 8 tokens), then one"
+    assert said in capsys.readouterr().err  # what each sample costs, before the first starts
     assert ranking.ram["sample_id"].nunique() == 4
     assert (ranking.ram["n_omega"] > 0).all()
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())

@@ -273,6 +273,15 @@ def measure(
         length=partial(prompt_length, m),
         prepare=lambda s: (prepare(m, s), prepare(m, s, answer=s.answer)),
     )
+    if ctx.progress and ctx.main:  # minutes on a real model: say what it will run before it starts
+        each = (
+            f"{1 + len(grid)} answers (the model as it is and {len(grid)} single-head ablations)"
+            if exact
+            else "1 answer"
+        )
+        backward = " and one backward (attribution)" if gradient else ""
+        print(f"importance: per sample {each}{backward} x {len(samples)} samples; the first sample's time gives "
+              "the estimate of the rest", file=sys.stderr, flush=True)  # fmt: skip
     logged = ctx.drive(loop, samples, run, skipped)
     records = _records(logged, grid)
     logp, acc, estimate = (_matrix(records, c) for c in ("drop_logp", "drop_acc", "attribution"))

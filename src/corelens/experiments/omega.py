@@ -53,6 +53,21 @@ class OmegaSettings:
         """Return the settings as a manifest entry."""
         return asdict(self)
 
+    def cost(self) -> str:
+        """Return what estimating one sample's Omega runs, in words (the module docstring's bound).
+
+        Examples:
+            >>> OmegaSettings().cost()
+            "per sample its greedy answer (up to 8 tokens), then per picture up to 16 occluded blocks and 2 blocks' cells one by one, 8 copies per forward"
+            >>> OmegaSettings("gradient").cost()
+            'per sample its greedy answer (up to 8 tokens), then one forward and one backward'
+        """
+        head = f"per sample its greedy answer (up to {self.max_new_tokens} tokens), then "
+        if self.estimator == "gradient":
+            return head + "one forward and one backward"
+        return head + (f"per picture up to {self.grid**2} occluded blocks and {self.refine} blocks' cells one by "
+                       f"one, {self.batch} copies per forward")  # fmt: skip
+
 
 def _device_inputs(m: Loaded, inputs: dict) -> dict:
     """A batch of inputs (not one `Prepared`, whose `to` moves its own) on the model's device."""

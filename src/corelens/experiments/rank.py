@@ -11,6 +11,7 @@ ratio (the view's Ω share) and the view's token counts.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -130,6 +131,12 @@ def rank(
     check_granularity(cfg.granularity)
     samples, skipped = ctx.read(data)
     run = ctx.open("rank", score_settings(cfg.settings(m, data, ctx), scorer), device=m.device)
+    omega = cfg.omega_settings
+    if (
+        omega is not None and ctx.progress and ctx.main
+    ):  # minutes a sample: say what each costs before it starts
+        print(f"rank: --omega causal ({omega.estimator}) on {len(samples)} samples: {omega.cost()}; the first "
+              "sample's time gives the estimate of the rest", file=sys.stderr, flush=True)  # fmt: skip
     logged = scorer.score(m, samples, ScoreJob(cfg, ctx, run, skipped=skipped))
     records = [r for r in logged if r["status"] == "ok"]
     ranking, uncertainty, group = _tables(m, records, cfg)
