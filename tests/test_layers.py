@@ -39,7 +39,8 @@ LAYERS = (
     ("policies",),
     # The middle: attention (the registered attention function), models (loading registers it), report.
     # heads: the head-set artifact (records the model it came from, via models.hub).
-    # capture: hooks on a loaded model's decoder layers, read by experiments.
+    # capture: what a forward of a loaded model is read for (residual states, attention maps, causal Omega),
+    #   read by experiments; report draws it.
     # organism: a trained tiny model (architecture, training, checkpoint) and its synthetic tasks; its
     #   evaluation and card are experiments (experiments/organism_eval.py, organism_card.py).
     ("attention", "models", "report", "heads", "capture", "organism"),

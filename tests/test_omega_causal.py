@@ -9,9 +9,7 @@ import pytest
 import torch
 
 import corelens as cl
-from corelens.data.sample import read_samples
-from corelens.errors import InputError
-from corelens.experiments.omega import (
+from corelens.capture.omega import (
     OmegaSettings,
     answer_logprob,
     estimate_omega,
@@ -20,6 +18,8 @@ from corelens.experiments.omega import (
     occlusion_scores,
     own_answer,
 )
+from corelens.data.sample import read_samples
+from corelens.errors import InputError
 from corelens.models.prepare import prepare
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate

@@ -19,10 +19,10 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 import corelens as cl
+from corelens.capture.omega import OmegaSettings, estimate_omega
 from corelens.data.sample import read_samples
 from corelens.experiments.ablate import sweep
 from corelens.experiments.demo import DEMO_QUERY
-from corelens.experiments.omega import OmegaSettings, estimate_omega
 from corelens.experiments.rank import measure_sample
 from corelens.models.prepare import prepare
 from corelens.organism import organism_path

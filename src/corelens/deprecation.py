@@ -57,6 +57,7 @@ SHIMS = {
     "corelens.bench.hybrid": "corelens.bench.hybrid_kernels",
     "corelens.bench.ram": "corelens.bench.ram_probe",
     "corelens.experiments.explorer": "corelens.report.explorer",
+    "corelens.experiments.omega": "corelens.capture.omega",
     "corelens.experiments.overlay": "corelens.report.overlay",
     "corelens.metrics.importance": "corelens.metrics.causal_effects",
     "corelens.metrics.stability": "corelens.metrics.rank_agreement",

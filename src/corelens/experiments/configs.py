@@ -171,7 +171,7 @@ class RankConfig:
         """The causal-Ω estimator's settings (None: Ω from the targets)."""
         if self.omega != "causal":
             return None
-        from corelens.experiments.omega import OmegaSettings
+        from corelens.capture.omega import OmegaSettings
 
         return OmegaSettings(
             self.estimator, self.omega_grid, self.omega_refine, self.omega_ratio, self.omega_batch

@@ -6,7 +6,7 @@ are measured against the unmodified model:
 
 - the drop in the gold answer's log-probability, teacher-forced: the sample is prepared with its answer
   appended (`prepare(..., answer=...)`, as `rank --query answer` does) and log p is the sum over the answer's
-  tokens of log softmax of the logits at the position before each (fp64, as `experiments.omega.answer_logprob`);
+  tokens of log softmax of the logits at the position before each (fp64, as `capture.omega.answer_logprob`);
 - the drop in greedy accuracy (`evaluate.answer` + `evaluate.score`): 1 when the model was right and is no
   longer, -1 the other way.
 

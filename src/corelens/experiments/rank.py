@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from corelens.capture.omega import OmegaSettings
 from corelens.data.sample import Sample
 from corelens.errors import warn
 from corelens.experiments.configs import RankConfig
-from corelens.experiments.omega import OmegaSettings
 from corelens.experiments.scorers import ScoreJob, Scorer, scorer_of
 
 # RAM's per-sample measure lives with its scorer; kept importable from here, where it was.

@@ -98,7 +98,7 @@ class Scorer(abc.ABC):
         or estimated from the model with `--omega causal` (`cfg.omega_settings`)."""
         settings = job.cfg.omega_settings
         if settings is not None:
-            from corelens.experiments.omega import estimate_omega
+            from corelens.capture.omega import estimate_omega
 
             # The driver's prompt is Omega's own unless the answer was appended to it (--query answer).
             own = None if job.cfg.query == "answer" else prepared

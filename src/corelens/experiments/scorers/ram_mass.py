@@ -53,7 +53,7 @@ def measure_sample(
     """Return the RAM of every (layer, query head) for one sample, from a single probed forward.
 
     `padding` is the padding-cell rule of Omega and V (`corelens.layout.PADDING_RULES`); `omega`, if given,
-    is an estimated Omega (token positions, `corelens.experiments.omega`) used instead of the targets'.
+    is an estimated Omega (token positions, `corelens.capture.omega`) used instead of the targets'.
     `probe`: a `RamProbe(layers, heads, views=True)` built without positions, shared by a run's samples.
 
     Examples:

@@ -1,4 +1,7 @@
-"""Residual-stream capture: the input and output states of every decoder attention and FFN module, streamed.
+"""What a forward of a loaded model is read for: residual states (here), attention maps (`attention_maps`,
+below) and the annotation-free Omega (`corelens.capture.omega`).
+
+Residual-stream capture: the input and output states of every decoder attention and FFN module, streamed.
 
 Torch forward hooks on each decoder layer and on its `self_attn` (no forward is patched). For a Qwen-VL
 decoder layer (pre-norm: `h = x + self_attn(norm(x)); out = h + mlp(norm(h))`):
