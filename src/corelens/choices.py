@@ -20,6 +20,9 @@ MAX_COUNT = 100_000
 # and the knockout key sets (docs/methods.md#interventions).
 OPS = names("policy", base="HeadsPolicy")
 KEY_SETS = ("visual", "omega")
+# The fields of a head policy a sweep fills from each head set (so `--policy` leaves them out); the rest of its
+# fields are its parameters.
+HEADS_FILLED = ("heads", "label", "seed", "meta")
 # attention.priors: how SAP writes a prior into a row.
 CONVENTIONS = ("mass", "logits", "mean_logits")
 # attention.kernels: the hybrid prefill kernels, and the crossover: below this ideal speed-up

@@ -69,8 +69,13 @@ def _base(node: ast.expr) -> str:
 
 
 @functools.cache
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+@functools.cache
 def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return ast.parse(_text(path), filename=str(path))
 
 
 @functools.cache
@@ -90,7 +95,7 @@ def entries(kind: str) -> tuple[Entry, ...]:
     folder, decorators = KINDS[kind]
     found = []
     for path in sorted((PACKAGE / folder).glob("*.py")):
-        if not any(f"@{d}" in path.read_text(encoding="utf-8") for d in decorators):
+        if not any(f"@{d}" in _text(path) for d in decorators):
             continue  # parsing is the cost: a file that never writes the decorator registers nothing
         for node in ast.walk(_tree(path)):
             if not isinstance(node, (ast.ClassDef, ast.FunctionDef)):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from corelens.choices import HEADS_FILLED
 from corelens.errors import CorelensError, OptionError
 
 
@@ -174,10 +175,6 @@ def names_of(allowed: tuple[str, ...], what: str) -> Callable[[str], str]:
     return checked(check, what.replace(" ", "_"))
 
 
-# Fields a sweep fills per head set: a --policy that gives them is refused rather than silently overwritten.
-FILLED = ("heads", "label", "seed", "meta")
-
-
 def policy_of(allowed: tuple[str, ...], what: str) -> Callable[[str], str]:
     """Return an argparse `type` of --policy: a registered name, a JSON object (`{"name": ..., field: value}`,
     the policy's `to_dict` without its heads) or a .json file holding one; it returns the object as sorted
@@ -199,7 +196,7 @@ def policy_of(allowed: tuple[str, ...], what: str) -> Callable[[str], str]:
             raise OptionError('a policy is a name or a JSON object with a "name", e.g. {"name": "zero"}')
         if spec["name"] not in allowed:
             raise OptionError(f"unknown {what} {spec['name']!r}; expected one of {', '.join(allowed)}")
-        given = [f for f in FILLED if f in spec]
+        given = [f for f in HEADS_FILLED if f in spec]  # refused rather than silently overwritten
         if given:
             raise OptionError(f"field(s) {given} are filled from each head set; leave them out")
         return json.dumps(spec, sort_keys=True)

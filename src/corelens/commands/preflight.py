@@ -117,7 +117,7 @@ def check_rerun(command: str, config: object, out: str | Path | None, add_config
 
     from corelens.data import jsonfile
     from corelens.runs.fields import settings
-    from corelens.runs.rundir import LOG, MANIFEST, SHARDS
+    from corelens.runs.rundir import MANIFEST, unstarted
 
     folder = Path(out) if out is not None else None
     if folder is None or not (folder / MANIFEST).is_file():
@@ -126,8 +126,7 @@ def check_rerun(command: str, config: object, out: str | Path | None, add_config
         old = jsonfile.load(folder / MANIFEST)
     except Exception:  # a damaged manifest: the run folder's own check names it
         return
-    logs = [folder / LOG, *folder.glob(SHARDS)]
-    if not isinstance(old, dict) or not any(p.is_file() and p.stat().st_size for p in logs):
+    if not isinstance(old, dict) or unstarted(folder, old):
         return
     refuse = f"{folder} holds a {old.get('command')!r} run with other settings"
     if old.get("command") != command:

@@ -19,7 +19,7 @@ from tqdm import tqdm  # reference means
 
 from corelens.attention.interventions import HeadMeans, MeanRecorder
 from corelens.attention.prompt_context import AttentionContext, attention_context
-from corelens.choices import OPS
+from corelens.choices import HEADS_FILLED, OPS
 from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
@@ -86,7 +86,7 @@ def reference_means(
 
 
 # The fields of a head policy that each head set fills (`Condition.of`); the rest are the policy's parameters.
-FILLED = ("heads", "label", "seed", "meta")
+FILLED = HEADS_FILLED
 
 
 def template_of(

@@ -244,23 +244,35 @@ def _show(values: dict, key: str) -> str:
     return json.dumps(values[key], default=str) if key in values else "absent"
 
 
-def differences(a: dict, b: dict) -> list[str]:
-    """Return what differs between two identities: family, layers, heads, config fields, tensors, files."""
-    out = [
+def _counts(a: dict, b: dict) -> list[str]:
+    """Return the family and layer / head / KV-head counts that differ (where both identities record them)."""
+    return [
         f"{name} {a.get(name)} -> {b.get(name)}"
         for name in ("family", "layers", "heads", "kv_heads")
         if a.get(name) is not None and b.get(name) is not None and a[name] != b[name]
     ]
-    out += _changes("config field", a.get("config") or {}, b.get("config") or {})
+
+
+def _other_weights(a: dict, b: dict) -> list[str]:
+    """Return what differs in weights recorded without tensors on both sides: weight-file hashes, or the way
+    the weights were recorded (tensors on one side, files on the other)."""
+    if "files" in a and "files" in b:
+        return _changes("weight file", a["files"], b["files"])
+    if set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
+        return [
+            f"weights recorded as {a.get('kind')} {_weights_kind(a)} -> {b.get('kind')} {_weights_kind(b)}"
+        ]
+    return []
+
+
+def differences(a: dict, b: dict) -> list[str]:
+    """Return what differs between two identities: family, layers, heads, config fields, tensors, files."""
+    out = _counts(a, b) + _changes("config field", a.get("config") or {}, b.get("config") or {})
     if "tensors" in a and "tensors" in b:
         out += _changes("tensor", a["tensors"], b["tensors"])
         out += _content(a, b)[0]
-    elif "files" in a and "files" in b:
-        out += _changes("weight file", a["files"], b["files"])
-    elif set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
-        out.append(
-            f"weights recorded as {a.get('kind')} {_weights_kind(a)} -> {b.get('kind')} {_weights_kind(b)}"
-        )
+    else:
+        out += _other_weights(a, b)
     return out or [f"model digest {a.get('digest')} -> {b.get('digest')}"]
 
 
@@ -298,11 +310,7 @@ def judge(a: dict, b: dict) -> tuple[list[str], list[str]]:
     """
     if same(a, b):
         return [], []
-    serious = [
-        f"{name} {a.get(name)} -> {b.get(name)}"
-        for name in ("family", "layers", "heads", "kv_heads")
-        if a.get(name) is not None and b.get(name) is not None and a[name] != b[name]
-    ]
+    serious = _counts(a, b)
     ca, cb = a.get("config") or {}, b.get("config") or {}
     fields = sorted(k for k in set(ca) | set(cb) if ca.get(k, ...) != cb.get(k, ...))
     benign = [k for k in fields if k.rsplit(".", 1)[-1] in BENIGN]
@@ -324,12 +332,8 @@ def judge(a: dict, b: dict) -> tuple[list[str], list[str]]:
                 now = sorted({tb[k][: tb[k].find("[")] for k in dtypes})
                 notes.append(f"tensor dtypes of {len(dtypes)} tensor(s): {'/'.join(was)} -> {'/'.join(now)}")
             serious += _content(a, b)[0]
-    elif "files" in a and "files" in b:
-        serious += _changes("weight file", a["files"], b["files"])
-    elif set(a) & {"tensors", "files"} != set(b) & {"tensors", "files"}:
-        serious.append(
-            f"weights recorded as {a.get('kind')} {_weights_kind(a)} -> {b.get('kind')} {_weights_kind(b)}"
-        )
+    else:
+        serious += _other_weights(a, b)
     if not serious and not notes:
         serious.append(f"model digest {a.get('digest')} -> {b.get('digest')}")
     return serious, notes

@@ -70,6 +70,20 @@ def machine() -> dict[str, object]:
     }
 
 
+def log_files(path: Path) -> list[Path]:
+    """Return the log files of the run folder `path`: `samples.jsonl` first, then the rank shards in rank order."""
+    shards = sorted(path.glob(SHARDS), key=lambda p: int(p.name.split(".")[1].removeprefix("rank")))
+    return ([path / LOG] if (path / LOG).exists() else []) + shards
+
+
+def unstarted(path: Path, manifest: dict) -> bool:
+    """Return True for the run in folder `path` (its `manifest`) that never finished and logged no sample (in any
+    process's log): nothing to resume, so another command may start afresh there."""
+    if manifest.get("finished") is not None:
+        return False
+    return not any(read_bytes(log).strip() for log in log_files(path))
+
+
 def model_data_settings(m, data: str | Path) -> dict:
     """Return the settings every run records about its model and sample file (path, hub commit, dtype, hash).
 
@@ -219,10 +233,7 @@ class Run:
               "reused; use another --out, or delete the folder, to redo them", file=sys.stderr)  # fmt: skip
 
     def _unstarted(self, old: dict) -> bool:
-        """Return True for a run that never finished and logged no sample (in any process's log)."""
-        if old.get("finished") is not None:
-            return False
-        return not any(read_bytes(log).strip() for log in self.logs())
+        return unstarted(self.path, old)
 
     def _check(self, old: dict) -> None:
         """Refuse a run directory holding another command or other settings; where the model's files are
@@ -245,9 +256,7 @@ class Run:
 
     def logs(self) -> list[Path]:
         """Return the log files of this run: `samples.jsonl` first, then the rank shards in rank order."""
-        shards = sorted(self.path.glob(SHARDS), key=lambda p: int(p.name.split(".")[1].removeprefix("rank")))
-        main = self.path / LOG
-        return ([main] if main.exists() else []) + shards
+        return log_files(self.path)
 
     def records(self, check: Callable[[dict], None] | None = None) -> Iterator[dict]:
         """Yield the logged per-sample records of every process, each id once, in log order; `check(record)`
