@@ -1,13 +1,14 @@
 """One sweep over policies: head sets drawn from a ranking, each applied as a registered policy while answering.
 
-`corelens ablate` and `corelens hybrid` are presets of this one driver (`PolicySweep`); they differ only in
-what a head set becomes as a policy (an ablation operator; hybrid attention), the settings they add to the
-manifest, what they prepare before the loop (the mean operator's reference statistics; the prompt lengths
-that shares of S and W are taken of), the extra fields of a record, their table and their figure. The
-driver owns the rest once: the heads read and checked, the samples read (each must have an answer), the run
-opened, the sets written, the per-sample step that answers every condition from the one prepared sample
-(equal policies share one generation: `answer_each`), the `--seeds auto` rounds that draw more controls, and
-the tail (`corelens.experiments.sweep.conclude_sweep`).
+`corelens ablate` and `corelens hybrid` are one driver (`PolicySweep`) given a `Preset`: a frozen dataclass
+of a policy template, a few values (the command, its outputs, the table's size columns) and a few callables
+(the conditions a head set makes, what to prepare before the loop, what to record per answer, the tables,
+the figure); `corelens.experiments.ablate.ablate_preset` and `corelens.experiments.hybrid.hybrid_preset`
+build theirs. The driver owns the rest once: the heads read and checked, the samples read (each must have an
+answer), the run opened with the common settings and the template's parameters, the sets written, the
+per-sample step that answers every condition from the one prepared sample (conditions with one policy
+class on one head set share one generation: `answer_each`), the `--seeds auto` rounds that draw more
+controls, and the tail (`corelens.experiments.sweep.conclude_sweep`).
 """
 
 from __future__ import annotations
@@ -274,13 +275,22 @@ def _nothing_measured(prepared: Prepared, stats: dict) -> dict:
 
 @dataclass(frozen=True)
 class Preset:
-    """What one experiment makes of the policy sweep (the module docstring): a few values and callables.
+    """What one experiment makes of the policy sweep (the module docstring): values, and callables given the
+    `Plan`.
 
-    A condition (the preset's own type) has `name`, `kind`, `k`, `seed` and `heads` (the head set, None for
-    a dense baseline); `conditions(plan, ks, kinds, which, resampled)` makes them (the baseline first, then
-    one per head set of kinds `kinds` at sizes `ks`, draws `which` of the seeded ones, then one per resampled
-    ranking's set), `policy(plan, c)` is the registered policy `c` answers under (None: the model as it is);
-    conditions whose policies are of one class on one head set share one generation.
+    A condition (the preset's own type) has `name`, `kind`, `k`, `seed` and `heads` (the head set, None for a
+    dense baseline). Required: `conditions(plan, ks, kinds, which, resampled)` returns the baseline, then one
+    condition per head set of `kinds` at sizes `ks` (draws `which` of the seeded kinds), then one per
+    resampled ranking's set (later rounds of `--seeds auto` drop the baseline); `entry(plan, c)` is `c` as the
+    run's sets file lists it; `tables(plan, answers, conds)` returns the `Tables`; `figure(plan, tables,
+    paths)` draws into the outputs' figure paths. Optional: `settings(plan)`, the preset's own manifest
+    settings; `check(plan)` refuses what the resolved plan cannot run (before the run is opened);
+    `prepare(plan, run)` returns what the loop needs (`Plan.state`; `lengths`, each sample's prompt length,
+    balances the ranks) and may add manifest entries; `policy(plan, c)` is the registered policy `c` answers
+    under (default: `c.policy`; None: the model as it is); `refuse(sample, prepared)` says why a sample is
+    skipped (None: answered); `record(prepared, stats)` returns a record's fields beyond `RECORD`'s (of the
+    prepared sample and what the policy measured while answering), those named in `before` placed before
+    the prediction.
     """
 
     command: str  # the run's command and the loop's name
@@ -288,20 +298,18 @@ class Preset:
     key: str  # the size column of the table: "k" or "keep"
     size: str  # its head-count column
     template: Policy  # the policy each head set fills; the manifest's `policy` is its name and parameters
-    filled: Sequence[str]  # the template's fields a head set fills (`parameters`)
-    conditions: Callable[..., list]  # (plan, ks, kinds, which, resampled) -> [baseline, *conditions]
-    entry: Callable[[Plan, Any], dict]  # a condition as the run's sets file lists it
-    tables: Callable[[Plan, list[dict], Sequence], Tables]  # (plan, answers, conditions) -> the tables
-    figure: Callable[[Plan, Tables, dict[str, Path]], None]  # draw the figure into its paths
-    settings: Callable[[Plan], dict] = _no_settings  # the preset's own manifest settings
-    check: Callable[[Plan], None] = _nothing  # refuse what the resolved plan cannot run
-    prepare: Callable[[Plan, Run | None], dict] = _no_state  # the loop's needs (`Plan.state`), once the run
-    # is open; it may record manifest entries of its own
+    filled: Sequence[str]  # the template's fields a head set fills (`parameters` leaves them out)
+    conditions: Callable[..., list]
+    entry: Callable[[Plan, Any], dict]
+    tables: Callable[[Plan, list[dict], Sequence], Tables]
+    figure: Callable[[Plan, Tables, dict[str, Path]], None]
+    settings: Callable[[Plan], dict] = _no_settings
+    check: Callable[[Plan], None] = _nothing
+    prepare: Callable[[Plan, Run | None], dict] = _no_state
     policy: Callable[[Plan, Any], Policy | None] = _own_policy
-    refuse: Callable[[Sample, Prepared], str | None] = _nothing  # why a sample is skipped, or None
-    record: Callable[[Prepared, dict], dict] = _nothing_measured  # a record's fields beyond RECORD's, of the
-    # prepared sample and what the policy measured while answering
-    before: Sequence[str] = ()  # the fields of `record` placed before the prediction (the rest: after)
+    refuse: Callable[[Sample, Prepared], str | None] = _nothing
+    record: Callable[[Prepared, dict], dict] = _nothing_measured
+    before: Sequence[str] = ()
     warn_unidentified: bool = False  # also warn when no rank manifest says which data the heads came from
 
 
