@@ -73,18 +73,19 @@ def toy_preset(template: ZeroHeads, **more) -> Preset:
 
 
 @pytest.fixture(scope="module")
-def toy_setup(tmp_path_factory):
-    """A tiny model, its rank run's heads.csv and 3 evaluation samples."""
+def toy_setup(tiny_dir, tmp_path_factory):
+    """A tiny model (4 query heads over 2 KV heads per layer), its rank run's heads.csv, 3 samples."""
     from corelens.cli import main
-    from corelens.models.tiny import build_tiny_checkpoint
-    from corelens.organism.tasks import WORDS, generate
+    from corelens.organism.tasks import generate
 
-    root = tmp_path_factory.mktemp("toy")
-    model = build_tiny_checkpoint("qwen2_5_vl", root / "model", words=WORDS, layers=2, heads=4, kv_heads=2)
+    model, root = tiny_dir("qwen2_5_vl", kv_heads=2), tmp_path_factory.mktemp("toy")
     ident = generate("image", root / "ident", 2, seed=1)
-    assert main(["rank", "--model", str(model), "--data", str(ident), "--out", str(root / "rank"),
-                 "--overlays", "0"]) == 0  # fmt: skip
-    return model, root / "rank" / "heads.csv", generate("image", root / "eval", 3, seed=3)
+    rank = root / "rank"
+    assert (
+        main(["rank", "--model", str(model), "--data", str(ident), "--out", str(rank), "--overlays", "0"])
+        == 0
+    )
+    return model, rank / "heads.csv", generate("image", root / "eval", 3, seed=3)
 
 
 def test_a_sweep_is_a_template_and_a_few_callables(toy_setup, tmp_path, monkeypatch):
