@@ -128,7 +128,7 @@ class Condition:
     k: str
     count: int
     seed: int | None
-    policy: HeadsPolicy  # the sweep's policy on this set (op `mean`: its statistics are given at answer time)
+    policy: HeadsPolicy  # the sweep's policy on this set (op `mean`: with the prepared statistics)
     overlap: int = 0
     short_by: int = 0  # heads the set lacks to reach `count` (a layer-matched layer ran out of other heads)
 
