@@ -24,9 +24,9 @@ from corelens.data.sample import Sample, read_samples
 from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
 from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's readers, public here as before)
-    RECORD,
     Plan,
     Preset,
+    Tables,
     full_heads,
     given_policy,
     heads_settings,
@@ -34,6 +34,7 @@ from corelens.experiments.policy_sweep import (  # noqa: F401  (the ranking's re
     rank_manifest,
     ranking_data,
     read_heads,
+    records_frame,
     resampled_sets,
     same_file_warning,
     sweep_policies,
@@ -127,7 +128,7 @@ class Condition:
     k: str
     count: int
     seed: int | None
-    policy: HeadsPolicy  # the sweep's policy on this set (op `mean`: its statistics are given at answer time)
+    policy: HeadsPolicy  # the sweep's policy on this set (op `mean`: with the prepared statistics)
     overlap: int = 0
     short_by: int = 0  # heads the set lacks to reach `count` (a layer-matched layer ran out of other heads)
 
@@ -201,132 +202,141 @@ class Sweep:
     resampled: pd.DataFrame | None = None
 
 
-@dataclass
-class AblatePreset(Preset):
-    """`corelens ablate` as a policy sweep: each head set gets the policy `template` (`template_of`)."""
+def reference_path(reference: str | Path | None, plan: Plan) -> Path:
+    """Return the data of a mean ablation's reference statistics: `reference`, or else the data the rank run
+    identified the heads on."""
+    return Path(reference) if reference is not None else Path(plan.identified.get("data") or "")
 
-    template: HeadsPolicy
-    keys: str = "visual"  # recorded beside the operator, as before (the knockout's own when it is one)
-    reference: str | Path | None = None
-    ref_path: Path | None = None  # the mean statistics' reference data, resolved by `check_plan`
-    means: HeadMeans | None = None  # op mean: the reference statistics, prepared before the loop
 
-    command = "ablate"
-    outputs = ABLATE
-    key, size = "k", "k_heads"
-    columns = RECORD
-    warn_unidentified = True
+def computes_means(template: HeadsPolicy) -> bool:
+    """Return True for a mean ablation whose statistics the run computes from reference data."""
+    return isinstance(template, MeanHeads) and template.means is None
 
-    @property
-    def op(self) -> str:
-        """Return the policy's registered name (ablation.csv's and the manifest's `op`)."""
-        return self.template.name
 
-    @property
-    def computes_means(self) -> bool:
-        """Return True for a mean ablation whose statistics the run computes from reference data."""
-        return isinstance(self.template, MeanHeads) and self.template.means is None
+def check_reference(template: HeadsPolicy, reference: str | Path | None, plan: Plan) -> None:
+    """Op mean: refuse a missing reference (default: the data the rank run identified the heads on)."""
+    if not computes_means(template):
+        return
+    if reference is None and not plan.identified.get("data"):
+        raise CorelensError(f"op 'mean' needs --reference (no rank manifest next to {plan.heads})")
+    path = reference_path(reference, plan)
+    if not path.is_file():
+        raise CorelensError(f"{path}: reference data for the mean statistics not found (give --reference)")
 
-    def check_plan(self, plan: Plan) -> None:
-        """Op mean: refuse a missing reference (default: the data the rank run identified the heads on)."""
-        if not self.computes_means:
-            return
-        given = self.reference
-        self.ref_path = Path(given) if given is not None else Path(plan.identified.get("data") or "")
-        if given is None and not plan.identified.get("data"):
-            raise CorelensError(f"op 'mean' needs --reference (no rank manifest next to {plan.heads})")
-        if not self.ref_path.is_file():
-            raise CorelensError(
-                f"{self.ref_path}: reference data for the mean statistics not found (give --reference)"
-            )
 
-    def settings(self, plan: Plan) -> dict:
-        ref = self.ref_path
-        seeds = (draws.AUTO if plan.auto else list(range(plan.seeds))) if plan.seeded else []
-        return {
-            **heads_settings(plan.heads, plan.identified),
-            "k": plan.ks,
-            "op": self.op,
-            "keys": self.keys,
-            "seeds": seeds,
-            "reference": str(ref.resolve()) if ref else None,
-            "reference_sha256": file_hash(ref) if ref else None,
-            # A policy with parameters the operator's name does not say (recorded only then: runs of the
-            # stock operators resume as before); its whole data is the manifest's `policy`.
-            **({"policy": parameters(self.template, FILLED)} if self._parameters() else {}),
+def ablate_settings(template: HeadsPolicy, keys: str, reference: str | Path | None, plan: Plan) -> dict:
+    """Return the ablation's own manifest settings: the ranking, k, the operator, the draws, the reference."""
+    ref = reference_path(reference, plan) if computes_means(template) else None
+    seeds = (draws.AUTO if plan.auto else list(range(plan.seeds))) if plan.seeded else []
+    # A policy with parameters the operator's name does not say is recorded (only then: runs of the stock
+    # operators resume as before); its whole data is the manifest's `policy`.
+    plain = operator_policy(template.name, keys, ())
+    extra = parameters(template, FILLED) != parameters(plain, FILLED)
+    return {
+        **heads_settings(plan.heads, plan.identified),
+        "k": plan.ks,
+        "op": template.name,
+        "keys": keys,
+        "seeds": seeds,
+        "reference": str(ref.resolve()) if ref else None,
+        "reference_sha256": file_hash(ref) if ref else None,
+        **({"policy": parameters(template, FILLED)} if extra else {}),
+    }
+
+
+def prepare_means(template: HeadsPolicy, reference: str | Path | None, plan: Plan, run) -> dict:
+    """Op mean: the reference statistics (`means`), computed once (by rank 0 under torchrun) and kept in the
+    run; other operators need nothing."""
+    if not computes_means(template):
+        return {}
+    ref = reference_path(reference, plan)
+    stored = ABLATE.path(run.path, "means") if run else None
+    means = None
+    if stored is None or (run.dist.main and not stored.is_file()):
+        # Bad reference records are left out (listed in the metadata) rather than stopping the sweep.
+        refs, bad = read_samples(ref, skip_bad=True)
+        meta = {
+            "reference": str(ref.resolve()),
+            "reference_sha256": file_hash(ref),
+            "skipped_lines": [b.line for b in bad],
         }
-
-    def _parameters(self) -> bool:
-        """Return True when the template differs from its operator's defaults (beyond the key set)."""
-        plain = operator_policy(self.op, self.keys, ())
-        return parameters(self.template, FILLED) != parameters(plain, FILLED)
-
-    def annotate(self, plan: Plan, run) -> None:
-        """Record the policy every set gets (name and parameters) in the manifest."""
-        run.manifest["policy"] = parameters(self.template, FILLED)
-
-    def prepare(self, plan: Plan, run) -> None:
-        """Op mean: the reference statistics, computed once (by rank 0 under torchrun) and kept in the run."""
-        if not self.computes_means:
-            return
-        stored = ABLATE.path(run.path, "means") if run else None
-        if stored is None or (run.dist.main and not stored.is_file()):
-            # Bad reference records are left out (listed in the metadata) rather than stopping the sweep.
-            refs, bad = read_samples(self.ref_path, skip_bad=True)
-            meta = {
-                "reference": str(self.ref_path.resolve()),
-                "reference_sha256": file_hash(self.ref_path),
-                "skipped_lines": [b.line for b in bad],
-            }
-            self.means = reference_means(plan.m, refs, progress=plan.ctx.progress, meta=meta)
-            if stored is not None:
-                self.means.save(stored)
+        means = reference_means(plan.m, refs, progress=plan.ctx.progress, meta=meta)
         if stored is not None:
-            run.dist.barrier()  # under torchrun rank 0 records the means once; every rank reads them
-            self.means = HeadMeans.load(stored)
+            means.save(stored)
+    if stored is not None:
+        run.dist.barrier()  # under torchrun rank 0 records the means once; every rank reads them
+        means = HeadMeans.load(stored)
+    return {"means": means}
 
-    def baseline(self, plan: Plan) -> Condition:
-        return conditions((), self.template)[0]
 
-    def draw(self, plan: Plan, ks, kinds, which) -> list[Condition]:
-        sets = head_sets(
-            plan.table, ks, kinds, which, base_seed=plan.seed, random_from=plan.random_from,
-            stable_p=plan.stable_p, task=plan.task,
-        )  # fmt: skip
-        # A set of KV heads ablates every query head of each (k, overlap and short_by still count KV heads).
-        full = (replace(hs, heads=full_heads(plan.table, hs.heads, plan.m)) for hs in sets)
-        return [Condition.of(hs, self.template) for hs in full]
+def ablate_conditions(template: HeadsPolicy, plan: Plan, ks, kinds, which, resampled=()) -> list[Condition]:
+    """Return the baseline and one condition per head set drawn (kinds `kinds` at sizes `ks`, draws `which`)
+    and per resampled ranking's set, each under `template` (op mean: with the prepared statistics)."""
+    if plan.state.get("means") is not None:
+        template = replace(template, means=plan.state["means"])  # statistics in memory: not in the sets file
+    sets = head_sets(
+        plan.table, ks, kinds, which, base_seed=plan.seed, random_from=plan.random_from,
+        stable_p=plan.stable_p, task=plan.task,
+    )  # fmt: skip
+    # A set of KV heads ablates every query head of each (k, overlap and short_by still count KV heads).
+    full = [replace(hs, heads=full_heads(plan.table, hs.heads, plan.m)) for hs in sets]
+    return conditions([*full, *resampled], template)
 
-    def resampled(self, plan: Plan, hs: HeadSet) -> Condition:
-        return Condition.of(hs, self.template)
 
-    def set_entry(self, c: Condition) -> dict:
-        return c.record(self.keys)
+def refuse_without_omega(sample: Sample, prepared: Prepared) -> str | None:
+    """Knockout of Ω: return why `sample` cannot be answered (no evidence target), or None."""
+    if not sample.targets:
+        # A question kept for scoring without evidence (e.g. MMLongBench-Doc "[]"): no Ω to knock out.
+        return "no evidence target: knocking out Ω needs one"
+    prepared.layout.omega(sample.targets, sample=sample.id)  # bad targets fail here, not mid-sweep
+    return None
 
-    def refuse(self, sample: Sample, prepared: Prepared) -> str | None:
-        if not (isinstance(self.template, KnockoutHeads) and self.template.keys == "omega"):
-            return None
-        if not sample.targets:
-            # A question kept for scoring without evidence (e.g. MMLongBench-Doc "[]"): no Ω to knock out.
-            return "no evidence target: knocking out Ω needs one"
-        prepared.layout.omega(sample.targets, sample=sample.id)  # bad targets fail here, not mid-sweep
-        return None
 
-    def policy(self, c: Condition) -> HeadsPolicy:
-        return replace(c.policy, means=self.means) if self.means is not None else c.policy
+def ablate_tables(op: str, keys: str, plan: Plan, ok: list[dict], conds) -> Tables:
+    """Return the records and ablation.csv."""
+    records = records_frame(ok)
+    return Tables(records, _table(records, conds, op, keys, plan.group, plan.unit), {})
 
-    def table(self, plan: Plan, records: pd.DataFrame, conds) -> pd.DataFrame:
-        return _table(records, conds, self.op, self.keys, plan.group, plan.unit)
 
-    def figure(self, plan: Plan, table: pd.DataFrame, paths: dict[str, Path]) -> None:
-        from corelens.report.curves import dose_response
+def dose_figure(op: str, plan: Plan, tables: Tables, paths: dict[str, Path]) -> None:
+    """Draw the dose-response figure."""
+    from corelens.report.curves import dose_response
 
-        dose_response(
-            table,
-            paths["dose_response"],
-            total_heads=len(plan.table),  # the asked rows' total: query or KV heads
-            title=f"{self.op} ablation on {Path(plan.data).name}",
-        )
+    dose_response(
+        tables.table,
+        paths["dose_response"],
+        total_heads=len(plan.table),  # the asked rows' total: query or KV heads
+        title=f"{op} ablation on {Path(plan.data).name}",
+    )
+
+
+def ablate_preset(template: HeadsPolicy, keys: str = "visual", reference: str | Path | None = None) -> Preset:
+    """Return `corelens ablate` as a policy sweep: each head set gets the policy `template` (`template_of`);
+    `keys` is recorded beside the operator (the knockout's own when it is one); `reference`: op mean's data.
+
+    Examples:
+        >>> preset = ablate_preset(template_of(op="zero"))
+        >>> preset.command, preset.key, preset.size
+        ('ablate', 'k', 'k_heads')
+    """
+    omega = isinstance(template, KnockoutHeads) and template.keys == "omega"
+    return Preset(
+        "ablate",
+        ABLATE,
+        "k",
+        "k_heads",
+        template,
+        FILLED,
+        conditions=partial(ablate_conditions, template),
+        entry=lambda plan, c: c.record(keys),
+        tables=partial(ablate_tables, template.name, keys),
+        figure=partial(dose_figure, template.name),
+        settings=partial(ablate_settings, template, keys, reference),
+        check=partial(check_reference, template, reference),
+        prepare=partial(prepare_means, template, reference),
+        refuse=refuse_without_omega if omega else Preset.refuse,
+        warn_unidentified=True,
+    )
 
 
 def sweep(
@@ -370,11 +380,11 @@ def sweep(
     heads.csv's own granularity (docs/methods.md#kv-heads).
     `ctx` is the run (`RunContext`: `out`, `skip_bad`, `limit`, `limits`, `progress`, `argv`), whose fields
     may also be given as keywords.
-    The sweep is `corelens.experiments.policy_sweep`'s, with `AblatePreset`.
+    The sweep is `corelens.experiments.policy_sweep`'s, with `ablate_preset`.
     """
     template = template_of(policy, op, keys)
     swept = sweep_policies(
-        AblatePreset(template, template.keys if isinstance(template, KnockoutHeads) else keys, reference),
+        ablate_preset(template, template.keys if isinstance(template, KnockoutHeads) else keys, reference),
         m, data, heads, ks=parse_k(ks), granularity=granularity,
         warn=warn, sets=list(sets), seeds=seeds, seed=seed, random_from=random_from, stable_p=stable_p,
         control_width=control_width, max_draws=max_draws, rank_resamples=rank_resamples, resample=resample,

@@ -14,7 +14,7 @@ of the median prompt length of the data ("25%"), resolved once and recorded, so 
 can be given a window that actually drops keys (a share needs every prompt's length before the first
 answer: one length pass; token counts need none, and the median is then read off the answers). Resumable
 like every run: each (condition, sample) answer is logged before the next starts. The sweep is the one
-policy sweep (`corelens.experiments.policy_sweep`) with `HybridPreset`: each condition answers under a
+policy sweep (`corelens.experiments.policy_sweep`) with `hybrid_preset`: each condition answers under a
 registered policy, `HybridAttention` or `AdaptiveHybrid`, through `corelens.policies.answer`.
 """
 
@@ -24,7 +24,7 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -33,10 +33,18 @@ import pandas as pd
 from corelens.attention.kernels import DENSE_BELOW, pooled_speedup
 from corelens.attention.streaming import DECODES, HybridPlan
 from corelens.choices import ADAPTIVE, HYBRID_POLICIES, HYBRID_SET_KINDS
-from corelens.data.sample import Sample
 from corelens.errors import CorelensError, OptionError
 from corelens.errors import warn as default_warn
-from corelens.experiments.policy_sweep import RECORD, Plan, Preset, given_policy, parameters, sweep_policies
+from corelens.experiments.policy_sweep import (
+    RECORD,
+    Plan,
+    Preset,
+    Tables,
+    given_policy,
+    parameters,
+    records_frame,
+    sweep_policies,
+)
 from corelens.experiments.sweep import condition_table, run_on_path, run_sweep
 from corelens.metrics import draws
 from corelens.metrics.headsets import SEEDED, STABLE_P, HeadSet, k_count, label, parse_k, select
@@ -303,187 +311,171 @@ def is_share(spec: str | int) -> bool:
     return str(spec).strip().endswith("%")
 
 
-@dataclass
-class HybridPreset(Preset):
-    """`corelens hybrid` as a policy sweep: each full set kept causal, every other head streaming (S + W)."""
+def check_sets(decode: str, sets: Sequence[str]) -> None:
+    """Refuse a decode mode or head sets the hybrid sweep cannot run, before anything is read."""
+    if decode not in DECODES:
+        raise CorelensError(f"unknown decode mode {decode!r}; expected one of {DECODES}")
+    unknown = set(sets) - set(SET_KINDS)
+    if unknown:
+        raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
+    if ADAPTIVE in sets and decode != "full":
+        raise CorelensError("the adaptive set decodes with full attention: use --decode full")
 
-    sink: str | int = 128
-    window: str | int = 1024
-    template: HybridAttention = field(default_factory=HybridAttention)  # `hybrid_template`
-    sink_n: int = 0  # S and W in tokens, resolved by `prepare`
-    window_n: int = 0
-    median: float = math.nan  # the median prompt length (from the length pass, or the records' tokens)
-    lengths: dict | None = None  # each sample's prompt length, measured when S or W is a share
-    shape: tuple[int, int, int] = (0, 0, 0)  # the model's layers, query heads and KV heads
-    warning: str | None = None  # why the run changes nothing (`noop_warning`), set with the table
 
-    command = "hybrid"
-    outputs = HYBRID
+def check_granularity(plan: Plan) -> None:
+    """Refuse the adaptive set on KV heads."""
+    if ADAPTIVE in plan.sets and plan.unit == "kv":
+        raise OptionError("the adaptive set chooses query heads per prompt: use --granularity query with it")
 
-    @property
-    def decode(self) -> str:
-        return self.template.decode
 
-    @property
-    def kernel(self) -> str:
-        return self.template.kernel
+def hybrid_settings(sink: str | int, window: str | int, template: HybridAttention, plan: Plan) -> dict:
+    """Return the hybrid sweep's own manifest settings (the kernel and a derived policy only when not the
+    defaults, so that runs without them resume as before)."""
+    out = {
+        "heads": str(Path(plan.heads).resolve()),
+        "heads_sha256": file_hash(plan.heads),
+        "identified_on": plan.identified.get("data"),
+        "keeps": plan.ks,
+        "seeds": plan.seeds,
+        "sink": str(sink),
+        "window": str(window),
+        "decode": template.decode,
+    }
+    if template.kernel != "auto" or template.dense_below != DENSE_BELOW:
+        out.update(kernel=template.kernel, dense_below=template.dense_below)
+    # A policy with parameters the options above do not say (a policy derived from hybrid attention).
+    plain = HybridAttention(decode=template.decode, kernel=template.kernel, dense_below=template.dense_below)
+    if parameters(template, FILLED) != parameters(plain, FILLED):
+        out["policy"] = parameters(template, FILLED)
+    return out
 
-    @property
-    def dense_below(self) -> float | None:
-        return self.template.dense_below
 
-    key, size = "keep", "full_heads"
-    columns = [*RECORD[:3], "tokens", *RECORD[3:], "saved"]
-
-    def check(self, sets: Sequence[str]) -> None:
-        if self.decode not in DECODES:
-            raise CorelensError(f"unknown decode mode {self.decode!r}; expected one of {DECODES}")
-        unknown = set(sets) - set(SET_KINDS)
-        if unknown:
-            raise CorelensError(f"unknown head set(s) {sorted(unknown)}")
-        if ADAPTIVE in sets and self.decode != "full":
-            raise CorelensError("the adaptive set decodes with full attention: use --decode full")
-
-    def check_plan(self, plan: Plan) -> None:
-        if ADAPTIVE in plan.sets and plan.unit == "kv":
-            raise OptionError(
-                "the adaptive set chooses query heads per prompt: use --granularity query with it"
-            )
-
-    def settings(self, plan: Plan) -> dict:
-        return {
-            "heads": str(Path(plan.heads).resolve()),
-            "heads_sha256": file_hash(plan.heads),
-            "identified_on": plan.identified.get("data"),
-            "keeps": plan.ks,
-            "seeds": plan.seeds,
-            "sink": str(self.sink),
-            "window": str(self.window),
-            "decode": self.decode,
-        }
-
-    def optional(self, plan: Plan) -> dict:
-        out = {}
-        if self.kernel != "auto" or self.dense_below != DENSE_BELOW:
-            out.update(kernel=self.kernel, dense_below=self.dense_below)
-        # A policy with parameters the options above do not say (a policy derived from hybrid attention).
-        plain = HybridAttention(decode=self.decode, kernel=self.kernel, dense_below=self.dense_below)
-        if parameters(self.template, FILLED) != parameters(plain, FILLED):
-            out["policy"] = parameters(self.template, FILLED)
-        return out
-
-    def prepare(self, plan: Plan, run) -> None:
-        """Resolve S and W; a share of the median prompt needs every prompt's length before the loop (measured
-        once over all ranks, cached in the run), token counts do not (the median then comes from the records)."""
-        self.shape = (plan.m.num_layers, plan.m.num_heads, plan.m.num_kv_heads)
-        lengths = []
-        if is_share(self.sink) or is_share(self.window):
-            self.lengths = prompt_lengths(plan.samples, partial(prompt_length, plan.m), run)
-            lengths = [n for n in self.lengths.values() if n is not None]
-            self.median = float(statistics.median(lengths)) if lengths else math.nan
-        self.sink_n, self.window_n = resolve_size(self.sink, lengths), resolve_size(self.window, lengths)
-
-    def length(self, plan: Plan) -> Callable[[Sample], int] | None:
-        lengths = self.lengths
-        return None if lengths is None else lambda s: lengths[s.id] or 0
-
-    def baseline(self, plan: Plan) -> Condition:
-        return Condition(DENSE, DENSE, "100%", None, None)
-
-    def draw(self, plan: Plan, ks, kinds, which) -> list[Condition]:
-        return conditions(
-            plan.table,
-            ks,
-            kinds,
-            which,
-            plan.seed,
-            self.sink_n,
-            self.window_n,
-            plan.random_from,
-            (),
-            plan.stable_p,
-            plan.group,
-            task=plan.task,
-        )[1:]  # fmt: skip  (less the dense baseline each call starts with)
-
-    def resampled(self, plan: Plan, hs: HeadSet) -> Condition:
-        return resampled_condition(hs, plan.seed, self.sink_n, self.window_n)
-
-    def set_entry(self, c: Condition) -> dict:
-        # The registered policy's JSON: the one hybrid policy file (`Policy.from_dict` reads it).
-        policy = self.policy(c)
-        return {"name": c.name, **({"policy": policy.to_dict()} if policy else {}), "adaptive": c.adaptive}
-
-    def annotate(self, plan: Plan, run) -> None:
-        run.manifest["policy"] = parameters(self.template, FILLED)
-        run.manifest.update(sink_tokens=self.sink_n, window_tokens=self.window_n)
-        if self.lengths is not None:
-            run.manifest["median_prompt_tokens"] = self.median
+def resolve_sizes(sink: str | int, window: str | int, plan: Plan, run) -> dict:
+    """Return S and W in tokens (`sink`, `window`); a share of the median prompt needs every prompt's length
+    before the loop (`lengths`, measured once over all ranks, cached in the run) and gives the `median`;
+    token counts do not (the median then comes from the records). Recorded in the run's manifest."""
+    state: dict = {"lengths": None, "median": math.nan}
+    lengths = []
+    if is_share(sink) or is_share(window):
+        state["lengths"] = prompt_lengths(plan.samples, partial(prompt_length, plan.m), run)
+        lengths = [n for n in state["lengths"].values() if n is not None]
+        state["median"] = float(statistics.median(lengths)) if lengths else math.nan
+    state.update(sink=resolve_size(sink, lengths), window=resolve_size(window, lengths))
+    if run is not None and run.dist.main:
+        run.manifest.update(sink_tokens=state["sink"], window_tokens=state["window"])
+        if state["lengths"] is not None:
+            run.manifest["median_prompt_tokens"] = state["median"]
         run.manifest["granularity"] = {"granularity": plan.unit, "query_heads_per_kv_head": plan.group}
         run.manifest["task"] = plan.task
+    return state
 
-    def policy(self, c: Condition) -> Policy | None:
-        """Return the registered policy of `c`: hybrid attention on its full set, or (set adaptive) as many
-        full heads per layer, chosen per prompt during the prefill."""
-        if c.policy is None:
-            return None
-        if c.adaptive:
-            budget = c.policy.fraction(*self.shape[:2])
-            return AdaptiveHybrid(budget, c.policy.full, c.policy.sink, c.policy.window, kernel=self.kernel)
-        plan = c.policy
-        return replace(self.template, full=plan.full, sink=plan.sink, window=plan.window, source=plan.source)
 
-    def share(self, c: Condition):
-        return None if c.policy is None else (c.adaptive, c.policy.full)
+def hybrid_conditions(plan: Plan, ks, kinds, which, resampled=()) -> list[Condition]:
+    """Return `conditions` of the plan's head table, with S and W as resolved (`resolve_sizes`)."""
+    sink, window = plan.state["sink"], plan.state["window"]
+    return conditions(
+        plan.table, ks, kinds, which, plan.seed, sink, window, plan.random_from, resampled, plan.stable_p,
+        plan.group, task=plan.task,
+    )  # fmt: skip
 
-    def front(self, prepared: Prepared) -> dict:
-        return {"tokens": prepared.seq_len}
 
-    def measured(self, stats: dict) -> dict:
-        # The baseline answers unmodified: nothing saved, no hybrid prefill.
-        # A kernel fallback (`kernels.prefill`: the fast path failed) is recorded with the answer it produced.
-        return {
-            "saved": stats.get("saved", 0.0),
-            "prefill": dict(stats.get("prefill", {})),
-            "crossover": stats.get("crossover", "ideal"),
-            "fallbacks": list(stats.get("fallbacks", [])),
-        }
+def hybrid_policy(template: HybridAttention, plan: Plan, c: Condition) -> Policy | None:
+    """Return the registered policy of `c`: `template` on its full set, or (set adaptive) as many full heads
+    per layer, chosen per prompt during the prefill; None for the dense baseline."""
+    if c.policy is None:
+        return None
+    if c.adaptive:
+        budget = c.policy.fraction(plan.m.num_layers, plan.m.num_heads)
+        return AdaptiveHybrid(budget, c.policy.full, c.policy.sink, c.policy.window, kernel=template.kernel)
+    p = c.policy
+    return replace(template, full=p.full, sink=p.sink, window=p.window, source=p.source)
 
-    def frame(self, records: pd.DataFrame, ok) -> pd.DataFrame:
-        # The share of a record's layer prefills that the partitioned kernel's crossover ran dense (records
-        # logged before this field existed count as none).
-        records["dense_prefills"] = [_dense_share(r.get("prefill") or {}) for r in ok]
-        return records
 
-    def table(self, plan: Plan, records: pd.DataFrame, conds) -> pd.DataFrame:
-        if self.lengths is None:  # S and W in tokens: the median prompt is read off the answers
-            tokens = dict(zip(records["sample"], records["tokens"]))
-            self.median = float(statistics.median(tokens.values())) if tokens else math.nan
-        table = _table(records, conds, self.shape, self.sink_n, self.window_n, plan.unit)
-        self.warning = self.noop(records, table)
-        return table
+def hybrid_entry(template: HybridAttention, plan: Plan, c: Condition) -> dict:
+    """Return `c` as policies.json lists it: the registered policy's JSON (`Policy.from_dict` reads it)."""
+    policy = hybrid_policy(template, plan, c)
+    return {"name": c.name, **({"policy": policy.to_dict()} if policy else {}), "adaptive": c.adaptive}
 
-    def noop(self, records: pd.DataFrame, table: pd.DataFrame) -> str | None:
-        """Return the warning that this run's hybrid attention changes nothing (`noop_warning`), or None."""
-        lengths = [int(n) for n in records.drop_duplicates("sample")["tokens"]] if len(records) else []
-        full = [int(n) for n in table.loc[table["set"] != DENSE, "full_heads"]]
-        return noop_warning(lengths, self.sink_n, self.window_n, full, self.shape[0] * self.shape[1])
 
-    def manifest(self, plan: Plan, ok) -> dict:
-        totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
-        prefill = {"kernel": self.kernel, "dense_below": self.dense_below, "layer_prefills": dict(totals)}
-        # Which crossover ran dense (a measured table's path, or "ideal") and every kernel fallback's reason.
-        prefill["crossover"] = sorted({str(r.get("crossover", "ideal")) for r in ok}) or ["ideal"]
-        prefill["fallbacks"] = sorted({reason for r in ok for reason in r.get("fallbacks") or []})
-        return {"prefill": prefill, "median_prompt_tokens": self.median, "no_effect": self.warning}
+def measured(prepared: Prepared, stats: dict) -> dict:
+    """Return a record's hybrid fields: the prompt's tokens and what the policy measured while answering.
+    The baseline answers unmodified: nothing saved, no hybrid prefill. A kernel fallback (`kernels.prefill`:
+    the fast path failed) is recorded with the answer it produced."""
+    return {
+        "tokens": prepared.seq_len,
+        "saved": stats.get("saved", 0.0),
+        "prefill": dict(stats.get("prefill", {})),
+        "crossover": stats.get("crossover", "ideal"),
+        "fallbacks": list(stats.get("fallbacks", [])),
+    }
 
-    def figure(self, plan: Plan, table: pd.DataFrame, paths: dict[str, Path]) -> None:
-        from corelens.report.curves import accuracy_vs_kept
 
-        sizes = f"S={self.sink_n}, W={self.window_n}, median prompt {self.median:.0f}"
-        accuracy_vs_kept(
-            table, paths["hybrid"], title=f"hybrid attention on {Path(plan.data).name} ({sizes})"
-        )
+def hybrid_tables(template: HybridAttention, plan: Plan, ok: list[dict], conds) -> Tables:
+    """Return the records, hybrid.csv and the manifest's entries: the prefill totals, the median prompt and
+    why the run changes nothing (`noop_warning`, None when it acts)."""
+    records = records_frame(ok, [*RECORD[:3], "tokens", *RECORD[3:], "saved"])
+    # The share of a record's layer prefills that the partitioned kernel's crossover ran dense (records
+    # logged before this field existed count as none).
+    records["dense_prefills"] = [_dense_share(r.get("prefill") or {}) for r in ok]
+    median = plan.state["median"]
+    if plan.state["lengths"] is None:  # S and W in tokens: the median prompt is read off the answers
+        tokens = dict(zip(records["sample"], records["tokens"]))
+        median = float(statistics.median(tokens.values())) if tokens else math.nan
+    m, sink, window = plan.m, plan.state["sink"], plan.state["window"]
+    shape = (m.num_layers, m.num_heads, m.num_kv_heads)
+    table = _table(records, conds, shape, sink, window, plan.unit)
+    lengths = [int(n) for n in records.drop_duplicates("sample")["tokens"]] if len(records) else []
+    full = [int(n) for n in table.loc[table["set"] != DENSE, "full_heads"]]
+    warning = noop_warning(lengths, sink, window, full, m.num_layers * m.num_heads)
+    totals = sum((Counter(r.get("prefill") or {}) for r in ok), Counter())
+    prefill = {"kernel": template.kernel, "dense_below": template.dense_below, "layer_prefills": dict(totals)}
+    # Which crossover ran dense (a measured table's path, or "ideal") and every kernel fallback's reason.
+    prefill["crossover"] = sorted({str(r.get("crossover", "ideal")) for r in ok}) or ["ideal"]
+    prefill["fallbacks"] = sorted({reason for r in ok for reason in r.get("fallbacks") or []})
+    return Tables(records, table, {"prefill": prefill, "median_prompt_tokens": median, "no_effect": warning})
+
+
+def kept_figure(plan: Plan, tables: Tables, paths: dict[str, Path]) -> None:
+    """Draw accuracy against the heads kept full."""
+    from corelens.report.curves import accuracy_vs_kept
+
+    median = tables.manifest["median_prompt_tokens"]
+    sizes = f"S={plan.state['sink']}, W={plan.state['window']}, median prompt {median:.0f}"
+    accuracy_vs_kept(
+        tables.table, paths["hybrid"], title=f"hybrid attention on {Path(plan.data).name} ({sizes})"
+    )
+
+
+def hybrid_preset(
+    sink: str | int = 128, window: str | int = 1024, template: HybridAttention | None = None
+) -> Preset:
+    """Return `corelens hybrid` as a policy sweep: each full set kept causal under `template`
+    (`hybrid_template`), every other head streaming with S = `sink` and W = `window` (counts or shares).
+
+    Examples:
+        >>> preset = hybrid_preset(4, "10%")
+        >>> preset.command, preset.key, preset.size, preset.before
+        ('hybrid', 'keep', 'full_heads', ('tokens',))
+    """
+    template = HybridAttention() if template is None else template
+    return Preset(
+        "hybrid",
+        HYBRID,
+        "keep",
+        "full_heads",
+        template,
+        FILLED,
+        conditions=hybrid_conditions,
+        entry=partial(hybrid_entry, template),
+        tables=partial(hybrid_tables, template),
+        figure=kept_figure,
+        settings=partial(hybrid_settings, sink, window, template),
+        check=check_granularity,
+        prepare=partial(resolve_sizes, sink, window),
+        policy=partial(hybrid_policy, template),
+        record=measured,
+        before=("tokens",),
+    )
 
 
 def curve(
@@ -527,24 +519,25 @@ def curve(
     draws with the two-level interval.
     `ctx` is the run (`RunContext`: `out`, `skip_bad`, `limit`, `limits`, `progress`, `argv`), whose fields
     may also be given as keywords.
-    The sweep is `corelens.experiments.policy_sweep`'s, with `HybridPreset`; each sample is prepared once, and
+    The sweep is `corelens.experiments.policy_sweep`'s, with `hybrid_preset`; each sample is prepared once, and
     once more before the loop only when S or W is a share of the median prompt.
     `policy` (`hybrid_template`): hybrid attention or a registered policy derived from it, with its parameters,
     in place of `decode` / `kernel` / `dense_below`; each full set fills it.
     """
-    preset = HybridPreset(sink, window, hybrid_template(policy, decode, kernel, dense_below))
+    template = hybrid_template(policy, decode, kernel, dense_below)
+    check_sets(template.decode, sets)
     swept = sweep_policies(
-        preset, m, data, heads, ks=parse_k(keeps), granularity=granularity, warn=warn, sets=list(sets),
-        seeds=seeds, seed=seed, random_from=random_from, stable_p=stable_p, control_width=control_width,
-        max_draws=max_draws, rank_resamples=rank_resamples, resample=resample, scorer=scorer,
-        max_new_tokens=max_new_tokens, ctx=RunContext.of(ctx, **context),
+        hybrid_preset(sink, window, template), m, data, heads, ks=parse_k(keeps), granularity=granularity,
+        warn=warn, sets=list(sets), seeds=seeds, seed=seed, random_from=random_from, stable_p=stable_p,
+        control_width=control_width, max_draws=max_draws, rank_resamples=rank_resamples, resample=resample,
+        scorer=scorer, max_new_tokens=max_new_tokens, ctx=RunContext.of(ctx, **context),
     )  # fmt: skip
-    summary = swept.summary
-    if preset.warning:
-        warn(preset.warning)
+    warning, state = swept.manifest["no_effect"], swept.state
+    if warning:
+        warn(warning)
     return HybridCurve(
-        swept.table, swept.records, preset.sink_n, preset.window_n, preset.median, swept.resampled, summary,
-        preset.warning,
+        swept.table, swept.records, state["sink"], state["window"], swept.manifest["median_prompt_tokens"],
+        swept.resampled, swept.summary, warning,
     )  # fmt: skip
 
 

@@ -1,25 +1,25 @@
 """One sweep over policies: head sets drawn from a ranking, each applied as a registered policy while answering.
 
-`corelens ablate` and `corelens hybrid` are presets of this one driver (`PolicySweep`); they differ only in
-what a head set becomes as a policy (an ablation operator; hybrid attention), the settings they add to the
-manifest, what they prepare before the loop (the mean operator's reference statistics; the prompt lengths
-that shares of S and W are taken of), the extra fields of a record, their table and their figure. The
-driver owns the rest once: the heads read and checked, the samples read (each must have an answer), the run
-opened, the sets written, the per-sample step that answers every condition from the one prepared sample
-(equal policies share one generation: `answer_each`), the `--seeds auto` rounds that draw more controls, and
-the tail (`corelens.experiments.sweep.conclude_sweep`).
+`corelens ablate` and `corelens hybrid` are one driver (`PolicySweep`) given a `Preset`: a frozen dataclass
+of a policy template, a few values (the command, its outputs, the table's size columns) and a few callables
+(the conditions a head set makes, what to prepare before the loop, what to record per answer, the tables,
+the figure); `corelens.experiments.ablate.ablate_preset` and `corelens.experiments.hybrid.hybrid_preset`
+build theirs. The driver owns the rest once: the heads read and checked, the samples read (each must have an
+answer), the run opened with the common settings and the template's parameters, the sets written, the
+per-sample step that answers every condition from the one prepared sample (conditions with one policy
+class on one head set share one generation: `answer_each`), the `--seeds auto` rounds that draw more
+controls, and the tail (`corelens.experiments.sweep.conclude_sweep`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -197,7 +197,8 @@ def answer_each(
 
 @dataclass
 class Plan:
-    """What a preset reads of a sweep: its model, data, ranking and common settings, resolved once."""
+    """What a preset reads of a sweep: its model, data, ranking and common settings, resolved once; `state` is
+    what the preset's `prepare` returned (`lengths`: each sample's prompt length, when it measured them)."""
 
     m: Loaded
     data: str | Path
@@ -221,6 +222,7 @@ class Plan:
     ctx: RunContext
     samples: list[Sample] = field(default_factory=list)
     task: str = ""
+    state: dict = field(default_factory=dict)
 
     @property
     def auto(self) -> bool:
@@ -233,114 +235,96 @@ class Plan:
         return [s for s in self.sets if s in SEEDED]
 
 
-class Preset(ABC):
-    """What one experiment adds to the policy sweep (the module docstring); the defaults add nothing.
+RECORD = ["condition", "sample", "task", "prediction", "gold", "correct"]
 
-    A condition (the preset's own type) has `name`, `kind`, `k`, `seed` and `heads` (the head set, None for
-    a dense baseline); `draw`, `baseline` and `resampled` make them, `policy` and `share` answer them. A preset
-    defines the abstract methods (what makes and answers its conditions, its sets file entry and its table).
+
+def records_frame(ok: Sequence[dict], columns: Sequence[str] = RECORD) -> pd.DataFrame:
+    """Return the answers `ok` as records.parquet holds them: their `columns`, in order."""
+    return pd.DataFrame([{k: r[k] for k in columns} for r in ok], columns=list(columns))
+
+
+class Tables(NamedTuple):
+    """What a preset makes of the answers: `records` (records.parquet), the per-condition `table` and the
+    entries the tail adds to the manifest."""
+
+    records: pd.DataFrame
+    table: pd.DataFrame
+    manifest: dict
+
+
+def _nothing(*args: Any) -> None:
+    """A preset's step that does nothing (the default of `check`, `refuse`)."""
+    return None
+
+
+def _no_settings(plan: Plan) -> dict:
+    return {}
+
+
+def _no_state(plan: Plan, run: Run | None) -> dict:
+    return {}
+
+
+def _own_policy(plan: Plan, c: Any) -> Policy | None:
+    return c.policy
+
+
+def _nothing_measured(prepared: Prepared, stats: dict) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What one experiment makes of the policy sweep (the module docstring): values, and callables given the
+    `Plan`.
+
+    A condition (the preset's own type) has `name`, `kind`, `k`, `seed` and `heads` (the head set, None for a
+    dense baseline). Required: `conditions(plan, ks, kinds, which, resampled)` returns the baseline, then one
+    condition per head set of `kinds` at sizes `ks` (draws `which` of the seeded kinds), then one per
+    resampled ranking's set (later rounds of `--seeds auto` drop the baseline); `entry(plan, c)` is `c` as the
+    run's sets file lists it; `tables(plan, answers, conds)` returns the `Tables`; `figure(plan, tables,
+    paths)` draws into the outputs' figure paths. Optional: `settings(plan)`, the preset's own manifest
+    settings; `check(plan)` refuses what the resolved plan cannot run (before the run is opened);
+    `prepare(plan, run)` returns what the loop needs (`Plan.state`; `lengths`, each sample's prompt length,
+    balances the ranks) and may add manifest entries; `policy(plan, c)` is the registered policy `c` answers
+    under (default: `c.policy`; None: the model as it is); `refuse(sample, prepared)` says why a sample is
+    skipped (None: answered); `record(prepared, stats)` returns a record's fields beyond `RECORD`'s (of the
+    prepared sample and what the policy measured while answering), those named in `before` placed before
+    the prediction.
     """
 
     command: str  # the run's command and the loop's name
     outputs: Any  # corelens.runs.outputs.Outputs
     key: str  # the size column of the table: "k" or "keep"
     size: str  # its head-count column
-    columns: list[str]  # records.parquet's columns
-    warn_unidentified = False  # also warn when no rank manifest says which data the heads came from
-
-    def check(self, sets: Sequence[str]) -> None:
-        """Refuse options that cannot run together, before anything is read."""
-        return None  # an optional step: nothing by default
-
-    def check_plan(self, plan: Plan) -> None:
-        """Refuse what the resolved plan cannot run (the head table's granularity, a missing reference)."""
-        return None  # an optional step: nothing by default
-
-    def settings(self, plan: Plan) -> dict:
-        """Return the preset's own manifest settings."""
-        return {}
-
-    def optional(self, plan: Plan) -> dict:
-        """Return the settings recorded only when not their defaults (after the sweep's own)."""
-        return {}
-
-    def prepare(self, plan: Plan, run: Run | None) -> None:
-        """Prepare what the loop needs (e.g. reference statistics) once the run is open."""
-        return None  # an optional step: nothing by default
-
-    @abstractmethod
-    def baseline(self, plan: Plan):
-        """Return the condition answering without a head set."""
-
-    @abstractmethod
-    def draw(self, plan: Plan, ks: Sequence[str], kinds: Sequence[str], which) -> list:
-        """Return the conditions of sets `kinds` at sizes `ks` (draws `which` of the seeded ones)."""
-
-    @abstractmethod
-    def resampled(self, plan: Plan, hs: HeadSet):
-        """Return the condition of a resampled ranking's top-k set."""
-
-    @abstractmethod
-    def set_entry(self, c) -> dict:
-        """Return the condition as the run's sets file lists it."""
-
-    def annotate(self, plan: Plan, run: Run) -> None:
-        """Record the preset's entries in the run's manifest when the sets are written."""
-        return None  # an optional step: nothing by default
-
-    def refuse(self, sample: Sample, prepared: Prepared) -> str | None:
-        """Return why `sample` cannot be answered under the preset (it is then skipped), or None."""
-        return None
-
-    @abstractmethod
-    def policy(self, c) -> Policy | None:
-        """Return the registered policy condition `c` answers under (None: the model as it is)."""
-
-    def share(self, c) -> Hashable:
-        """Return what makes two conditions answer alike (they then share one generation)."""
-        return c.heads
-
-    def front(self, prepared: Prepared) -> dict:
-        """Return record fields placed before the prediction."""
-        return {}
-
-    def measured(self, stats: dict) -> dict:
-        """Return record fields of what the policy measured while answering."""
-        return {}
-
-    def length(self, plan: Plan) -> Callable[[Sample], int] | None:
-        """Return each sample's prompt length for balancing the ranks (None: measure it when needed)."""
-        return None
-
-    def frame(self, records: pd.DataFrame, ok: Sequence[dict]) -> pd.DataFrame:
-        """Return the records table with the preset's derived columns."""
-        return records
-
-    @abstractmethod
-    def table(self, plan: Plan, records: pd.DataFrame, conds: Sequence) -> pd.DataFrame:
-        """Return the per-condition table."""
-
-    def manifest(self, plan: Plan, ok: Sequence[dict]) -> dict:
-        """Return the manifest entries the tail records."""
-        return {}
-
-    def figure(self, plan: Plan, table: pd.DataFrame, paths: dict[str, Path]) -> None:
-        """Draw the figure into `paths`."""
-        return None  # an optional step: nothing by default
+    template: Policy  # the policy each head set fills; the manifest's `policy` is its name and parameters
+    filled: Sequence[str]  # the template's fields a head set fills (`parameters` leaves them out)
+    conditions: Callable[..., list]
+    entry: Callable[[Plan, Any], dict]
+    tables: Callable[[Plan, list[dict], Sequence], Tables]
+    figure: Callable[[Plan, Tables, dict[str, Path]], None]
+    settings: Callable[[Plan], dict] = _no_settings
+    check: Callable[[Plan], None] = _nothing
+    prepare: Callable[[Plan, Run | None], dict] = _no_state
+    policy: Callable[[Plan, Any], Policy | None] = _own_policy
+    refuse: Callable[[Sample, Prepared], str | None] = _nothing
+    record: Callable[[Prepared, dict], dict] = _nothing_measured
+    before: Sequence[str] = ()
+    warn_unidentified: bool = False  # also warn when no rank manifest says which data the heads came from
 
 
 @dataclass
 class Swept:
-    """What a sweep found: per-condition `table`, per-(set, k) `summary`, per-answer `records`, and the
-    summary over ranking resamples (None without them)."""
+    """What a sweep found: per-condition `table`, per-(set, k) `summary`, per-answer `records`, the
+    summary over ranking resamples (None without them), the manifest entries of the preset's tables and
+    what its `prepare` returned."""
 
     table: pd.DataFrame
     summary: pd.DataFrame
     records: pd.DataFrame
     resampled: pd.DataFrame | None
-
-
-RECORD = ["condition", "sample", "task", "prediction", "gold", "correct"]
+    manifest: dict = field(default_factory=dict)
+    state: dict = field(default_factory=dict)
 
 
 class PolicySweep:
@@ -407,12 +391,14 @@ class PolicySweep:
             settings["stable_p"] = plan.stable_p
         if plan.unit == "kv":
             settings["granularity"] = plan.unit
-        settings.update(preset.optional(plan))
         if plan.auto and plan.seeded:
             settings.update(control_width=plan.control_width, max_draws=plan.max_draws)
         run = plan.ctx.open(preset.command, settings, device=plan.m.device)
-        if warning and run.dist.main and warning not in run.manifest.setdefault("warnings", []):
-            run.manifest["warnings"].append(warning)
+        if run.dist.main:
+            if warning and warning not in run.manifest.setdefault("warnings", []):
+                run.manifest["warnings"].append(warning)
+            # The policy every set gets: its name and parameters (the fields a set fills left out).
+            run.manifest["policy"] = parameters(preset.template, preset.filled)
         return run
 
     def record_sets(self) -> None:
@@ -420,8 +406,7 @@ class PolicySweep:
         run = self.run_
         if run is None or not run.dist.main:
             return
-        self.preset.annotate(self.plan, run)
-        entries = [self.preset.set_entry(c) for c in self.conds]
+        entries = [self.preset.entry(self.plan, c) for c in self.conds]
         write_json(self.preset.outputs.path(run.path, "sets"), entries, root=run.path)
 
     def step(self, sample: Sample, done: set[str], prepared: Prepared) -> Iterator[dict]:
@@ -433,32 +418,33 @@ class PolicySweep:
             return
         keys = [f"{c.name}|{sample.id}" for c in self.conds]
         todo = [c for c, key in zip(self.conds, keys) if key not in done and key not in self.have]
-        pairs = ((preset.share(c), preset.policy(c)) for c in todo)
+        policies = [preset.policy(plan, c) for c in todo]
+        # One generation per policy class and head set: the conditions that differ only in name share it.
+        pairs = (((type(p), c.heads), p) for c, p in zip(todo, policies))
         got = answer_each(plan.m, prepared, sample, pairs, max_new_tokens=plan.max_new_tokens)
         for c, (prediction, stats) in zip(todo, got):
+            extra = preset.record(prepared, stats)
             yield {
                 "id": f"{c.name}|{sample.id}",
                 "status": "ok",
                 "condition": c.name,
                 "sample": sample.id,
                 "task": sample.task,
-                **preset.front(prepared),
+                **{k: extra.pop(k) for k in preset.before},
                 "prediction": prediction,
                 "gold": sample.answer,
                 "correct": score(prediction, sample.answer, sample.choices, plan.scorer),
-                **preset.measured(stats),
+                **extra,
             }
 
-    def evaluate(self, loop: Loop, skipped) -> tuple[list[dict], list[dict], pd.DataFrame, pd.DataFrame]:
-        """Drive the loop; return the records logged (all rounds), the answers, their frame and the table."""
-        plan, preset = self.plan, self.preset
+    def evaluate(self, loop: Loop, skipped) -> tuple[list[dict], list[dict], Tables]:
+        """Drive the loop; return the records logged (all rounds), the answers and the preset's tables."""
+        plan = self.plan
         got = plan.ctx.drive(loop, plan.samples, self.run_, skipped)
         self.have.update((r["id"], r) for r in got)
         logged = ordered(loop, plan.samples, self.have.values())
         ok = [r for r in logged if r.get("status") == "ok"]
-        frame = pd.DataFrame([{k: r[k] for k in preset.columns} for r in ok], columns=preset.columns)
-        records = preset.frame(frame, ok)
-        return logged, ok, records, preset.table(plan, records, self.conds)
+        return logged, ok, self.preset.tables(plan, ok, self.conds)
 
     def run(self) -> Swept:
         """Sweep: first draws, then (--seeds auto) more draws of each control still too wide; the tail."""
@@ -472,33 +458,34 @@ class PolicySweep:
                 plan.heads, plan.ks, plan.rank_resamples, plan.seed, resample=plan.resample, group=by_kv
             )
         self.run_ = run = self.open(warning)
-        preset.prepare(plan, run)
+        plan.state = preset.prepare(plan, run)
         first = draws.first_draws(plan.seeds, plan.max_draws)
-        self.conds = [
-            preset.baseline(plan),
-            *preset.draw(plan, plan.ks, plan.sets, first),
-            *(preset.resampled(plan, hs) for hs in resampled),
-        ]
+        self.conds = preset.conditions(plan, plan.ks, plan.sets, first, resampled)
         self.record_sets()
         kinds = ", ".join(dict.fromkeys(c.kind for c in self.conds[1:])) or "none"
         ks = ", ".join(dict.fromkeys(str(c.k) for c in self.conds[1:])) or "-"
         self.say(f"{preset.command}: {len(self.conds)} conditions (the model as it is; sets {kinds} at "
                  f"{preset.key} {ks}) x {len(samples)} samples")  # fmt: skip
+        lengths = plan.state.get("lengths")
         loop = Loop(
             preset.command,
             self.step,
             keys=lambda s: [f"{c.name}|{s.id}" for c in self.conds],
             skip_key=lambda s: f"skipped|{s.id}",
-            length=preset.length(plan) or partial(prompt_length, plan.m),
+            length=partial(prompt_length, plan.m) if lengths is None else lambda s: lengths[s.id] or 0,
             prepare=partial(prepare, plan.m),
         )
-        logged, ok, records, table = self.evaluate(loop, skipped)
+        logged, ok, tables = self.evaluate(loop, skipped)
         # --seeds auto: more draws, a batch at a time, for every control still wider than the target. Each
         # choice follows from the logged answers, so a resumed run draws the same sets.
         width, most = plan.control_width, plan.max_draws
-        found = draws.controls(table, preset.key, width, most, plan.auto)
+        found = draws.controls(tables.table, preset.key, width, most, plan.auto)
         while any(c.stopped == "more" for c in found):
-            batch = [b for c in found for b in preset.draw(plan, [c.k], [c.kind], draws.more(c, most))]
+            batch = [
+                b
+                for c in found
+                for b in preset.conditions(plan, [c.k], [c.kind], draws.more(c, most), ())[1:]
+            ]
             if not batch:
                 break  # nothing left to draw (cannot happen while `more` and `status` agree on the cap)
             wide = ", ".join(dict.fromkeys(f"{c.kind}/{c.k}" for c in batch))
@@ -506,9 +493,10 @@ class PolicySweep:
                      f"is not yet known within --control-width {width:g})")  # fmt: skip
             self.conds.extend(batch)
             self.record_sets()
-            logged, ok, records, table = self.evaluate(loop, skipped)
-            found = draws.controls(table, preset.key, width, most, plan.auto)
+            logged, ok, tables = self.evaluate(loop, skipped)
+            found = draws.controls(tables.table, preset.key, width, most, plan.auto)
         names = {(c.kind, c.k, c.seed): c.name for c in self.conds}
+        table, records = tables.table, tables.records
         tail = Tail(preset.outputs, table, records, names, found, plan.task, plan.seed, preset.key,
                     preset.size, width, most, plan.auto)  # fmt: skip
         over = [(c.k, c.heads) for c in self.conds if c.kind == RESAMPLED] if plan.rank_resamples else None
@@ -518,11 +506,11 @@ class PolicySweep:
             run,
             tail,
             over,
-            draw=partial(preset.figure, plan, table),
-            manifest=preset.manifest(plan, ok),
+            draw=partial(preset.figure, plan, tables),
+            manifest=tables.manifest,
             **finish,
         )
-        return Swept(table, summary, records, resampled_)
+        return Swept(table, summary, records, resampled_, tables.manifest, plan.state)
 
 
 def sweep_policies(
@@ -537,10 +525,9 @@ def sweep_policies(
     **common: Any,
 ) -> Swept:
     """Run `preset`'s sweep of `heads`' sets at sizes `ks` on `data` (`common`: the rest of `Plan`'s fields)."""
-    preset.check(common["sets"])
     draws.check(common["seeds"], common["control_width"], common["max_draws"])
     table = read_heads(heads, m, granularity)
     unit, group = kvheads.granularity_of(table), kvheads.group_size(m.num_heads, m.num_kv_heads)
     plan = Plan(m, data, heads, table, unit, group, rank_manifest(heads), list(ks), **common)
-    preset.check_plan(plan)
+    preset.check(plan)
     return PolicySweep(preset, plan, warn).run()
