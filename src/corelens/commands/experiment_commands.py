@@ -38,7 +38,6 @@ def show_rank(ranking, config) -> None:
     print(f"wrote {config.out}/heads.csv, ram.parquet, manifest.json, figures/heads_mass.png")
 
 
-
 def show_ablate(result, config) -> None:
     """Print the per-(set, k) summary, the resampled tops' table and what was written."""
     from corelens.metrics.draws import known
@@ -59,7 +58,6 @@ def show_ablate(result, config) -> None:
     )
 
 
-
 def show_importance(result, config) -> None:
     """Print the heads with the largest causal effect and what was written."""
     table = result["table"].sort_values("causal_rank")
@@ -67,7 +65,6 @@ def show_importance(result, config) -> None:
                "attribution", "causal_rank", "rank_diff"]  # fmt: skip
     print(table[columns].head(12).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {config.out}/importance.csv, summary.json, records.parquet, figures/ram_vs_causal.png")
-
 
 
 def run_demo(args: argparse.Namespace) -> None:
@@ -107,7 +104,6 @@ def show_flow(result, config) -> None:
     print(f"wrote {config.out}/flow.parquet, table1.csv, layers.csv, manifest.json, figures/flow_layers.png")
 
 
-
 def show_sap(result, config) -> None:
     """Print accuracy per condition, the key-region ratio and the priors' mass on Ω."""
     fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
@@ -118,7 +114,6 @@ def show_sap(result, config) -> None:
         f"wrote {config.out}/sap.parquet, accuracy.csv, key_region.csv, priors.csv, manifest.json, "
         "figures/sap_accuracy.png"
     )
-
 
 
 def show_hybrid(result, config) -> None:
@@ -145,7 +140,6 @@ def show_hybrid(result, config) -> None:
         f"median prompt {result.median_tokens:.0f} tokens"
     )
     print(f"wrote {config.out}/hybrid.csv, records.parquet, policies.json, figures/hybrid.png")
-
 
 
 def show_stability_curve(info: dict, config) -> None:
@@ -177,7 +171,6 @@ def show_stability(result, config) -> None:
     )
 
 
-
 def show_frontier(result, config) -> None:
     """Print the smallest budgets, the rankings' agreement and what was written."""
     print(result.budgets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -186,4 +179,3 @@ def show_frontier(result, config) -> None:
     print(
         f"wrote {config.out}/frontier.csv, frontier_budgets.csv, rankings.csv, figures/frontier.png, methods/"
     )
-
