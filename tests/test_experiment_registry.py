@@ -2,7 +2,8 @@
 and every experiment module in the source is in it.
 
 `OUTPUTS`, the experiment commands of `COMMANDS` (in `--help`'s order), `EXAMPLES`, the command list's help
-lines and tests/test_shape.py's configs are read from `corelens.experiment_registry`; an experiment module
+lines and tests/test_shape.py's configs are read from `corelens.experiment_registry` (the report's `FINDINGS`
+name registered commands only); an experiment module
 (a file of src/corelens/experiments defining `run_command`) read from the source, not imported, must be an
 entry's `run`, so that dropping an entry fails here rather than removing a command unnoticed.
 """
@@ -11,23 +12,19 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
 from pathlib import Path
 
 import pytest
 import test_shape
 
 from corelens.commands import COMMANDS, EXAMPLES, load_command
+from corelens.commands.options import named
 from corelens.errors import OptionError
 from corelens.experiment_registry import EXPERIMENTS, Experiment, Outputs, experiments, register
+from corelens.report.summary import FINDINGS
 from corelens.runs.outputs import OUTPUTS
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[1] / "src" / "corelens" / "experiments"
-
-
-def named(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def experiment_modules() -> set[str]:
@@ -56,6 +53,7 @@ def test_the_tables_are_read_from_the_registry():
         EXAMPLES[e.name] == e.example and e.example.startswith(f"corelens {e.name} ") for e in experiments()
     )
     assert set(test_shape.CONFIGS) == set(EXPERIMENTS)
+    assert set(FINDINGS) <= set(EXPERIMENTS)  # the report's finding sentences, by registered command
 
 
 @pytest.mark.parametrize("experiment", experiments(), ids=lambda e: e.name)

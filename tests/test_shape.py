@@ -1,5 +1,6 @@
 """One experiment shape (issue 30): each sample prepared once per step, options generated from a config, the
-run context passed once, and the outputs written and read through one declaration.
+run context passed once, and the outputs written and read through one declaration. The experiments checked
+are the experiment registry's (corelens.experiment_registry): a new one's options are checked with no line added.
 
 The organism (src/corelens/organism/checkpoint) answers two generated document samples in every run here; each
 sweep has two conditions (the unmodified model and one set), both answered from the one prepared sample.
@@ -8,7 +9,6 @@ sweep has two conditions (the unmodified model and one set), both answered from 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections import Counter
 from dataclasses import fields
@@ -18,7 +18,7 @@ import pytest
 
 import corelens as cl
 from corelens.cli import Parser
-from corelens.commands.options import add_config, config_of, context_of
+from corelens.commands.options import add_config, config_of, context_of, named
 from corelens.experiment_registry import EXPERIMENTS, experiments
 from corelens.experiments.ablate import sweep
 from corelens.experiments.configs import ImportanceConfig, RankConfig
@@ -145,12 +145,6 @@ def test_equal_policies_share_one_answer(monkeypatch):
     assert asked == [None, "A", "B"]
     assert got == [("under None", {"policy": None}), ("under A", {"policy": "A"}),
                    ("under B", {"policy": "B"}), ("under A", {"policy": "A"})]  # fmt: skip
-
-
-def named(path: str):
-    """Return the object "module:name" names."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 # Every registered experiment's config (corelens.experiment_registry), by command.

@@ -114,7 +114,7 @@ def context_of(args: argparse.Namespace, progress: bool = True):
     )
 
 
-def _named(path: str):
+def named(path: str):
     """Return the object `module:name` names (imported only when a command is parsed or run)."""
     module, name = path.split(":")
     return getattr(importlib.import_module(module), name)
@@ -139,7 +139,7 @@ def experiment_command(experiment: Experiment) -> Command:
 def register_experiment(sub, *, name: str, help: str, config: str, run) -> argparse.ArgumentParser:
     """Add the parser of experiment command `name`: its options are the fields of `config` ("module:Class")."""
     parser = sub.add_parser(name, help=help)
-    add_config(parser, _named(config))
+    add_config(parser, named(config))
     parser.set_defaults(func=run)
     return parser
 
@@ -164,7 +164,7 @@ def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show: s
     Each experiment command is this driver specialised with `functools.partial` (as TransformerLens
     specialises one generic patching driver): only its config, its entry point and what it prints differ.
     """
-    cfg = config_of(_named(config), args)
+    cfg = config_of(named(config), args)
     loads = load_options(args) if hasattr(args, "revision") else {}  # stability loads no model
     if main_process():
         from corelens.commands.preflight import check_rerun
@@ -172,7 +172,7 @@ def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show: s
         # A rerun with other settings (or another command) in --out: refused before torch and the model load.
         check_rerun(args.command, cfg, getattr(args, "out", None), add_config)
     with said(f"corelens {args.command}: importing torch and transformers"):  # seconds, before any output
-        run = _named(entry)
+        run = named(entry)
     result = run(cfg, context_of(args), loads)
     if main_process():
-        _named(show)(result, cfg)
+        named(show)(result, cfg)
