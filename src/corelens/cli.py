@@ -101,7 +101,7 @@ class _Into:
 
     def add_parser(self, name: str, *, help: str | None = None, **kwargs) -> Parser:  # noqa: A002
         if name != self.name:
-            raise RuntimeError(f"{COMMANDS[self.name]}.register added a parser named {name!r}")
+            raise RuntimeError(f"{module_of(self.name)}.register added a parser named {name!r}")
         for key, value in kwargs.items():  # description, epilog: as if given when the parser was made
             setattr(self.parser, key, value)
         return self.parser

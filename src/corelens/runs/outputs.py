@@ -2,7 +2,8 @@
 
 Every run folder holds the manifest (`MANIFEST`) and the per-sample log (`LOG`); each experiment adds its
 tables and figures. `Outputs` names them (table key -> file name, figure key -> path), `OUTPUTS` holds the
-declaration of every command, and the report reads a run folder through it (`OUTPUTS[command].summary_file`)
+declaration of every command (each made in its entry of the experiment registry, corelens.experiment_registry),
+and the report reads a run folder through it (`OUTPUTS[command].summary_file`)
 instead of knowing each experiment's file names. `conclude` is the experiment tail: on the main process it
 records the manifest's extra entries, writes the tables (a `.parquet` / `.csv` through `Run.table`, a `.json`
 through `write_json`), draws the figures and finishes the run; on another rank it only finishes (a collective).
