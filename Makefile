@@ -12,7 +12,8 @@ DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiment
 	src/corelens/policies/graded_budget.py src/corelens/policies/hybrid_attention.py src/corelens/experiments/frontier.py \
 	src/corelens/attention/kernels/crossover.py \
 	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py \
-	src/corelens/deprecation.py src/corelens/organism/__init__.py src/corelens/lazy.py src/corelens/capture/omega.py
+	src/corelens/deprecation.py src/corelens/organism/__init__.py src/corelens/lazy.py src/corelens/capture/omega.py \
+	src/corelens/experiment_registry.py
 
 .PHONY: demo test check lint format bench clean venv lock
 

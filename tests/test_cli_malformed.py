@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from corelens.cli import main, parser
 from corelens.commands.argtypes import existing_path, output_file, output_path, samples_path
+from corelens.commands.options import named
+from corelens.experiment_registry import experiments
 from corelens.organism import organism_path
 
 MISSING = "/nonexistent/corelens-missing"  # an input path that is not there
@@ -285,7 +288,11 @@ def test_causal_omega_needs_no_targets(valid, untargeted, capsys):
     assert MISSING in one_error(capsys, [*argv, "--omega", "causal"])
 
 
-@pytest.mark.parametrize("command", ["rank", "ablate", "hybrid", "sap", "flow", "importance"])
+# Every registered experiment that reads a sample file (its config has a `data` field).
+READS_SAMPLES = [e.name for e in experiments() if "data" in {f.name for f in fields(named(e.config))}]
+
+
+@pytest.mark.parametrize("command", READS_SAMPLES)
 def test_empty_sample_file_is_one_error_naming_it(command, valid, tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

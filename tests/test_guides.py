@@ -26,7 +26,13 @@ MARKER = re.compile(r'<!-- template: (\S+?)(?: after "(.+?)")? -->\n```python\n(
 # guide -> the tests run in the copy beside test_layers, test_registry and the template's own test.
 CHECKS = {
     "policy.md": ["tests/test_policy_invariants.py", "tests/test_extending.py", "tests/test_policies.py"],
-    "experiment.md": ["tests/test_shape.py::test_an_output_key_names_one_file", "tests/test_cli_startup.py"],
+    "experiment.md": [
+        "tests/test_experiment_registry.py",
+        "tests/test_shape.py::test_options_are_the_configs_fields",
+        "tests/test_shape.py::test_every_run_command_is_generated_from_its_config",
+        "tests/test_shape.py::test_an_output_key_names_one_file",
+        "tests/test_cli_startup.py",
+    ],
     "family.md": ["tests/test_families.py", "tests/test_parity.py::test_logits_equal_stock_sdpa"],
     "kernel.md": [
         "tests/test_extending_family.py::test_toy_kernel_from_template",

@@ -51,7 +51,9 @@ LAYERS = (
     # registry: the one registry idiom (name -> implementation) of families, kernels, readers, policies.
     # deprecation: the allow-list of old import paths (one shim file at each) and the helper each calls.
     # lazy: the module `__getattr__` that imports a package's public names on first use (PEP 562).
-    ("errors", "choices", "registered", "registry", "deprecation", "lazy"),
+    # experiment_registry: each experiment command declared once (its command, config, outputs), read by the
+    #   command line before any import and by runs (OUTPUTS).
+    ("errors", "choices", "registered", "registry", "deprecation", "lazy", "experiment_registry"),
 )
 RANK = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

@@ -1,5 +1,6 @@
 """One experiment shape (issue 30): each sample prepared once per step, options generated from a config, the
-run context passed once, and the outputs written and read through one declaration.
+run context passed once, and the outputs written and read through one declaration. The experiments checked
+are the experiment registry's (corelens.experiment_registry): a new one's options are checked with no line added.
 
 The organism (src/corelens/organism/checkpoint) answers two generated document samples in every run here; each
 sweep has two conditions (the unmodified model and one set), both answered from the one prepared sample.
@@ -17,12 +18,12 @@ import pytest
 
 import corelens as cl
 from corelens.cli import Parser
-from corelens.commands.options import add_config, config_of, context_of
+from corelens.commands.options import add_config, config_of, context_of, named
+from corelens.experiment_registry import EXPERIMENTS, experiments
 from corelens.experiments.ablate import sweep
-from corelens.experiments.configs import FlowConfig, ImportanceConfig, RankConfig, SapConfig, StabilityConfig
+from corelens.experiments.configs import ImportanceConfig, RankConfig
 from corelens.experiments.hybrid import curve
 from corelens.experiments.sap import sap
-from corelens.experiments.sweep import AblateConfig, HybridConfig
 from corelens.models import prepare as prepare_module
 from corelens.organism import organism_path
 from corelens.organism.tasks import generate
@@ -93,10 +94,23 @@ def _sap(m, data, heads):
 # hybrid with S or W a share of the median prompt also measures each prompt's length once before its loop
 # (the share needs the median before the first answer); with token counts the median comes from the answers.
 # (The experiment modules are imported above, so that the fixture finds their `prepare`.)
+# Registered experiment -> its small runs here, each (id, run, prepares per sample); `test_small_runs_are_experiments`
+# keeps the keys to the experiment registry.
+SMALL_RUNS = {
+    "rank": [("rank", _rank, 1)],
+    "ablate": [("ablate", _ablate, 1)],
+    "hybrid": [("hybrid", _hybrid, 1), ("hybrid-shares", _hybrid_shares, 2)],
+    "sap": [("sap", _sap, 1)],
+}
+
+
+def test_small_runs_are_experiments():
+    assert set(SMALL_RUNS) <= set(EXPERIMENTS)
+
+
 @pytest.mark.parametrize(
     "run, per_sample",
-    [(_rank, 1), (_ablate, 1), (_hybrid, 1), (_hybrid_shares, 2), (_sap, 1)],
-    ids=["rank", "ablate", "hybrid", "hybrid-shares", "sap"],
+    [pytest.param(run, n, id=i) for e in experiments() for i, run, n in SMALL_RUNS.get(e.name, [])],
 )
 def test_each_sample_is_prepared_once_per_step(organism, ranked, prepares, run, per_sample):
     data, heads = ranked
@@ -133,10 +147,11 @@ def test_equal_policies_share_one_answer(monkeypatch):
                    ("under B", {"policy": "B"}), ("under A", {"policy": "A"})]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "config",
-    [RankConfig, FlowConfig, SapConfig, ImportanceConfig, StabilityConfig, AblateConfig, HybridConfig],
-)
+# Every registered experiment's config (corelens.experiment_registry), by command.
+CONFIGS = {e.name: named(e.config) for e in experiments()}
+
+
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS)
 def test_options_are_the_configs_fields(config):
     """Every option of the generated parser is a field of the config (or the shared model block), and the
     parsed defaults build the config's own defaults."""
@@ -235,9 +250,8 @@ def test_every_run_command_is_generated_from_its_config():
 
     p = parser()
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    for command, config in [("rank", RankConfig), ("ablate", AblateConfig), ("hybrid", HybridConfig),
-                            ("sap", SapConfig), ("flow", FlowConfig), ("importance", ImportanceConfig),
-                            ("stability", StabilityConfig)]:  # fmt: skip
+    assert set(CONFIGS) <= set(sub.choices)
+    for command, config in CONFIGS.items():
         built = Parser(prog="x")
         add_config(built, config)
         theirs = [(a.option_strings, a.dest, a.default, a.help) for a in sub.choices[command]._actions]

@@ -19,6 +19,7 @@ from importlib.metadata import version
 
 from corelens.commands import COMMANDS, EXAMPLES, WORKFLOW, load_command, module_of
 from corelens.errors import CorelensError
+from corelens.experiment_registry import Experiment
 
 _LEAF = "_corelens_parser"  # namespace attribute: the innermost parser that parsed (for unknown options)
 
@@ -100,7 +101,7 @@ class _Into:
 
     def add_parser(self, name: str, *, help: str | None = None, **kwargs) -> Parser:  # noqa: A002
         if name != self.name:
-            raise RuntimeError(f"{COMMANDS[self.name]}.register added a parser named {name!r}")
+            raise RuntimeError(f"{module_of(self.name)}.register added a parser named {name!r}")
         for key, value in kwargs.items():  # description, epilog: as if given when the parser was made
             setattr(self.parser, key, value)
         return self.parser
@@ -128,9 +129,11 @@ def _nearest_choice(message: str) -> str:
 
 
 def _summary(name: str) -> str | None:
-    """Return the `help=` a command's register() gives its parser, read from its source (not imported): an
-    `add_parser(name, help=...)` call, or an experiment command's `experiment_command(name, help, ...)`
-    (corelens.commands.options)."""
+    """Return the `help=` a command's register() gives its parser: an experiment's registry entry says it,
+    another command's is read from its module's source (not imported), an `add_parser(name, help=...)` call."""
+    where = COMMANDS[name]
+    if isinstance(where, Experiment):
+        return where.help
     origin = importlib.util.find_spec(module_of(name)).origin
     with open(origin, encoding="utf-8") as source:
         tree = ast.parse(source.read(), origin)
@@ -138,11 +141,10 @@ def _summary(name: str) -> str | None:
         if not isinstance(node, ast.Call):
             continue
         given = {k.arg: k.value.value for k in node.keywords if isinstance(k.value, ast.Constant)}
-        first = [getattr(a, "value", None) for a in node.args[:2]]
-        if getattr(node.func, "attr", None) == "add_parser" and first[:1] == [name]:
+        if getattr(node.func, "attr", None) == "add_parser" and [
+            getattr(a, "value", None) for a in node.args[:1]
+        ] == [name]:
             return given.get("help")
-        if getattr(node.func, "id", None) == "experiment_command" and first[:1] == [name]:
-            return first[1] if len(first) > 1 else given.get("help")
     return None
 
 

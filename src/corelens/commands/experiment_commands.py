@@ -1,10 +1,10 @@
-"""The commands that run one experiment each: rank, ablate, importance, demo, flow, sap, hybrid, frontier, stability.
+"""What the experiment commands print (`show_NAME`), and the `demo` command, which has a parser of its own.
 
-Each is the generic driver (`corelens.commands.options.experiment_command`) specialised with its config, its
-experiment's entry point and what it prints (`show_NAME`); `demo` has a parser of its own. Each command is a
-`Command` named after it, which `COMMANDS` names as `experiment_commands:NAME` (see the package docstring).
-Nothing here imports an experiment, torch or transformers at module level: `corelens rank --help` answers
-without them (tests/test_cli_startup.py).
+Each experiment command (rank, stability, ablate, hybrid, frontier, importance, flow, sap) is the generic
+driver (`corelens.commands.options.experiment_command`) specialised with its entry in the experiment registry
+(`corelens.experiment_registry`), which names its printer here as "module:function". Nothing here imports an
+experiment, torch or transformers at module level: `corelens demo --help` answers without them
+(tests/test_cli_startup.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from corelens.commands.argtypes import output_path, positive
-from corelens.commands.options import Command, experiment_command
+from corelens.commands.options import Command
 from corelens.commands.shared import add_model_options, load_options
 
 
@@ -38,15 +38,6 @@ def show_rank(ranking, config) -> None:
     print(f"wrote {config.out}/heads.csv, ram.parquet, manifest.json, figures/heads_mass.png")
 
 
-rank = experiment_command(
-    "rank",
-    "rank heads by Retrieval Attention Mass",
-    "corelens.experiments.configs:RankConfig",
-    "corelens.experiments.rank:run_command",
-    show_rank,
-)
-
-
 def show_ablate(result, config) -> None:
     """Print the per-(set, k) summary, the resampled tops' table and what was written."""
     from corelens.metrics.draws import known
@@ -67,15 +58,6 @@ def show_ablate(result, config) -> None:
     )
 
 
-ablate = experiment_command(
-    "ablate",
-    "ablate top / bottom / random head sets and measure accuracy",
-    "corelens.experiments.sweep:AblateConfig",
-    "corelens.experiments.ablate:run_command",
-    show_ablate,
-)
-
-
 def show_importance(result, config) -> None:
     """Print the heads with the largest causal effect and what was written."""
     table = result["table"].sort_values("causal_rank")
@@ -83,15 +65,6 @@ def show_importance(result, config) -> None:
                "attribution", "causal_rank", "rank_diff"]  # fmt: skip
     print(table[columns].head(12).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {config.out}/importance.csv, summary.json, records.parquet, figures/ram_vs_causal.png")
-
-
-importance = experiment_command(
-    "importance",
-    "measure each head's causal effect on the answer beside its RAM",
-    "corelens.experiments.configs:ImportanceConfig",
-    "corelens.experiments.importance:run_command",
-    show_importance,
-)
 
 
 def run_demo(args: argparse.Namespace) -> None:
@@ -131,15 +104,6 @@ def show_flow(result, config) -> None:
     print(f"wrote {config.out}/flow.parquet, table1.csv, layers.csv, manifest.json, figures/flow_layers.png")
 
 
-flow = experiment_command(
-    "flow",
-    "RID / MixIG of every attention and FFN module: docs/methods.md#geometry",
-    "corelens.experiments.configs:FlowConfig",
-    "corelens.experiments.flow:run_command",
-    show_flow,
-)
-
-
 def show_sap(result, config) -> None:
     """Print accuracy per condition, the key-region ratio and the priors' mass on Ω."""
     fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
@@ -150,15 +114,6 @@ def show_sap(result, config) -> None:
         f"wrote {config.out}/sap.parquet, accuracy.csv, key_region.csv, priors.csv, manifest.json, "
         "figures/sap_accuracy.png"
     )
-
-
-sap = experiment_command(
-    "sap",
-    "accuracy with attention priors in place of learned visual attention",
-    "corelens.experiments.configs:SapConfig",
-    "corelens.experiments.sap:run_command",
-    show_sap,
-)
 
 
 def show_hybrid(result, config) -> None:
@@ -185,15 +140,6 @@ def show_hybrid(result, config) -> None:
         f"median prompt {result.median_tokens:.0f} tokens"
     )
     print(f"wrote {config.out}/hybrid.csv, records.parquet, policies.json, figures/hybrid.png")
-
-
-hybrid = experiment_command(
-    "hybrid",
-    "accuracy vs heads kept full under hybrid (full + streaming) attention",
-    "corelens.experiments.sweep:HybridConfig",
-    "corelens.experiments.hybrid:run_command",
-    show_hybrid,
-)
 
 
 def show_stability_curve(info: dict, config) -> None:
@@ -225,15 +171,6 @@ def show_stability(result, config) -> None:
     )
 
 
-stability = experiment_command(
-    "stability",
-    "cross-task / cross-model stability of rank runs",
-    "corelens.experiments.configs:StabilityConfig",
-    "corelens.experiments.stability:run_command",
-    show_stability,
-)
-
-
 def show_frontier(result, config) -> None:
     """Print the smallest budgets, the rankings' agreement and what was written."""
     print(result.budgets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -242,12 +179,3 @@ def show_frontier(result, config) -> None:
     print(
         f"wrote {config.out}/frontier.csv, frontier_budgets.csv, rankings.csv, figures/frontier.png, methods/"
     )
-
-
-frontier = experiment_command(
-    "frontier",
-    "compare head rankings on one accuracy / KV-cache frontier (hybrid and ablation at each budget)",
-    "corelens.experiments.sweep:FrontierConfig",
-    "corelens.experiments.frontier:run_command",
-    show_frontier,
-)

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from corelens.commands import argtypes
 from corelens.commands.shared import add_model_options, limits_of, load_options, main_process, progress_lines
+from corelens.experiment_registry import Experiment
 
 
 def parser_type(spec: Any):
@@ -113,7 +114,7 @@ def context_of(args: argparse.Namespace, progress: bool = True):
     )
 
 
-def _named(path: str):
+def named(path: str):
     """Return the object `module:name` names (imported only when a command is parsed or run)."""
     module, name = path.split(":")
     return getattr(importlib.import_module(module), name)
@@ -126,18 +127,19 @@ class Command(NamedTuple):
     register: Callable[[Any], None]  # register(subparsers) adds the command's parser
 
 
-def experiment_command(name: str, help: str, config: str, entry: str, show) -> Command:
-    """Return the `Command` (run, register) of experiment command `name`: the generic driver and parser
-    specialised with `functools.partial` to its config ("module:Class"), entry point ("module:function") and
-    printer."""
-    run = partial(run_experiment, config=config, entry=entry, show=show)
-    return Command(run, partial(register_experiment, name=name, help=help, config=config, run=run))
+def experiment_command(experiment: Experiment) -> Command:
+    """Return the `Command` (run, register) of a registered experiment (`corelens.experiment_registry`): the
+    generic driver and parser specialised with `functools.partial` to its config ("module:Class"), entry point
+    ("module:function") and printer ("module:function")."""
+    e = experiment
+    run = partial(run_experiment, config=e.config, entry=e.run, show=e.show)
+    return Command(run, partial(register_experiment, name=e.name, help=e.help, config=e.config, run=run))
 
 
 def register_experiment(sub, *, name: str, help: str, config: str, run) -> argparse.ArgumentParser:
     """Add the parser of experiment command `name`: its options are the fields of `config` ("module:Class")."""
     parser = sub.add_parser(name, help=help)
-    add_config(parser, _named(config))
+    add_config(parser, named(config))
     parser.set_defaults(func=run)
     return parser
 
@@ -154,14 +156,15 @@ def said(what: str) -> Iterator[None]:
         print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
 
 
-def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show) -> None:
+def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show: str) -> None:
     """The one command driver: build the config and the run context from `args`, call the experiment's
-    `entry(config, ctx, load_options)` ("module:function"), and on the main process `show(result, config)`.
+    `entry(config, ctx, load_options)` ("module:function"), and on the main process `show(result, config)`
+    ("module:function").
 
     Each experiment command is this driver specialised with `functools.partial` (as TransformerLens
     specialises one generic patching driver): only its config, its entry point and what it prints differ.
     """
-    cfg = config_of(_named(config), args)
+    cfg = config_of(named(config), args)
     loads = load_options(args) if hasattr(args, "revision") else {}  # stability loads no model
     if main_process():
         from corelens.commands.preflight import check_rerun
@@ -169,7 +172,7 @@ def run_experiment(args: argparse.Namespace, *, config: str, entry: str, show) -
         # A rerun with other settings (or another command) in --out: refused before torch and the model load.
         check_rerun(args.command, cfg, getattr(args, "out", None), add_config)
     with said(f"corelens {args.command}: importing torch and transformers"):  # seconds, before any output
-        run = _named(entry)
+        run = named(entry)
     result = run(cfg, context_of(args), loads)
     if main_process():
-        show(result, cfg)
+        named(show)(result, cfg)

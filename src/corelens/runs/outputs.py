@@ -2,7 +2,8 @@
 
 Every run folder holds the manifest (`MANIFEST`) and the per-sample log (`LOG`); each experiment adds its
 tables and figures. `Outputs` names them (table key -> file name, figure key -> path), `OUTPUTS` holds the
-declaration of every command, and the report reads a run folder through it (`OUTPUTS[command].summary_file`)
+declaration of every command (each made in its entry of the experiment registry, corelens.experiment_registry),
+and the report reads a run folder through it (`OUTPUTS[command].summary_file`)
 instead of knowing each experiment's file names. `conclude` is the experiment tail: on the main process it
 records the manifest's extra entries, writes the tables (a `.parquet` / `.csv` through `Run.table`, a `.json`
 through `write_json`), draws the figures and finishes the run; on another rank it only finishes (a collective).
@@ -23,126 +24,17 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from corelens.experiment_registry import FIGURES, Outputs, experiments
 from corelens.runs.driver import LENGTHS  # prompt lengths measured once to balance the ranks
 from corelens.runs.rundir import LOG, MANIFEST, Run, write_json
 
-FIGURES = "figures"  # the folder of a run's figures
-
-
-@dataclass(frozen=True)
-class Outputs:
-    """The files one experiment writes: `tables` (key -> file name, written in this order), `figures`
-    (key -> path under the run folder), `files` (key -> other files it writes itself, e.g. during the run),
-    and `summary`, the table key the report's finding is read from."""
-
-    command: str
-    tables: Mapping[str, str]
-    figures: Mapping[str, str] = field(default_factory=dict)
-    files: Mapping[str, str] = field(default_factory=dict)
-    summary: str | None = None
-
-    def __post_init__(self) -> None:
-        keys = [*self.tables, *self.figures, *self.files]
-        if len(keys) != len(set(keys)):  # `file(key)` must name one file
-            raise ValueError(f"{self.command}: an output key is declared twice in {keys}")
-
-    def file(self, key: str) -> str:
-        """Return the file name of table, figure or file `key` (keys are unique across the three)."""
-        for names in (self.tables, self.figures, self.files):
-            if key in names:
-                return names[key]
-        raise KeyError(f"{self.command} declares no output {key!r}")
-
-    def path(self, run: str | Path, key: str) -> Path:
-        """Return where output `key` is in run folder `run`."""
-        return Path(run) / self.file(key)
-
-    @property
-    def summary_file(self) -> str | None:
-        """The file name of the report's summary table (None: the report shows no finding)."""
-        return self.file(self.summary) if self.summary else None
-
-
-def _figure(name: str) -> str:
-    return f"{FIGURES}/{name}"
-
-
-RANK = Outputs(
-    "rank",
-    {"ram": "ram.parquet", "heads": "heads.csv"},
-    {"heads_mass": _figure("heads_mass.png")},
-    {"explorer": "explorer.json"},
-    summary="heads",
-)
-
-
-def _sweep(command: str, table: str, figure: str, sets: dict[str, str]) -> Outputs:
-    """The outputs of a head-set sweep (ablate, hybrid): records, the per-condition table, its per-(set, k)
-    summary, the summary over ranking resamples, one figure and the sets swept."""
-    tables = {"records": "records.parquet", "table": f"{table}.csv", "summary": f"{table}_summary.csv"}
-    figures = {figure: _figure(f"{figure}.png")}
-    return Outputs(command, {**tables, "resampled": "resampled.csv"}, figures, sets, summary="table")
-
-
-ABLATE = _sweep("ablate", "ablation", "dose_response", {"sets": "headsets.json", "means": "means.npz"})
-HYBRID = _sweep("hybrid", "hybrid", "hybrid", {"sets": "policies.json"})
-SAP = Outputs(
-    "sap",
-    {
-        "frame": "sap.parquet",
-        "accuracy": "accuracy.csv",
-        "key_region": "key_region.csv",
-        "priors": "priors.csv",
-    },
-    {"sap_accuracy": _figure("sap_accuracy.png")},
-    summary="accuracy",
-)
-FLOW = Outputs(
-    "flow",
-    {"frame": "flow.parquet", "table": "table1.csv", "layers": "layers.csv"},
-    {"flow_layers": _figure("flow_layers.png")},
-    summary="table",
-)
-IMPORTANCE = Outputs(
-    "importance",
-    {"records": "records.parquet", "table": "importance.csv", "summary": "summary.json"},
-    {"ram_vs_causal": _figure("ram_vs_causal.png")},
-    summary="table",
-)
-STABILITY = Outputs(
-    "stability",
-    {
-        "spearman": "spearman.csv",
-        "jaccard": "jaccard.csv",
-        "universal": "universal.csv",
-        "core_set": "core_set.csv",
-        "topology": "topology.csv",
-        "depth": "depth.csv",
-    },
-    {
-        "spearman_matrix": _figure("spearman.png"),
-        "depth_profile": _figure("depth.png"),
-        "curve": _figure("stability_curve.png"),
-    },
-    {"curve_info": "stability_curve.json", "curve_table": "stability_curve.csv"},
-    summary="spearman",
-)
-
-FRONTIER = Outputs(
-    "frontier",
-    {"table": "frontier.csv", "budgets": "frontier_budgets.csv", "rankings": "rankings.csv"},
-    {"frontier": _figure("frontier.png")},
-    {"methods": "methods"},  # each method's hybrid and ablate run folders, methods/<label>/<granularity>/
-    summary="budgets",
-)
-
-OUTPUTS: dict[str, Outputs] = {
-    o.command: o for o in (RANK, STABILITY, ABLATE, HYBRID, FRONTIER, FLOW, SAP, IMPORTANCE)
-}
-"""Every experiment's declared outputs, by command, in the order the report lists its findings."""
+# Every experiment's declared outputs, by command, in the order the experiments register (corelens.experiment_registry,
+# where each is declared with its command); a constant per experiment for the modules that write or read one.
+OUTPUTS: dict[str, Outputs] = {e.name: e.outputs for e in experiments()}
+RANK, STABILITY, ABLATE, HYBRID = (OUTPUTS[c] for c in ("rank", "stability", "ablate", "hybrid"))
+FRONTIER, IMPORTANCE, FLOW, SAP = (OUTPUTS[c] for c in ("frontier", "importance", "flow", "sap"))
 
 
 def conclude(
