@@ -9,6 +9,11 @@
 # N (default 200) evaluation samples per task; at N < 200 the results stay under runs/ (a small check),
 # at 200 they are copied to results/frontier-<task>{,-budgets,-rankings}.csv and
 # docs/figures/organism-<task>-frontier.png.
+# GRANULARITY=kv counts the budgets in KV heads (each ranking's KV heads from its query heads); its results
+# get a -kv suffix. The runs behind docs/results.md:
+#   N=200 BUDGETS=8,16 DRAWS=2 TASKS=document benchmarks/organism/frontier.sh
+#   N=200 BUDGETS=2,4 DRAWS=2 TASKS=document GRANULARITY=kv benchmarks/organism/frontier.sh
+#   N=200 BUDGETS=2,8 DRAWS=2 TASKS="image video" benchmarks/organism/frontier.sh
 #   N=8 BUDGETS=2,8 DRAWS=1 TASKS=document benchmarks/organism/frontier.sh   # a small check
 set -euo pipefail
 OUT=runs/organism
@@ -17,6 +22,8 @@ N=${N:-200}
 BUDGETS=${BUDGETS:-1,2,4,8,16}
 DRAWS=${DRAWS:-5}
 TASKS=${TASKS:-image video document}
+GRANULARITY=${GRANULARITY:-query}
+SUFFIX=$([ "$GRANULARITY" = query ] && echo "" || echo "-$GRANULARITY")
 PY=${PY:-.venv/bin/python}
 RES=benchmarks/organism/results
 for task in $TASKS; do
@@ -33,20 +40,20 @@ for task in $TASKS; do
   done
   if [ ${#heads[@]} -eq 0 ]; then echo "frontier: no ranking for $task under $OUT (run rank200.sh first)" >&2; continue; fi
   echo "frontier $task: ${heads[*]}"
-  args=(--model $M --data "$data" --heads "${heads[@]}" --budgets "$BUDGETS" --sink 4 --window 16 --draws "$DRAWS")
-  timing=$OUT/frontier-$task-timing
+  args=(--model $M --data "$data" --heads "${heads[@]}" --budgets "$BUDGETS" --sink 4 --window 16 --draws "$DRAWS" --granularity "$GRANULARITY")
+  timing=$OUT/frontier-$task$SUFFIX-timing
   rm -rf "$timing"
   start=$(date +%s)
   $PY -m corelens frontier "${args[@]}" --limit 4 --out "$timing" > /dev/null
   secs=$(( $(date +%s) - start ))
   echo "frontier $task: 4 samples took ${secs} s; $N samples: about $(( secs * N / 4 / 60 )) min"
-  run=$OUT/frontier-$task-n$N
+  run=$OUT/frontier-$task$SUFFIX-n$N
   $PY -m corelens frontier "${args[@]}" --limit "$N" --out "$run"
   if [ "$N" -ge 200 ]; then
-    cp "$run/frontier.csv" "$RES/frontier-$task.csv"
-    cp "$run/frontier_budgets.csv" "$RES/frontier-$task-budgets.csv"
-    cp "$run/rankings.csv" "$RES/frontier-$task-rankings.csv"
-    $PY - "$RES/frontier-$task.csv" "docs/figures/organism-$task-frontier.png" "$task" <<'PY'
+    cp "$run/frontier.csv" "$RES/frontier-$task$SUFFIX.csv"
+    cp "$run/frontier_budgets.csv" "$RES/frontier-$task$SUFFIX-budgets.csv"
+    cp "$run/rankings.csv" "$RES/frontier-$task$SUFFIX-rankings.csv"
+    $PY - "$RES/frontier-$task$SUFFIX.csv" "docs/figures/organism-$task$SUFFIX-frontier.png" "$task" <<'PY'
 import sys
 
 import pandas as pd

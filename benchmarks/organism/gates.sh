@@ -7,6 +7,7 @@
 # Results: runs/organism/score-gates-<task>/ (heads.csv, gates.csv, gate_losses.csv, figures/gate_loss.png)
 # and runs/organism/score-greedy-<task>/ (heads.csv, greedy.csv), copied to results/gates-<task>.csv,
 # gate-losses-<task>.csv and greedy-<task>.csv; each run's wall time to results/gates-timing.csv.
+# GREEDY_LIMIT=N runs greedy on the first N samples (docs/results.md's rankings: 48, about 2 min a task here).
 # LIMIT=N uses the first N samples (a quick check: nothing is copied to results/); OUT, CORELENS and PYTHON
 # move the output folder, the corelens command and the interpreter.
 set -euo pipefail
@@ -23,7 +24,9 @@ for task in ${TASKS:-image video document}; do
     "$PY" -c "from corelens.organism.tasks import generate; generate('$task', '$OUT/rank-data', 200, seed=1)"
   fi
   "$CL" rank "${common[@]}" --data "$data" --score gates --gate-epochs 2 --gate-batch 4 --out "$OUT/score-gates-$task"
-  "$CL" rank "${common[@]}" --data "$data" --score greedy --greedy-budget 8 --out "$OUT/score-greedy-$task"
+  greedy=()
+  if [ -n "${GREEDY_LIMIT:-}" ] && [ -z "${LIMIT:-}" ]; then greedy=(--limit "$GREEDY_LIMIT"); fi
+  "$CL" rank "${common[@]}" "${greedy[@]}" --data "$data" --score greedy --greedy-budget 8 --out "$OUT/score-greedy-$task"
 done
 "$PY" - "$OUT" "${LIMIT:-}" <<'PY'
 import json
