@@ -9,7 +9,9 @@ import pytest
 from corelens.attention.kernels import stream as triton_stream
 from corelens.bench import stream_anatomy
 
+# About 20 s on one core (the Triton kernel under its interpreter, 4 calls a part): end to end, in `make test`.
 pytestmark = [
+    pytest.mark.e2e,
     pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
     pytest.mark.skipif(
         not triton_stream.available() or not triton_stream.interpreting(), reason="needs TRITON_INTERPRET=1"

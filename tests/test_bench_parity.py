@@ -23,7 +23,16 @@ def small(monkeypatch):
 def test_kernel_parity_passes_and_exits_zero(small, capsys):
     assert kernel_parity.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "FAIL" not in out and "stream=flex" in out
+    assert "FAIL" not in out and "stream=flex" in out and "stream=flash" in out and "'streams': 2" in out
+
+
+def test_a_flash_merge_made_wrong_makes_kernel_parity_exit_one(small, monkeypatch, capsys):
+    from corelens.attention.kernels import flashstream
+
+    monkeypatch.setattr(flashstream, "merge_", lambda out, lse, other, other_lse: None)  # the bug: no merge
+    assert kernel_parity.main(["--dry-run"]) == 1
+    failed = [line for line in capsys.readouterr().out.splitlines() if line.endswith("FAIL")]
+    assert failed and all("flash" in line for line in failed)
 
 
 def test_a_kernel_made_wrong_makes_kernel_parity_exit_one(small, monkeypatch, capsys):

@@ -5,7 +5,9 @@ For random post-RoPE-shaped q / k / v, a random full-head set and left padding i
 `flex`, `partitioned` and `auto` kernels are compared with attention under the rule written out here,
 independently of corelens.attention.kernels.masks: query i sees key j iff j <= i, j is real, and (the head is
 full, or j - start < S, or i - j < W). The partitioned kernel runs with each streaming path (`STREAMS`: the
-Triton kernel where Triton runs here, on a CPU only under TRITON_INTERPRET=1, and the FlexAttention passes).
+Triton kernel where Triton runs here, on a CPU only under TRITON_INTERPRET=1, the FlexAttention passes, and
+flash-attention's window + sink calls, on CUDA in bfloat16 only, on a CPU through their dense reference), and
+once with the full heads on a second CUDA stream (`streams=2`).
 Every difference is held to a stated tolerance (`TOLERANCE`, per dtype, of the largest |output|); past it the
 line says FAIL and the command exits 1. Usage (device machine): python3 -m corelens.bench.kernel_parity (or
 benchmarks/gpu_parity.py); on a CPU, `--dry-run` checks one small size.
@@ -28,10 +30,11 @@ DRY_SIZES = ((300, 4, 64, 37),)
 DRY_WIDE = (300, 8, 64)
 
 
-def streams(device: torch.device) -> tuple[str, ...]:
-    """Return the partitioned kernel's streaming paths that can run on `device`."""
+def streams(device: torch.device, dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
+    """Return the partitioned kernel's streaming paths that can run on `device` in `dtype`."""
     triton_runs = triton_stream.available() and (device.type == "cuda" or triton_stream.interpreting())
-    return ("triton", "flex") if triton_runs else ("flex",)
+    flash_runs = device.type != "cuda" or dtype in (torch.float16, torch.bfloat16)  # flash: 16-bit only
+    return ("triton",) * triton_runs + ("flex",) + ("flash",) * flash_runs
 
 
 def check(label: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, failures: list[str]) -> None:
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         model = (causal[None] & mask[:, None, :])[:, None]  # (batch, 1, n, n) booleans, as sdpa's mask
         want = literal(q, k, v, starts.tolist(), full.tolist(), sink, window, 0.125)
         want = want * mask[:, :, None, None]  # padding rows: compared as zeros
-        kinds = [("partitioned", {"stream": s}) for s in paths] + [("reference", {})]
+        kinds = [("partitioned", {"stream": s}) for s in paths] + [("partitioned", {"streams": 2})]
+        kinds += [("reference", {})]
         if not dry:  # compiled flex and `auto` (no compile in a dry run)
             kinds += [("flex", {}), ("auto", {})]
         for kind, options in kinds:
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     full = torch.zeros(28, dtype=torch.bool)
     full[torch.randperm(28)[:6]] = True
     want = literal(q.float(), k.float(), v.float(), [0], full.tolist(), sink, window, 128**-0.5)
-    for stream in paths:
+    for stream in streams(device, dtype):
         args = (q, k, v, None, full, Pattern(sink, window), 128**-0.5)
         got, ran = run("partitioned", args, {"stream": stream})
         label = f"N={n} S={sink} W={window} {dtype} 28/4 heads partitioned stream={stream} ({ran})"
