@@ -47,6 +47,19 @@ def test_a_kernel_made_wrong_makes_kernel_parity_exit_one(small, monkeypatch, ca
     assert "partitioned" in out and "FAIL" in out and "kernel parity FAILED" in out
 
 
+def test_a_flash_operator_that_refuses_is_no_candidate_not_a_failure(small, monkeypatch, capsys):
+    from corelens.attention.kernels import flashstream
+
+    def refuses(*args, **kwargs):  # as a torch build whose flash-attention takes no window would
+        raise RuntimeError("window_size_left is not supported")
+
+    monkeypatch.setattr(flashstream, "reference_windowed", refuses)
+    assert kernel_parity.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "stream=flash: unavailable (RuntimeError: window_size_left is not supported)" in out
+    assert "FAIL" not in out
+
+
 def test_probe_decode_exits_one_when_a_check_fails(monkeypatch, capsys):
     from corelens.bench import probe_decode
 

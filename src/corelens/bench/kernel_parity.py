@@ -91,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         if not dry:  # compiled flex and `auto` (no compile in a dry run)
             kinds += [("flex", {}), ("auto", {})]
         for kind, options in kinds:
-            got, ran = run(kind, (q, k, v, model, full, Pattern(sink, window), 0.125), options)
-            label = f"N={n} S={sink} W={window} pad={pad} {kind}{options or ''} ({ran})"
+            label = f"N={n} S={sink} W={window} pad={pad} {kind}{options or ''}"
+            got, ran = attempt(kind, (q, k, v, model, full, Pattern(sink, window), 0.125), options, label)
+            if got is None:
+                continue
+            label += f" ({ran})"
             check(label, got * mask[:, :, None, None], want, torch.float32, failures)
     # bfloat16, Qwen2.5-VL-7B's head layout (28 query heads over 4 KV heads, head dim 128), 20 % full heads.
     n, sink, window = DRY_WIDE if dry else (4096, 128, 1024)
@@ -104,14 +107,41 @@ def main(argv: list[str] | None = None) -> int:
     want = literal(q.float(), k.float(), v.float(), [0], full.tolist(), sink, window, 128**-0.5)
     for stream in streams(device, dtype):
         args = (q, k, v, None, full, Pattern(sink, window), 128**-0.5)
-        got, ran = run("partitioned", args, {"stream": stream})
-        label = f"N={n} S={sink} W={window} {dtype} 28/4 heads partitioned stream={stream} ({ran})"
+        label = f"N={n} S={sink} W={window} {dtype} 28/4 heads partitioned stream={stream}"
+        try:
+            got, ran = run("partitioned", args, {"stream": stream})
+        except (RuntimeError, NotImplementedError) as err:
+            if stream != "flash":
+                raise
+            # The flash candidate needs this torch build's flash-attention with a window: where the operator
+            # refuses, it is no candidate here (the anatomy skips it too), not a wrong kernel.
+            print(
+                f"{label}: unavailable ({type(err).__name__}: {str(err).splitlines()[0][:160]}); not a candidate"
+            )
+            continue
+        label += f" ({ran})"
         check(label, got, want, dtype, failures)
     if failures:
         print(f"kernel parity FAILED ({len(failures)}): " + "; ".join(failures))
         return 1
     print("kernel parity: every kernel within its tolerance")
     return 0
+
+
+def attempt(kind: str, args: tuple, options: dict, label: str) -> tuple[torch.Tensor | None, str]:
+    """Return `run`'s result, or (None, reason) where the flash candidate's operator refuses on this machine.
+
+    The flash path needs this torch build's flash-attention with a window: where the operator refuses, the
+    path is no candidate here (the anatomy skips it too), not a wrong kernel; a wrong result still fails.
+    """
+    try:
+        return run(kind, args, options)
+    except (RuntimeError, NotImplementedError) as err:
+        if options.get("stream") != "flash":
+            raise
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+        print(f"{label}: unavailable ({reason}); not a candidate here")
+        return None, reason
 
 
 def run(kind: str, args: tuple, options: dict) -> tuple[torch.Tensor, str]:

@@ -118,16 +118,23 @@ def parts(
     # The flash candidate's parts, on the streaming heads in flash's layout (batch, n, heads, dim).
     windowed = flashstream.default_windowed(device)
     qf, kf, vf = (x.transpose(1, 2) for x in (qs, ks, vs))
-    flash_out, flash_lse = windowed(qf, kf, vf, causal=True, window=window, scale=scale)
     sink_calls = []
     if s > 0:
         sink_calls.append((slice(window, window + s), True))
         if tokens - window > s:
             sink_calls.append((slice(window + s, None), False))
-    sinks = [
-        (rows_, windowed(qf[:, rows_], kf[:, :s], vf[:, :s], causal=causal, window=None, scale=scale))
-        for rows_, causal in sink_calls
-    ]
+    flash_error = None
+    if device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
+        flash_error = f"flash-attention takes float16 / bfloat16, not {dtype}"
+    else:
+        try:  # where this torch build's flash operator refuses a window, the candidate is skipped, and said so
+            flash_out, flash_lse = windowed(qf, kf, vf, causal=True, window=window, scale=scale)
+            sinks = [
+                (rows_, windowed(qf[:, rows_], kf[:, :s], vf[:, :s], causal=causal, window=None, scale=scale))
+                for rows_, causal in sink_calls
+            ]
+        except (RuntimeError, NotImplementedError) as err:
+            flash_error = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
 
     def flash_sink():
         for rows_, causal in sink_calls:
@@ -159,7 +166,7 @@ def parts(
             device,
             repeats,
         )
-    flash_runs = device.type != "cuda" or dtype in (torch.float16, torch.bfloat16)  # flash: 16-bit only
+    flash_runs = flash_error is None
     if flash_runs:
         times["flash window"] = median(
             lambda: windowed(qf, kf, vf, causal=True, window=window, scale=scale), device, repeats
@@ -182,6 +189,7 @@ def parts(
         "window": window, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": str(dtype),
         "device": str(device), "device_name": device_name(device), "repeats": repeats, "seconds": times,
         "faster_stream": faster, "streams": {"asked": 2, "used": part.two_streams(2, device)},
+        "flash_error": flash_error,
     }  # fmt: skip
 
 
@@ -215,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:17s} {s * 1e3:9.3f} ms  {s / stock:6.2f}x stock")
     used = result["streams"]["used"]
     print(f"  streams=2 ran on {used} CUDA stream{'s' if used > 1 else ' (no GPU: the one-stream path)'}")
+    if result["flash_error"]:
+        print(f"  flash path not timed: {result['flash_error']}")
     if result["faster_stream"]:
         print(f"  faster streaming path: {result['faster_stream']} (hybrid triton against hybrid flash)")
     if args.json:
