@@ -29,7 +29,9 @@ def test_kernel_parity_passes_and_exits_zero(small, capsys):
 def test_a_flash_merge_made_wrong_makes_kernel_parity_exit_one(small, monkeypatch, capsys):
     from corelens.attention.kernels import flashstream
 
-    monkeypatch.setattr(kernel_parity, "streams", lambda device, dtype=None: ("flash",))  # no interpreter: fast
+    monkeypatch.setattr(
+        kernel_parity, "streams", lambda device, dtype=None: ("flash",)
+    )  # no interpreter: fast
     monkeypatch.setattr(flashstream, "merge_", lambda out, lse, other, other_lse: None)  # the bug: no merge
     assert kernel_parity.main(["--dry-run"]) == 1
     failed = [line for line in capsys.readouterr().out.splitlines() if line.endswith("FAIL")]
@@ -54,7 +56,9 @@ def test_a_flash_operator_that_refuses_is_no_candidate_not_a_failure(small, monk
     def refuses(*args, **kwargs):  # as a torch build whose flash-attention takes no window would
         raise RuntimeError("window_size_left is not supported")
 
-    monkeypatch.setattr(kernel_parity, "streams", lambda device, dtype=None: ("flash",))  # no interpreter: fast
+    monkeypatch.setattr(
+        kernel_parity, "streams", lambda device, dtype=None: ("flash",)
+    )  # no interpreter: fast
     monkeypatch.setattr(flashstream, "reference_windowed", refuses)
     assert kernel_parity.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
