@@ -23,7 +23,19 @@ def small(monkeypatch):
 def test_kernel_parity_passes_and_exits_zero(small, capsys):
     assert kernel_parity.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "FAIL" not in out and "stream=flex" in out
+    assert "FAIL" not in out and "stream=flex" in out and "stream=flash" in out and "'streams': 2" in out
+
+
+def test_a_flash_merge_made_wrong_makes_kernel_parity_exit_one(small, monkeypatch, capsys):
+    from corelens.attention.kernels import flashstream
+
+    monkeypatch.setattr(
+        kernel_parity, "streams", lambda device, dtype=None: ("flash",)
+    )  # no interpreter: fast
+    monkeypatch.setattr(flashstream, "merge_", lambda out, lse, other, other_lse: None)  # the bug: no merge
+    assert kernel_parity.main(["--dry-run"]) == 1
+    failed = [line for line in capsys.readouterr().out.splitlines() if line.endswith("FAIL")]
+    assert failed and all("flash" in line for line in failed)
 
 
 def test_a_kernel_made_wrong_makes_kernel_parity_exit_one(small, monkeypatch, capsys):
@@ -36,6 +48,22 @@ def test_a_kernel_made_wrong_makes_kernel_parity_exit_one(small, monkeypatch, ca
     assert kernel_parity.main(["--dry-run"]) == 1
     out = capsys.readouterr().out
     assert "partitioned" in out and "FAIL" in out and "kernel parity FAILED" in out
+
+
+def test_a_flash_operator_that_refuses_is_no_candidate_not_a_failure(small, monkeypatch, capsys):
+    from corelens.attention.kernels import flashstream
+
+    def refuses(*args, **kwargs):  # as a torch build whose flash-attention takes no window would
+        raise RuntimeError("window_size_left is not supported")
+
+    monkeypatch.setattr(
+        kernel_parity, "streams", lambda device, dtype=None: ("flash",)
+    )  # no interpreter: fast
+    monkeypatch.setattr(flashstream, "reference_windowed", refuses)
+    assert kernel_parity.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "stream=flash: unavailable (RuntimeError: window_size_left is not supported)" in out
+    assert "FAIL" not in out
 
 
 def test_probe_decode_exits_one_when_a_check_fails(monkeypatch, capsys):

@@ -96,3 +96,38 @@ def test_bench_crossover_prints_the_table_and_writes_it(tmp_path, capsys):
         bench_crossover.main([*map(str, files), "--out", str(out), "--markdown", str(tmp_path / "c.md")]) == 0
     )
     assert "| 20% |" in (tmp_path / "c.md").read_text()
+
+
+def anatomy(triton_s, flash_s, device="cpu"):
+    seconds = {"hybrid": 1.0}
+    seconds.update({"hybrid triton": triton_s} if triton_s is not None else {})
+    seconds.update({"hybrid flash": flash_s} if flash_s is not None else {})
+    return {"tokens": 32768, "device_name": device, "seconds": seconds}
+
+
+def test_the_table_keeps_the_streaming_path_the_anatomy_measured_faster(tmp_path, capsys):
+    files = []
+    for i, r in enumerate(fake()):
+        files.append(tmp_path / f"hybrid-{i}.json")
+        files[-1].write_text(json.dumps(r))
+    out = tmp_path / "crossover.json"
+    for (triton_s, flash_s), want in (
+        ((2e-3, 1e-3), "flash"),
+        ((1e-3, 2e-3), "triton"),
+        ((1e-3, None), "triton"),
+    ):
+        (tmp_path / "anatomy.json").write_text(json.dumps(anatomy(triton_s, flash_s)))
+        argv = [*map(str, files), "--out", str(out), "--anatomy", str(tmp_path / "anatomy.json")]
+        assert bench_crossover.main(argv) == 0
+        assert crossover.Crossover.read(out).stream == want
+        assert f"streaming heads for --kernel auto: {want}" in capsys.readouterr().out
+    assert bench_crossover.main([*map(str, files), "--out", str(out)]) == 0  # no anatomy: the Triton kernel
+    assert crossover.Crossover.read(out).stream == "triton"
+    (tmp_path / "anatomy.json").write_text(json.dumps(anatomy(2e-3, 1e-3, "NVIDIA H200")))
+    argv = [*map(str, files), "--out", str(out), "--anatomy", str(tmp_path / "anatomy.json")]
+    assert bench_crossover.main(argv) == 1
+    assert "an anatomy of 'NVIDIA H200' beside kernel tables of 'cpu'" in capsys.readouterr().err
+    bad = tmp_path / "bad-stream.json"
+    bad.write_text(json.dumps({**crossover.Crossover.measured(fake()).to_json(), "stream": "flex"}))
+    with pytest.raises(InputError, match="unknown streaming path 'flex'"):
+        crossover.Crossover.read(bad)

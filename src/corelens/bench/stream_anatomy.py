@@ -7,9 +7,20 @@ model's layout (transposed views of (batch, n, heads, dim)):
 - ``full only``: causal sdpa over the full heads alone (gathered into one call);
 - ``triton stream``: the streaming heads in the Triton kernel (`attention/kernels/stream.py`; where it runs);
 - ``flex window``, ``flex sink``, ``merge``: the FlexAttention path's three parts for the streaming heads;
+- ``flash window``, ``flash sink``, ``flash merge``, ``flash stream``: the flash candidate's parts
+  (`attention/kernels/flashstream.py`: the left-window call, the two top-left sink calls, the fused merges)
+  and the whole of it, for the streaming heads;
 - ``hybrid``: the whole partitioned kernel (its default streaming path on this device, no crossover);
+  ``hybrid triton`` / ``hybrid flash``: with each CUDA streaming path (where it runs); ``hybrid streams=2``:
+  the default path with the full heads on a second CUDA stream (`partition.two_streams`: one stream off a
+  GPU, where it is the same computation);
 - ``first stock`` / ``first hybrid``: the first call at a length not seen before (N + 64): graph builds,
   compiles, block masks.
+
+The result names the faster of ``hybrid triton`` and ``hybrid flash`` (``faster_stream``), which
+`corelens.bench.crossover_table --anatomy` writes into the crossover table for `--kernel auto`. Off a GPU the
+flash parts run the dense reference of the same contract (`flashstream.reference_windowed`) and the Triton
+kernel runs under Triton's interpreter: the dry run's numbers say that each step runs, not which is faster.
 
 Each part: one warm-up call at the timed length, then the median of `repeats` (>= 3) calls; CUDA events on a
 GPU, wall time after a synchronisation elsewhere. A miss of the kernel table is then read here: which part is
@@ -28,9 +39,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from corelens.attention.kernels import Pattern, partitioned
+from corelens.attention.kernels import Pattern, flashstream, partitioned
 from corelens.attention.kernels import partition as part
 from corelens.attention.kernels import stream as triton_stream
+from corelens.attention.kernels.crossover import device_name
 from corelens.attention.kernels.partition import _flex_lse, default_stream, sink_block_mask, window_block_mask
 from corelens.bench.hybrid_kernels import choose_full, model_layout
 from corelens.bench.synthetic import sync
@@ -100,8 +112,38 @@ def parts(
 
     stream = default_stream(device)
 
-    def hybrid(x=qn, y=kn, z=vn):
-        return partitioned(x, y, z, None, full, pattern, scale, stream=stream)
+    def hybrid(x=qn, y=kn, z=vn, path=stream, streams=1):
+        return partitioned(x, y, z, None, full, pattern, scale, stream=path, streams=streams)
+
+    # The flash candidate's parts, on the streaming heads in flash's layout (batch, n, heads, dim).
+    windowed = flashstream.default_windowed(device)
+    qf, kf, vf = (x.transpose(1, 2) for x in (qs, ks, vs))
+    sink_calls = []
+    if s > 0:
+        sink_calls.append((slice(window, window + s), True))
+        if tokens - window > s:
+            sink_calls.append((slice(window + s, None), False))
+    flash_error = None
+    if device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
+        flash_error = f"flash-attention takes float16 / bfloat16, not {dtype}"
+    else:
+        try:  # where this torch build's flash operator refuses a window, the candidate is skipped, and said so
+            flash_out, flash_lse = windowed(qf, kf, vf, causal=True, window=window, scale=scale)
+            sinks = [
+                (rows_, windowed(qf[:, rows_], kf[:, :s], vf[:, :s], causal=causal, window=None, scale=scale))
+                for rows_, causal in sink_calls
+            ]
+        except (RuntimeError, NotImplementedError) as err:
+            flash_error = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+
+    def flash_sink():
+        for rows_, causal in sink_calls:
+            windowed(qf[:, rows_], kf[:, :s], vf[:, :s], causal=causal, window=None, scale=scale)
+
+    def flash_merge():
+        merged = flash_out.clone() if device.type != "cuda" else flash_out  # in place on the GPU: timing only
+        for rows_, (o, lse) in sinks:
+            flashstream.merge_(merged[:, rows_], flash_lse[..., rows_], o, lse)
 
     times = {
         "first stock": seconds(lambda: stock(q, k, v), device),
@@ -117,18 +159,37 @@ def parts(
             repeats,
         )
         times["merge"] = median(merge, device, repeats)
-    if stream == "triton" or (triton_stream.available() and triton_stream.interpreting()):
+    triton_runs = triton_stream.available() and (device.type == "cuda" or triton_stream.interpreting())
+    if triton_runs:
         times["triton stream"] = median(
             lambda: triton_stream.streaming_into(out, qn, kn, vn, sidx, stream_kv, None, pattern, scale),
             device,
             repeats,
         )
+    flash_runs = flash_error is None
+    if flash_runs:
+        times["flash window"] = median(
+            lambda: windowed(qf, kf, vf, causal=True, window=window, scale=scale), device, repeats
+        )
+        if sink_calls:
+            times["flash sink"] = median(flash_sink, device, repeats)
+            times["flash merge"] = median(flash_merge, device, repeats)
+        times["flash stream"] = median(
+            lambda: flashstream.streaming(qs, ks, vs, pattern, scale, windowed), device, repeats
+        )
     times["hybrid"] = median(hybrid, device, repeats)
+    paths = [p for p, runs in (("triton", triton_runs), ("flash", flash_runs)) if runs]
+    for path in paths:
+        times[f"hybrid {path}"] = median(lambda p=path: hybrid(path=p), device, repeats)
+    times["hybrid streams=2"] = median(lambda: hybrid(streams=2), device, repeats)
     part.layout.cache_clear()  # no state carried into a caller's next measurement
+    faster = min(paths, key=lambda p: times[f"hybrid {p}"]) if paths else None
     return {
         "tokens": tokens, "keep": keep, "full_heads": fidx.tolist(), "stream": stream, "sink": sink,
         "window": window, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": str(dtype),
-        "device": str(device), "repeats": repeats, "seconds": times,
+        "device": str(device), "device_name": device_name(device), "repeats": repeats, "seconds": times,
+        "faster_stream": faster, "streams": {"asked": 2, "used": part.two_streams(2, device)},
+        "flash_error": flash_error,
     }  # fmt: skip
 
 
@@ -159,7 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     stock = result["seconds"]["stock"]
     print(f"anatomy N={args.tokens} F={args.keep:.0%} ({result['stream']} streaming path), one layer:")
     for name, s in result["seconds"].items():
-        print(f"  {name:14s} {s * 1e3:9.3f} ms  {s / stock:6.2f}x stock")
+        print(f"  {name:17s} {s * 1e3:9.3f} ms  {s / stock:6.2f}x stock")
+    used = result["streams"]["used"]
+    print(f"  streams=2 ran on {used} CUDA stream{'s' if used > 1 else ' (no GPU: the one-stream path)'}")
+    if result["flash_error"]:
+        print(f"  flash path not timed: {result['flash_error']}")
+    if result["faster_stream"]:
+        print(f"  faster streaming path: {result['faster_stream']} (hybrid triton against hybrid flash)")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -5,8 +5,10 @@
 - ``flex``: FlexAttention with a per-head block mask, compiled (by name only; `auto` took it on CUDA before the
   partitioned kernel);
 - ``partitioned``: the full heads through stock causal sdpa on their own heads, the streaming heads in one
-  Triton kernel (sinks and window in one online softmax, `stream.py`; on CUDA) or as a window pass and a sink
-  pass merged by log-sum-exp (FlexAttention, one block mask shared by all heads; any device). Where a layer's head set would gain too little
+  Triton kernel (sinks and window in one online softmax, `stream.py`; on CUDA), as flash-attention calls with a
+  left window and a top-left sink pass joined by one fused merge (`flashstream.py`; CUDA, 16-bit), or as a
+  window pass and a sink pass merged by log-sum-exp (FlexAttention, one block mask shared by all heads; any
+  device). Where a layer's head set would gain too little
   (`DENSE_BELOW`, in corelens.choices; the `dense_below` argument) it runs every head dense and reports ``dense``;
 - ``auto``: ``partitioned`` on CUDA (with its dense crossover), falling back to ``blocked`` (which runs on any
   device) if it fails, with a RuntimeWarning and the reason in the session's record; else ``blocked``.

@@ -36,6 +36,8 @@ import torch
 from corelens.errors import InputError
 
 ENV = "CORELENS_CROSSOVER"
+# The CUDA streaming paths a table may choose between (`partition.STREAMS` less the FlexAttention passes).
+FAST_STREAMS = ("triton", "flash")
 
 
 def device_name(device: torch.device) -> str:
@@ -53,6 +55,15 @@ class Crossover:
     shares: tuple[float, ...]
     lengths: tuple[float, ...]
     source: str = ""
+    # The streaming heads' path measured faster on this device (`partitioned(stream=...)`, what `auto` runs):
+    # "triton" (the default, also where the anatomy was not measured) or "flash".
+    stream: str = "triton"
+
+    def __post_init__(self) -> None:
+        if self.stream not in FAST_STREAMS:
+            raise InputError(
+                f"crossover: unknown streaming path {self.stream!r}; expected one of {FAST_STREAMS}"
+            )
 
     @classmethod
     def measured(cls, results: Iterable[dict], source: str = "") -> Crossover:
@@ -90,6 +101,7 @@ class Crossover:
             "device": self.device,
             "shares": list(self.shares),
             "lengths": [_num(n) for n in self.lengths],
+            "stream": self.stream,
         }
 
     @classmethod
@@ -98,8 +110,11 @@ class Crossover:
         try:
             data = json.loads(Path(path).read_text())
             lengths = tuple(math.inf if n is None else float(n) for n in data["lengths"])
-            return cls(str(data["device"]), tuple(float(f) for f in data["shares"]), lengths, str(path))
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            return cls(
+                str(data["device"]), tuple(float(f) for f in data["shares"]), lengths, str(path),
+                str(data.get("stream", "triton")),
+            )  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError, InputError) as err:
             raise InputError(
                 f"{path}: not a crossover table ({type(err).__name__}: {err}); write one with "
                 "`python -m corelens.bench.crossover_table`"

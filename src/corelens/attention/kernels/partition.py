@@ -35,13 +35,14 @@ rows output zeros); any other model mask takes the blocked kernel's exact dense 
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
-from corelens.attention.kernels import crossover
+from corelens.attention.kernels import crossover, flashstream
 from corelens.attention.kernels import stream as triton_stream
 from corelens.attention.kernels.flexattn import BLOCK, _grid, _pack, flex_fn
 from corelens.attention.kernels.interface import Prefill, kernel
@@ -56,9 +57,10 @@ from corelens.attention.kernels.masks import (
 from corelens.attention.kernels.tiles import Padding, Plans, blocked
 
 # How the streaming heads run (`partitioned(stream=...)`): "triton", one kernel with the sinks inside
-# (`stream.py`, the CUDA default where Triton imports), or "flex", a window and a sink FlexAttention pass
-# merged by their log-sum-exps (`streaming` below; any device).
-STREAMS = ("triton", "flex")
+# (`stream.py`, the CUDA default where Triton imports), "flash", flash-attention's left window plus a top-left
+# sink pass and one fused merge (`flashstream.py`; CUDA in fp16 / bf16, the dense reference elsewhere), or
+# "flex", a window and a sink FlexAttention pass merged by their log-sum-exps (`streaming` below; any device).
+STREAMS = ("triton", "flex", "flash")
 
 # A call whose heads split into more runs than this gathers them instead (module docstring, "Heads").
 MAX_RUNS = 8
@@ -296,28 +298,76 @@ def _rows(
     compiled: bool,
     stream: str,
     full_call: str,
+    side: bool = False,
+    windowed=None,
 ) -> None:
     """Write hybrid attention of an unpadded prompt (batch, heads, n, dim) into `out` (batch, n, heads, dim);
-    the streaming heads only where `stream` is "flex" (the Triton kernel runs them for the whole batch)."""
+    the streaming heads only where `stream` is "flex" or "flash" (the Triton kernel runs them for the whole
+    batch). `side`: the full heads on the second CUDA stream (`two_streams`)."""
     full_calls, stream_calls = layout(full, key.shape[1], str(query.device))
-    if full_call == "one":
-        call = one_call(full, key.shape[1], str(query.device))
-        if call is not None:
-            q, k, v = (_take(x, i, r) for x, i, r in ((query, call.q, call.q_run), (key, call.kv, call.kv_run),
-                                                      (value, call.kv, call.kv_run)))  # fmt: skip
-            _put(out, call, _full(q, k, v, scale, call.members))
-    else:
-        _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
+    with _on_side(query.device) if side else nullcontext():
+        if full_call == "one":
+            call = one_call(full, key.shape[1], str(query.device))
+            if call is not None:
+                q, k, v = (_take(x, i, r) for x, i, r in ((query, call.q, call.q_run), (key, call.kv, call.kv_run),
+                                                          (value, call.kv, call.kv_run)))  # fmt: skip
+                _put(out, call, _full(q, k, v, scale, call.members))
+        else:
+            _each(query, key, value, out, full_calls, lambda q, k, v, m: _full(q, k, v, scale, m))
     if stream == "flex":
         _each(
             query, key, value, out, stream_calls,
             lambda q, k, v, m: streaming(q, k, v, pattern, scale, compiled),
         )  # fmt: skip
+    elif stream == "flash":
+        _each(
+            query, key, value, out, stream_calls,
+            lambda q, k, v, m: flashstream.streaming(q, k, v, pattern, scale, windowed),
+        )  # fmt: skip
 
 
 def default_stream(device: torch.device) -> str:
-    """Return how the streaming heads run by default on `device`: the Triton kernel on CUDA where it imports."""
-    return "triton" if device.type == "cuda" and triton_stream.available() else "flex"
+    """Return how the streaming heads run by default on `device`.
+
+    On CUDA where Triton imports: the path the active crossover table measured faster on this GPU
+    (`crossover.Crossover.stream`: "triton" or "flash"), else the Triton kernel. Elsewhere "flex".
+    """
+    if device.type != "cuda" or not triton_stream.available():
+        return "flex"
+    table = crossover.active(device)
+    return table.stream if table is not None else "triton"
+
+
+# `partitioned(streams=2)`: the full heads on a second CUDA stream while the streaming heads run on the current
+# one, so each group's last, partly idle waves overlap the other's work. One side stream per device.
+_SIDE: dict[int, torch.cuda.Stream] = {}
+
+
+def two_streams(streams: int, device: torch.device) -> int:
+    """Return how many CUDA streams `partitioned(streams=...)` uses on `device`: 2 asked on CUDA, else 1.
+
+    Off a GPU there is one stream of work (a CPU runs ops in order), so `streams=2` is accepted and runs
+    exactly the one-stream path (the same results, op for op).
+    """
+    if streams not in (1, 2):
+        raise ValueError(f"streams must be 1 or 2, got {streams!r}")
+    return 2 if streams == 2 and device.type == "cuda" else 1
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE:
+        _SIDE[index] = torch.cuda.Stream(device=index)
+    return _SIDE[index]
+
+
+@contextmanager
+def _on_side(device: torch.device):
+    """Run the block on the device's side stream, after the work queued so far on the current stream."""
+    side = _side_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        yield
 
 
 @kernel("partitioned")
@@ -328,20 +378,25 @@ def partitioned(
     compiled: bool | None = None,
     stream: str | None = None,
     full_call: str | None = None,
+    streams: int = 1,
+    windowed=None,
 ) -> torch.Tensor:
     """Return hybrid prefill attention (batch, n, heads, dim_v): sdpa for the full heads, window + sinks for the rest.
 
-    `stream`: "triton" or "flex" (`STREAMS`; default `default_stream`); `full_call`: "one" (every full head in
-    one sdpa call, `one_call`; the default with the Triton stream) or "runs" (one call per head count / run of
-    consecutive heads, read in place; the default with flex); `compiled`: FlexAttention through
-    `torch.compile` (default: on CUDA); `plans` as for `blocked`.
+    `stream`: "triton", "flex" or "flash" (`STREAMS`; default `default_stream`); `full_call`: "one" (every
+    full head in one sdpa call, `one_call`; the default with the Triton and flash streams) or "runs" (one call
+    per head count / run of consecutive heads, read in place; the default with flex); `streams`: 2 runs the
+    full heads on a second CUDA stream (`two_streams`; a CPU runs the one-stream path); `compiled`:
+    FlexAttention through `torch.compile` (default: on CUDA); `windowed`: the flash path's windowed-attention
+    primitive (`flashstream.Windowed`; default flash-attention on CUDA); `plans` as for `blocked`.
     """
     query, key, value, mask, full, pattern, scale = call
     compiled = query.device.type == "cuda" if compiled is None else compiled
     stream = stream or default_stream(query.device)
     if stream not in STREAMS:
         raise ValueError(f"unknown streaming path {stream!r}; expected one of {STREAMS}")
-    full_call = full_call or ("one" if stream == "triton" else "runs")
+    side = two_streams(streams, query.device) == 2
+    full_call = full_call or ("runs" if stream == "flex" else "one")
     batch, heads, n, _ = query.shape
     flags = tuple(bool(x) for x in full.tolist())
     if pattern.is_dense(n):  # the window covers every causal pair: all heads are full heads
@@ -352,19 +407,21 @@ def partitioned(
         return blocked(*call, plans=plans)
     out = query.new_empty(batch, n, heads, value.shape[-1])
     if not any(padding.starts):  # one call for the whole batch
-        _rows(query, key, value, out, flags, pattern, scale, compiled, stream, full_call)
+        _rows(query, key, value, out, flags, pattern, scale, compiled, stream, full_call, side, windowed)
     else:
         for b, start in enumerate(padding.starts):  # row b runs from its first real token, as a prompt alone
             one = slice(b, b + 1), slice(None), slice(start, None)
             out[b, :start] = 0
             _rows(
                 query[one], key[one], value[one], out[b : b + 1, start:], flags, pattern, scale, compiled,
-                stream, full_call,
+                stream, full_call, side, windowed,
             )  # fmt: skip
     if stream == "triton" and not all(flags):  # every streaming head of every row: one launch
         heads, kv = stream_table(flags, key.shape[1], str(query.device))
         starts = torch.tensor(padding.starts, dtype=torch.int32, device=query.device)
         triton_stream.streaming_into(out, query, key, value, heads, kv, starts, pattern, scale)
+    if side:  # the caller's stream sees `out` only once the full heads on the side stream are written
+        torch.cuda.current_stream(query.device).wait_stream(_side_stream(query.device))
     return out
 
 
