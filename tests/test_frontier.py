@@ -123,3 +123,24 @@ def test_a_bad_heads_file_is_one_line(tmp_path, capsys):
     assert len(said) == 1 and str(bad) in said[0] and "Traceback" not in err
     assert not (tmp_path / "out" / "methods").exists()  # refused before the first answer
     assert [m.label for m in methods_of([f"x={good}", str(good)])] == ["x", "good"]
+
+
+def test_methods_are_named_by_the_scorer_their_run_records(tmp_path):
+    """Real rank runs (a dict `score` in the manifest, none for RAM) and their export (headset.json's
+    provenance) name their method by the scorer."""
+    import corelens
+    from corelens.cli import main
+    from corelens.organism import organism_path
+    from corelens.organism.tasks import generate
+
+    m = corelens.load(organism_path(), device="cpu")
+    data = generate("document", tmp_path / "data", n=2, seed=7)
+    corelens.rank(m, data, query="answer", k=None, out=tmp_path / "a")
+    corelens.rank(m, data, score="outside-window", sink="4", window="16", k=None, out=tmp_path / "b")
+    assert main(["export", str(tmp_path / "b"), "--out", str(tmp_path / "b-set")]) == 0
+    methods = methods_of([str(tmp_path / "a" / "heads.csv"), str(tmp_path / "b"), str(tmp_path / "b-set")])
+    assert [(x.label, x.scorer) for x in methods] == [
+        ("ram", "ram"),
+        ("outside-window", "outside-window"),
+        ("outside-window-2", "outside-window"),
+    ]

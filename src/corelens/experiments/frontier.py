@@ -53,24 +53,42 @@ class Method:
 
 
 def recorded_scorer(heads: Path) -> str:
-    """Return the scorer a ranking records (`scorer` or `score`, at the top of its headset.json or rank manifest,
-    or in their settings / source / ranking); "" if none."""
+    """Return the scorer a ranking records: `scorer` or `score` (a name, or a scorer's `{"name": ...}`) at the
+    top of its headset.json or rank manifest, or in their settings / source / ranking / provenance; "ram" for
+    a rank run that records none (RAM's runs record no score); "" if nothing says.
+
+    Examples:
+        >>> import json, tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "manifest.json").write_text(json.dumps({"command": "rank", "settings": {}}))
+        >>> recorded_scorer(folder / "heads.csv")
+        'ram'
+        >>> _ = (folder / "headset.json").write_text(json.dumps({"provenance": {"score": {"name": "gates"}}}))
+        >>> recorded_scorer(folder / "heads.csv")
+        'gates'
+    """
+    rank_run = False
     for name in ("headset.json", "manifest.json"):
         path = heads.parent / name
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-            except ValueError:
-                continue
-            nested = (
-                [data.get(k, {}) for k in ("settings", "source", "ranking")] if isinstance(data, dict) else []
-            )
-            for where in (data, *nested):
-                if isinstance(where, dict):
-                    for key in ("scorer", "score"):
-                        if isinstance(where.get(key), str):
-                            return where[key]
-    return ""
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        rank_run = rank_run or (name == "manifest.json" and data.get("command") == "rank")
+        nested = [data.get(k, {}) for k in ("settings", "source", "ranking", "provenance")]
+        for where in (data, *nested):
+            if isinstance(where, dict):
+                for key in ("scorer", "score"):
+                    value = where.get(key)
+                    if isinstance(value, dict):
+                        value = value.get("name")
+                    if isinstance(value, str):
+                        return value
+    return "ram" if rank_run else ""
 
 
 def methods_of(specs: Sequence[str]) -> list[Method]:
