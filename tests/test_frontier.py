@@ -144,3 +144,33 @@ def test_methods_are_named_by_the_scorer_their_run_records(tmp_path):
         ("outside-window", "outside-window"),
         ("outside-window-2", "outside-window"),
     ]
+
+
+def test_the_report_counts_kv_budgets_in_kv_heads(tmp_path):
+    """At KV granularity the finding names the KV heads kept full (and their query heads), not the query heads
+    as if they were KV heads; a table of an older frontier (no kv_full_heads) says query heads."""
+    from corelens.report.summary import frontier_sentences
+
+    cells = pd.DataFrame(
+        {
+            "method": ["gates"] * 2,
+            "granularity": "kv",
+            "budget": ["1", "2"],
+            "full_heads": [4, 8],
+            "kv_full_heads": [1.0, 2.0],
+            "cache_kept_fraction": [0.25, 0.4],
+            "dense_accuracy": 1.0,
+            "hybrid_accuracy": [0.5, 1.0],
+            "hybrid_ci_low": [0.2, 0.8],
+            "hybrid_ci_high": [0.8, 1.0],
+            "ablate_accuracy": [0.5, 0.0],
+        }
+    )
+    budgets = pd.DataFrame([{"method": "gates", "granularity": "kv", "budget": "2", "full_heads": 8.0,
+                             "cache_kept_fraction": 0.4, "reached": True, "ci_low": 0.4, "ci_high": 0.4}])  # fmt: skip
+    cells.to_csv(tmp_path / "frontier.csv", index=False)
+    budgets.to_csv(tmp_path / "frontier_budgets.csv", index=False)
+    said = frontier_sentences(tmp_path, {"settings": {"data": "x/document.jsonl"}})
+    assert "from 2 full KV heads (8 query heads), 40 % of the KV cache" in said[0]
+    cells.drop(columns="kv_full_heads").to_csv(tmp_path / "frontier.csv", index=False)
+    assert "from 8 full query heads, 40 %" in frontier_sentences(tmp_path, {})[0]

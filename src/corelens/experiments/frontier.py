@@ -39,7 +39,7 @@ RANDOM = "random"
 COLUMNS = [
     "method", "scorer", "granularity", "budget", "full_heads", "fraction", "kv_fraction", "cache_kept_fraction",
     "dense_accuracy", "hybrid_accuracy", "hybrid_ci_low", "hybrid_ci_high", "hybrid_interval", "relative",
-    "ablate_accuracy", "ablate_ci_low", "ablate_ci_high", "drop", "draws", "n",
+    "ablate_accuracy", "ablate_ci_low", "ablate_ci_high", "drop", "draws", "n", "kv_full_heads",
 ]  # fmt: skip
 
 
@@ -154,6 +154,7 @@ def cells(
                     "drop": dense_acc - abl_acc,
                     "draws": int(h["seeds"]),
                     "n": int(per["n"].iloc[0]),
+                    "kv_full_heads": float(per["kv_full_heads"].mean()),
                 }
             )
     return rows
