@@ -211,6 +211,17 @@ def read_heads(path: Path) -> pd.DataFrame:
 
 def _rank(run: Path, manifest: dict) -> Markup:
     heads = read_heads(RANK.path(run, "heads")).sort_values("rank")
+    score = manifest.get("settings", {}).get("score")
+    name = score.get("name") if isinstance(score, dict) else None
+    if name not in (None, "ram"):  # another scorer: its values, no RAM wording, lift or RAM sparsity
+        kv = "granularity" in heads.columns and (heads["granularity"] == "kv").any()
+        best = ", ".join(
+            f"L{int(r.layer)}{'KV' if kv else 'H'}{int(r['head'])} {number(r.mass, 3)}"
+            for _, r in heads.head(TOP).iterrows()
+        )
+        return Markup(
+            "{}: on {}, the {} ranked highest by the {} score (docs/methods.md#head-scores) are {}."
+        ).format(_link(run), _data_name(manifest), "KV heads" if kv else "heads", name, best)
     best = ", ".join(
         f"L{int(r.layer)}H{int(r['head'])} {pct(r.mass)} (lift {number(r.lift, 1)}×)"
         for _, r in heads.head(TOP).iterrows()
