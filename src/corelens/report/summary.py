@@ -219,9 +219,9 @@ def _rank(run: Path, manifest: dict) -> Markup:
             f"L{int(r.layer)}{'KV' if kv else 'H'}{int(r['head'])} {number(r.mass, 3)}"
             for _, r in heads.head(TOP).iterrows()
         )
-        return Markup(
-            "{}: on {}, the {} ranked highest by the {} score (docs/methods.md#head-scores) are {}."
-        ).format(_link(run), _data_name(manifest), "KV heads" if kv else "heads", name, best)
+        return Markup("{}: on {}, the {} ranked highest by the {} score are {}.").format(
+            _link(run), _data_name(manifest), "KV heads" if kv else "heads", name, best
+        )
     best = ", ".join(
         f"L{int(r.layer)}H{int(r['head'])} {pct(r.mass)} (lift {number(r.lift, 1)}×)"
         for _, r in heads.head(TOP).iterrows()
