@@ -174,3 +174,21 @@ def test_the_report_counts_kv_budgets_in_kv_heads(tmp_path):
     assert "from 2 full KV heads (8 query heads), 40 % of the KV cache" in said[0]
     cells.drop(columns="kv_full_heads").to_csv(tmp_path / "frontier.csv", index=False)
     assert "from 8 full query heads, 40 %" in frontier_sentences(tmp_path, {})[0]
+
+
+def test_rankings_are_compared_at_each_granularity():
+    """With --granularity query,kv the agreement is given in both units, the budgets counted in each."""
+    from corelens.experiments.frontier import agreement
+
+    def table(order, heads):
+        return pd.DataFrame([(layer, head, i + 1) for i, (layer, head) in enumerate(order)],
+                            columns=["layer", "head", "rank"]).assign(heads=heads)  # fmt: skip
+
+    query = [(layer, head) for layer in range(4) for head in range(8)]
+    kv = [(layer, head) for layer in range(4) for head in range(2)]
+    tables = {("a", "query"): table(query, 8), ("b", "query"): table(query[::-1], 8),
+              ("a", "kv"): table(kv, 2), ("b", "kv"): table(kv, 2)}  # fmt: skip
+    got = agreement(tables, ["query", "kv"], ["2", "50%"])
+    assert got[["granularity", "k"]].values.tolist() == [["query", 2], ["query", 16], ["kv", 2], ["kv", 4]]
+    assert got["spearman"].tolist() == pytest.approx([-1, -1, 1, 1])
+    assert got["overlap"].tolist() == [0.0, 0.0, 1.0, 1.0]

@@ -7,7 +7,7 @@ each run as its own resumable run folder under `methods/<label>/<granularity>/` 
 cell is exactly what `hybrid` / `ablate` give on the same set and data. The random control is drawn once (on
 the first method's table, as those commands draw it). The tail writes `frontier.csv`, `frontier_budgets.csv`
 (per method the smallest budget keeping >= 95 % of dense accuracy, with a paired bootstrap interval over the
-samples), `rankings.csv` (pairwise top-k overlap and Spearman) and `figures/frontier.png`.
+samples), `rankings.csv` (pairwise top-k overlap and Spearman, at each granularity) and `figures/frontier.png`.
 """
 
 from __future__ import annotations
@@ -229,6 +229,18 @@ def rankings(tables: dict[str, pd.DataFrame], counts: Sequence[int]) -> pd.DataF
     return pd.DataFrame(rows, columns=["method_a", "method_b", "k", "overlap", "spearman"])
 
 
+def agreement(tables: dict, grans: Sequence[str | None], ks: Sequence[str]) -> pd.DataFrame:
+    """Return `rankings` at each granularity (`tables`: (label, granularity) -> head table in that unit), the
+    budgets `ks` counted in that unit, with a `granularity` column."""
+    parts = []
+    for gran in grans:
+        mine = {label: t for (label, g), t in tables.items() if g == gran}
+        counts = sorted({k_count(k, len(t)) for t in mine.values() for k in ks})
+        unit = gran or granularity_of(next(iter(mine.values())))
+        parts.append(rankings(mine, counts).assign(granularity=unit))
+    return pd.concat(parts, ignore_index=True)
+
+
 @dataclass
 class Frontier:
     """The result: the cells (`table`), the smallest budgets (`budgets`) and the rankings' agreement."""
@@ -308,8 +320,7 @@ def frontier(
     intervals = pd.DataFrame(budget_rows, columns=["method", "granularity", "ci_low", "ci_high"])
     found = found.merge(intervals, on=["method", "granularity"], how="left")
     found["interval"] = np.where(found["method"] == RANDOM, "", "paired bootstrap over samples")
-    counts = sorted({k_count(k, len(t)) for t in tables.values() for k in ks})
-    agree = rankings({lab: t for (lab, g), t in tables.items() if g == grans[0]}, counts)
+    agree = agreement(tables, grans, ks)
     result = Frontier(table, found, agree)
     if run is not None:
         from corelens.report.frontier_curves import frontier_figure
