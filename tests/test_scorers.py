@@ -159,7 +159,7 @@ def test_ram_is_the_default_and_unchanged(tiny):
     pd.testing.assert_frame_equal(default.ram.drop(columns="views"), named.ram.drop(columns="views"))
 
 
-def test_score_on_the_command_line_records_the_scorer(tiny, tmp_path):
+def test_score_on_the_command_line_records_the_scorer(tiny, tmp_path, capsys):
     """`rank --score` writes the usual tables at both granularities; manifest and headset.json name the scorer."""
     model, data = tiny
     out = tmp_path / "run"
@@ -177,6 +177,7 @@ def test_score_on_the_command_line_records_the_scorer(tiny, tmp_path):
         main([*argv, "--score", "outside-window", "--sink", "2", "--window", "3", "--granularity", "kv"]) == 0
     )
     assert len(pd.read_csv(out / "heads.csv")) == 4
+    assert "top KV heads (sum of their query heads' outside-window score)" in capsys.readouterr().out
 
 
 @pytest.mark.e2e
