@@ -123,3 +123,72 @@ def test_a_bad_heads_file_is_one_line(tmp_path, capsys):
     assert len(said) == 1 and str(bad) in said[0] and "Traceback" not in err
     assert not (tmp_path / "out" / "methods").exists()  # refused before the first answer
     assert [m.label for m in methods_of([f"x={good}", str(good)])] == ["x", "good"]
+
+
+def test_methods_are_named_by_the_scorer_their_run_records(tmp_path):
+    """Real rank runs (a dict `score` in the manifest, none for RAM) and their export (headset.json's
+    provenance) name their method by the scorer."""
+    import corelens
+    from corelens.cli import main
+    from corelens.organism import organism_path
+    from corelens.organism.tasks import generate
+
+    m = corelens.load(organism_path(), device="cpu")
+    data = generate("document", tmp_path / "data", n=2, seed=7)
+    corelens.rank(m, data, query="answer", k=None, out=tmp_path / "a")
+    corelens.rank(m, data, score="outside-window", sink="4", window="16", k=None, out=tmp_path / "b")
+    assert main(["export", str(tmp_path / "b"), "--out", str(tmp_path / "b-set")]) == 0
+    methods = methods_of([str(tmp_path / "a" / "heads.csv"), str(tmp_path / "b"), str(tmp_path / "b-set")])
+    assert [(x.label, x.scorer) for x in methods] == [
+        ("ram", "ram"),
+        ("outside-window", "outside-window"),
+        ("outside-window-2", "outside-window"),
+    ]
+
+
+def test_the_report_counts_kv_budgets_in_kv_heads(tmp_path):
+    """At KV granularity the finding names the KV heads kept full (and their query heads), not the query heads
+    as if they were KV heads; a table of an older frontier (no kv_full_heads) says query heads."""
+    from corelens.report.summary import frontier_sentences
+
+    cells = pd.DataFrame(
+        {
+            "method": ["gates"] * 2,
+            "granularity": "kv",
+            "budget": ["1", "2"],
+            "full_heads": [4, 8],
+            "kv_full_heads": [1.0, 2.0],
+            "cache_kept_fraction": [0.25, 0.4],
+            "dense_accuracy": 1.0,
+            "hybrid_accuracy": [0.5, 1.0],
+            "hybrid_ci_low": [0.2, 0.8],
+            "hybrid_ci_high": [0.8, 1.0],
+            "ablate_accuracy": [0.5, 0.0],
+        }
+    )
+    budgets = pd.DataFrame([{"method": "gates", "granularity": "kv", "budget": "2", "full_heads": 8.0,
+                             "cache_kept_fraction": 0.4, "reached": True, "ci_low": 0.4, "ci_high": 0.4}])  # fmt: skip
+    cells.to_csv(tmp_path / "frontier.csv", index=False)
+    budgets.to_csv(tmp_path / "frontier_budgets.csv", index=False)
+    said = frontier_sentences(tmp_path, {"settings": {"data": "x/document.jsonl"}})
+    assert "from 2 full KV heads (8 query heads), 40 % of the KV cache" in said[0]
+    cells.drop(columns="kv_full_heads").to_csv(tmp_path / "frontier.csv", index=False)
+    assert "from 8 full query heads, 40 %" in frontier_sentences(tmp_path, {})[0]
+
+
+def test_rankings_are_compared_at_each_granularity():
+    """With --granularity query,kv the agreement is given in both units, the budgets counted in each."""
+    from corelens.experiments.frontier import agreement
+
+    def table(order, heads):
+        return pd.DataFrame([(layer, head, i + 1) for i, (layer, head) in enumerate(order)],
+                            columns=["layer", "head", "rank"]).assign(heads=heads)  # fmt: skip
+
+    query = [(layer, head) for layer in range(4) for head in range(8)]
+    kv = [(layer, head) for layer in range(4) for head in range(2)]
+    tables = {("a", "query"): table(query, 8), ("b", "query"): table(query[::-1], 8),
+              ("a", "kv"): table(kv, 2), ("b", "kv"): table(kv, 2)}  # fmt: skip
+    got = agreement(tables, ["query", "kv"], ["2", "50%"])
+    assert got[["granularity", "k"]].values.tolist() == [["query", 2], ["query", 16], ["kv", 2], ["kv", 4]]
+    assert got["spearman"].tolist() == pytest.approx([-1, -1, 1, 1])
+    assert got["overlap"].tolist() == [0.0, 0.0, 1.0, 1.0]

@@ -113,3 +113,51 @@ def test_greedy_resumes_after_its_last_saved_step(organism, samples, tmp_path):
     )
     resumed = greedy_heads(organism, samples, settings, folder=tmp_path)
     assert resumed.order == whole.order and resumed.evaluations == whole.evaluations
+
+
+KV_POOL = ((0, 0), (0, 1), (1, 0), (2, 1))  # KV heads (layer, kv head) of the organism: 4 query heads each
+
+
+@pytest.mark.e2e
+def test_kv_greedy_selects_whole_kv_heads_as_brute_force_finds(organism, samples):
+    """granularity "kv": each unit is a KV head, its 4 query heads kept full together; every step is the best
+    extension among the 16 subsets of whole KV heads, scored by the reference hybrid path."""
+    forced = [prepare(organism, s, answer=s.answer) for s in samples]
+    group = organism.num_heads // organism.num_kv_heads
+
+    def value(units) -> float:
+        heads = [(layer, kv * group + j) for layer, kv in units for j in range(group)]
+        with hybrid(organism, heads, sink=S, window=W, kernel="reference"):
+            return sum(_logp(organism, f) for f in forced) / len(forced)
+
+    brute = {
+        frozenset(c): value(c) for n in range(len(KV_POOL) + 1) for c in itertools.combinations(KV_POOL, n)
+    }
+    assert max(brute.values()) - min(brute.values()) > 0.05
+    settings = GreedySettings(budget=3, sink=S, window=W, candidates=KV_POOL, batch=4, granularity="kv")
+    result = greedy_heads(organism, samples, settings)
+    chosen: list = []
+    for unit, value_after in zip(result.order, result.values, strict=True):
+        options = {u: brute[frozenset([*chosen, u])] for u in KV_POOL if u not in chosen}
+        assert options[unit] == pytest.approx(max(options.values()), abs=1e-4)
+        chosen.append(unit)
+        assert value_after == pytest.approx(brute[frozenset(chosen)], abs=1e-4)
+    assert list(result.table().columns[:3]) == ["rank", "layer", "kv_head"]
+
+
+def test_rank_score_greedy_kv_gives_each_query_head_its_kv_heads_score(organism, tmp_path):
+    """`rank --score greedy --granularity kv`: the selection is of KV heads, recorded in the scorer's settings."""
+    import json
+
+    import pandas as pd
+
+    data = generate("image", tmp_path / "data", 2, seed=5)
+    score = {"name": "greedy", "sink": str(S), "window": str(W), "greedy_budget": 2, "granularity": "kv"}
+    ranking = corelens.rank(organism, data, score=score, granularity="kv", k=None, out=tmp_path / "run")
+    picked = pd.read_csv(tmp_path / "run" / "greedy.csv")
+    assert list(picked.columns[:3]) == ["rank", "layer", "kv_head"] and len(picked) == 2
+    assert ranking.top(2) == list(zip(picked["layer"], picked["kv_head"], strict=True))
+    per_query = ranking.ram.groupby(["layer", "head"])["mass"].first().to_numpy().reshape(4, 8)
+    assert (per_query.reshape(4, 2, 4) == per_query.reshape(4, 2, 4)[..., :1]).all()  # one score per KV group
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["settings"]["score"]["granularity"] == "kv"

@@ -159,7 +159,7 @@ def test_ram_is_the_default_and_unchanged(tiny):
     pd.testing.assert_frame_equal(default.ram.drop(columns="views"), named.ram.drop(columns="views"))
 
 
-def test_score_on_the_command_line_records_the_scorer(tiny, tmp_path):
+def test_score_on_the_command_line_records_the_scorer(tiny, tmp_path, capsys):
     """`rank --score` writes the usual tables at both granularities; manifest and headset.json name the scorer."""
     model, data = tiny
     out = tmp_path / "run"
@@ -177,6 +177,7 @@ def test_score_on_the_command_line_records_the_scorer(tiny, tmp_path):
         main([*argv, "--score", "outside-window", "--sink", "2", "--window", "3", "--granularity", "kv"]) == 0
     )
     assert len(pd.read_csv(out / "heads.csv")) == 4
+    assert "top KV heads (sum of their query heads' outside-window score)" in capsys.readouterr().out
 
 
 @pytest.mark.e2e
@@ -203,3 +204,19 @@ def test_every_scorer_ranks_the_organism_from_the_command_line(tmp_path):
         heads = pd.read_csv(out / "heads.csv")
         assert len(heads) == 32 and heads["n"].eq(6).all() and heads["p_top4"].sum() == pytest.approx(4)
         assert json.loads((out / "manifest.json").read_text())["settings"]["score"]["name"] == name
+
+
+def test_the_report_names_the_scorer_of_a_rank_run(tiny, tmp_path):
+    """The report's finding of a rank run by another score names that score, not RAM (nor its lift)."""
+    from corelens.report.summary import summary_section
+
+    model, data = tiny
+    m = corelens.load(model)
+    said = {}
+    for name in ("ram", "outside-window"):
+        rank(m, data, score=name, sink="2", window="3", k=None, out=tmp_path / name)
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        said[name] = str(summary_section([tmp_path / name], [manifest]))
+    assert "(RAM)" in said["ram"] and "lift" in said["ram"]
+    assert "ranked highest by the outside-window score" in said["outside-window"]
+    assert "RAM" not in said["outside-window"] and "lift" not in said["outside-window"]

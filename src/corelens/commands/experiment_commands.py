@@ -28,7 +28,8 @@ def show_rank(ranking, config) -> None:
     """Print the top heads and those whose top-k membership is uncertain."""
     unit = "KV" if ranking.granularity == "kv" else "H"
     best = ", ".join(f"L{layer}{unit}{head}" for layer, head in ranking.top(5))
-    what = f"KV heads ({config.kv_rule} of their query heads' RAM)" if unit == "KV" else "heads"
+    score = "RAM" if config.score == "ram" else f"{config.score} score"
+    what = f"KV heads ({config.kv_rule} of their query heads' {score})" if unit == "KV" else "heads"
     print(f"ranked {ranking.ram['sample_id'].nunique()} samples; top {what}: {best}")
     for column in [c for c in ranking.heads.columns if c.startswith("p_top")]:
         edge = ranking.heads[(ranking.heads[column] > 0.2) & (ranking.heads[column] < 0.8)]

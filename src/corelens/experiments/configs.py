@@ -99,7 +99,7 @@ class RankConfig:
     granularity: str = option(
         "query",
         help="rank query heads, or KV heads scored from their query heads (heads.csv then lists KV heads "
-        "and --k counts them; docs/methods.md#kv-heads)",
+        "and --k counts them; docs/methods.md#kv-heads); gates and greedy then learn / select whole KV heads",
         choices=GRANULARITIES,
     )
     kv_rule: str = option(

@@ -7,7 +7,7 @@ each run as its own resumable run folder under `methods/<label>/<granularity>/` 
 cell is exactly what `hybrid` / `ablate` give on the same set and data. The random control is drawn once (on
 the first method's table, as those commands draw it). The tail writes `frontier.csv`, `frontier_budgets.csv`
 (per method the smallest budget keeping >= 95 % of dense accuracy, with a paired bootstrap interval over the
-samples), `rankings.csv` (pairwise top-k overlap and Spearman) and `figures/frontier.png`.
+samples), `rankings.csv` (pairwise top-k overlap and Spearman, at each granularity) and `figures/frontier.png`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ RANDOM = "random"
 COLUMNS = [
     "method", "scorer", "granularity", "budget", "full_heads", "fraction", "kv_fraction", "cache_kept_fraction",
     "dense_accuracy", "hybrid_accuracy", "hybrid_ci_low", "hybrid_ci_high", "hybrid_interval", "relative",
-    "ablate_accuracy", "ablate_ci_low", "ablate_ci_high", "drop", "draws", "n",
+    "ablate_accuracy", "ablate_ci_low", "ablate_ci_high", "drop", "draws", "n", "kv_full_heads",
 ]  # fmt: skip
 
 
@@ -53,24 +53,42 @@ class Method:
 
 
 def recorded_scorer(heads: Path) -> str:
-    """Return the scorer a ranking records (`scorer` or `score`, at the top of its headset.json or rank manifest,
-    or in their settings / source / ranking); "" if none."""
+    """Return the scorer a ranking records: `scorer` or `score` (a name, or a scorer's `{"name": ...}`) at the
+    top of its headset.json or rank manifest, or in their settings / source / ranking / provenance; "ram" for
+    a rank run that records none (RAM's runs record no score); "" if nothing says.
+
+    Examples:
+        >>> import json, tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "manifest.json").write_text(json.dumps({"command": "rank", "settings": {}}))
+        >>> recorded_scorer(folder / "heads.csv")
+        'ram'
+        >>> _ = (folder / "headset.json").write_text(json.dumps({"provenance": {"score": {"name": "gates"}}}))
+        >>> recorded_scorer(folder / "heads.csv")
+        'gates'
+    """
+    rank_run = False
     for name in ("headset.json", "manifest.json"):
         path = heads.parent / name
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-            except ValueError:
-                continue
-            nested = (
-                [data.get(k, {}) for k in ("settings", "source", "ranking")] if isinstance(data, dict) else []
-            )
-            for where in (data, *nested):
-                if isinstance(where, dict):
-                    for key in ("scorer", "score"):
-                        if isinstance(where.get(key), str):
-                            return where[key]
-    return ""
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        rank_run = rank_run or (name == "manifest.json" and data.get("command") == "rank")
+        nested = [data.get(k, {}) for k in ("settings", "source", "ranking", "provenance")]
+        for where in (data, *nested):
+            if isinstance(where, dict):
+                for key in ("scorer", "score"):
+                    value = where.get(key)
+                    if isinstance(value, dict):
+                        value = value.get("name")
+                    if isinstance(value, str):
+                        return value
+    return "ram" if rank_run else ""
 
 
 def methods_of(specs: Sequence[str]) -> list[Method]:
@@ -136,6 +154,7 @@ def cells(
                     "drop": dense_acc - abl_acc,
                     "draws": int(h["seeds"]),
                     "n": int(per["n"].iloc[0]),
+                    "kv_full_heads": float(per["kv_full_heads"].mean()),
                 }
             )
     return rows
@@ -208,6 +227,18 @@ def rankings(tables: dict[str, pd.DataFrame], counts: Sequence[int]) -> pd.DataF
                     {"method_a": a, "method_b": b, "k": k, "overlap": len(shared) / k, "spearman": rho}
                 )
     return pd.DataFrame(rows, columns=["method_a", "method_b", "k", "overlap", "spearman"])
+
+
+def agreement(tables: dict, grans: Sequence[str | None], ks: Sequence[str]) -> pd.DataFrame:
+    """Return `rankings` at each granularity (`tables`: (label, granularity) -> head table in that unit), the
+    budgets `ks` counted in that unit, with a `granularity` column."""
+    parts = []
+    for gran in grans:
+        mine = {label: t for (label, g), t in tables.items() if g == gran}
+        counts = sorted({k_count(k, len(t)) for t in mine.values() for k in ks})
+        unit = gran or granularity_of(next(iter(mine.values())))
+        parts.append(rankings(mine, counts).assign(granularity=unit))
+    return pd.concat(parts, ignore_index=True)
 
 
 @dataclass
@@ -289,8 +320,7 @@ def frontier(
     intervals = pd.DataFrame(budget_rows, columns=["method", "granularity", "ci_low", "ci_high"])
     found = found.merge(intervals, on=["method", "granularity"], how="left")
     found["interval"] = np.where(found["method"] == RANDOM, "", "paired bootstrap over samples")
-    counts = sorted({k_count(k, len(t)) for t in tables.values() for k in ks})
-    agree = rankings({lab: t for (lab, g), t in tables.items() if g == grans[0]}, counts)
+    agree = agreement(tables, grans, ks)
     result = Frontier(table, found, agree)
     if run is not None:
         from corelens.report.frontier_curves import frontier_figure

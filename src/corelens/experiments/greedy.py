@@ -10,7 +10,9 @@ The value of a set H is the mean over the samples of the gold answer's log-proba
   whose zeroing, with H's, lowers the value most (its gain: value(H) - value(H + h), the loss it adds).
 
 It stops at `budget` heads. The score of a head is its selection order (1 first) and its gain; heads never
-selected have none. Ties go to the lower (layer, head). `candidates` narrows the pool.
+selected have none. Ties go to the lower (layer, head). `candidates` narrows the pool. With `granularity`
+"kv" the units selected are KV heads (layer, KV head): a unit in H puts all the query heads of its KV group
+in the set, so the selection is made among whole KV heads, as a trimmed cache keeps them.
 
 Evaluation: `batch` = 0 evaluates one set per forward through the policies themselves (`set_value`); `batch`
 = B (the default) evaluates the candidate sets of one step B at a time, as B copies of one sample in one
@@ -46,6 +48,7 @@ from corelens.runs.dist import current as current_launch
 from corelens.runs.files import read_bytes, write_text
 
 MODES = ("hybrid", "ablate")
+GRANULARITIES = ("query", "kv")
 CHECKPOINT = "greedy.json"
 
 Head = tuple[int, int]
@@ -61,10 +64,15 @@ class GreedySettings:
     window: int = 16
     candidates: tuple[Head, ...] | None = None  # None: every head of the model
     batch: int = 32  # candidate sets per forward (copies of one sample); 0: one set per forward, by policy
+    granularity: str = "query"  # the unit: a query head, or a KV head ("kv": its group of query heads)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise OptionError(f"greedy: unknown mode {self.mode!r}; expected one of {MODES}")
+        if self.granularity not in GRANULARITIES:
+            raise OptionError(
+                f"greedy: unknown granularity {self.granularity!r}; expected one of {GRANULARITIES}"
+            )
         if self.budget < 1 or self.batch < 0:
             raise OptionError(
                 f"greedy: need a budget >= 1 head and batch >= 0, got {self.budget}, {self.batch}"
@@ -79,7 +87,8 @@ class GreedySettings:
 
 @dataclass
 class GreedyResult:
-    """The heads in selection order, each one's gain, and the set's value after each step."""
+    """The heads in selection order (KV heads with granularity "kv"), each one's gain, and the set's value
+    after each step."""
 
     order: list[Head]
     gains: list[float]
@@ -90,12 +99,13 @@ class GreedyResult:
     extra: dict = field(default_factory=dict)
 
     def table(self) -> pd.DataFrame:
-        """Return one row per selected head: rank (1 first), layer, head, gain, value."""
+        """Return one row per selected head: rank (1 first), layer, head (kv_head for KV units), gain, value."""
+        column = "head" if self.settings.granularity == "query" else "kv_head"
         return pd.DataFrame(
             {
                 "rank": np.arange(1, len(self.order) + 1),
                 "layer": [h[0] for h in self.order],
-                "head": [h[1] for h in self.order],
+                column: [h[1] for h in self.order],
                 "gain": self.gains,
                 "value": self.values,
             }
@@ -212,7 +222,8 @@ def greedy_heads(
 ) -> GreedyResult:
     """Grow the kept set greedily over `samples` (each with its answer); return the order and the gains.
 
-    `value`, when given, replaces the policy evaluation of a set (the samples are then not read). `folder`:
+    `value`, when given, replaces the policy evaluation of a set of query heads (the samples are then not
+    read). With `settings.granularity` "kv", `candidates` and the result's `order` are KV heads. `folder`:
     each step's choice is saved there (`greedy.json`, by rank 0) and a later call resumes after
     the last saved step.
 
@@ -257,9 +268,17 @@ def greedy_heads(
     else:
         values_of = lambda sets: [value(h) for h in sets]  # noqa: E731
 
+    kv = settings.granularity == "kv"
+    group = m.num_heads // m.num_kv_heads if kv else 1
+    units = m.num_kv_heads if kv else m.num_heads
     pool = list(settings.candidates) if settings.candidates is not None else [
-        (layer, head) for layer in range(m.num_layers) for head in range(m.num_heads)
+        (layer, unit) for layer in range(m.num_layers) for unit in range(units)
     ]  # fmt: skip
+
+    def heads_of(chosen: Sequence[Head]) -> tuple[Head, ...]:
+        """Return the query heads of the units `chosen` (a KV head: its group's query heads)."""
+        return tuple((layer, unit * group + j) for layer, unit in chosen for j in range(group))
+
     pool = sorted({(int(a), int(b)) for a, b in pool})
     sign = 1.0 if settings.mode == "hybrid" else -1.0
     chosen: list[Head] = []
@@ -281,7 +300,7 @@ def greedy_heads(
         evaluations = 1
     for step in range(len(chosen), min(settings.budget, len(pool))):
         left = [head for head in pool if head not in chosen]
-        vs = values_of([tuple(chosen) + (head,) for head in left])
+        vs = values_of([heads_of([*chosen, head]) for head in left])
         evaluations += len(left)
         best, best_value = None, None
         for head, v in zip(left, vs, strict=True):

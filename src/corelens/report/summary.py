@@ -211,6 +211,17 @@ def read_heads(path: Path) -> pd.DataFrame:
 
 def _rank(run: Path, manifest: dict) -> Markup:
     heads = read_heads(RANK.path(run, "heads")).sort_values("rank")
+    score = manifest.get("settings", {}).get("score")
+    name = score.get("name") if isinstance(score, dict) else None
+    if name not in (None, "ram"):  # another scorer: its values, no RAM wording, lift or RAM sparsity
+        kv = "granularity" in heads.columns and (heads["granularity"] == "kv").any()
+        best = ", ".join(
+            f"L{int(r.layer)}{'KV' if kv else 'H'}{int(r['head'])} {number(r.mass, 3)}"
+            for _, r in heads.head(TOP).iterrows()
+        )
+        return Markup("{}: on {}, the {} ranked highest by the {} score are {}.").format(
+            _link(run), _data_name(manifest), "KV heads" if kv else "heads", name, best
+        )
     best = ", ".join(
         f"L{int(r.layer)}H{int(r['head'])} {pct(r.mass)} (lift {number(r.lift, 1)}×)"
         for _, r in heads.head(TOP).iterrows()
@@ -345,21 +356,20 @@ def frontier_sentences(run: Path, manifest: dict) -> list[str]:
         if cells.empty:
             continue
         dense = float(cells["dense_accuracy"].iloc[0])
-        unit = "KV heads" if b["granularity"] == "kv" else "heads"
         if bool(b["reached"]):
             row = cells[cells["full_heads"] == b["full_heads"]].sort_values("cache_kept_fraction").iloc[0]
             interval = ""
             if not missing(b.get("ci_low")):
                 high = "beyond the budgets tried" if missing(b.get("ci_high")) else pct(b["ci_high"])
                 interval = f" [{pct(b['ci_low'])}, {high}] of the cache"
-            text = (f"{b['method']} keeps ≥ 95 % of dense accuracy on {data} ({pct(dense)}) from {int(row['full_heads'])} "
-                    f"full {unit}, {pct(row['cache_kept_fraction'])} of the KV cache{interval}: "
+            text = (f"{b['method']} keeps ≥ 95 % of dense accuracy on {data} ({pct(dense)}) from {_full(row, b['granularity'])}"
+                    f", {pct(row['cache_kept_fraction'])} of the KV cache{interval}: "
                     f"{pct(row['hybrid_accuracy'])} [{pct(row['hybrid_ci_low'])}, {pct(row['hybrid_ci_high'])}]; "
                     f"zeroing that set leaves {pct(row['ablate_accuracy'])}")  # fmt: skip
         else:
             best = cells.sort_values("hybrid_accuracy").iloc[-1]
             text = (f"{b['method']} keeps < 95 % of dense accuracy on {data} ({pct(dense)}) at every budget tried; "
-                    f"its best, {int(best['full_heads'])} full {unit} ({pct(best['cache_kept_fraction'])} of the KV "
+                    f"its best, {_full(best, b['granularity'])} ({pct(best['cache_kept_fraction'])} of the KV "
                     f"cache), keeps {pct(best['hybrid_accuracy'])} [{pct(best['hybrid_ci_low'])}, "
                     f"{pct(best['hybrid_ci_high'])}]")  # fmt: skip
         said.append(text)
@@ -369,6 +379,20 @@ def frontier_sentences(run: Path, manifest: dict) -> list[str]:
         said.append(f"Least KV cache kept at ≥ 95 % of dense accuracy: {best['method']} ({best['granularity']} "
                     f"heads), {pct(best['cache_kept_fraction'])} of the cache")  # fmt: skip
     return said
+
+
+def _full(row: pd.Series, granularity: str) -> str:
+    """Return a frontier cell's set size in words: "8 full heads", or "2 full KV heads (8 query heads)" at KV
+    granularity (`full_heads` counts query heads; a table without `kv_full_heads` says only those)."""
+    heads = int(row["full_heads"])
+    if granularity != "kv":
+        return f"{heads} full heads"
+    kv = row.get("kv_full_heads")
+    return (
+        f"{heads} full query heads"
+        if missing(kv)
+        else f"{round(float(kv))} full KV heads ({heads} query heads)"
+    )
 
 
 def _items(run: Path, sentences: list[str], empty: str) -> Markup:

@@ -18,7 +18,7 @@ The contract every scorer keeps (`corelens rank --score NAME`, `cl.rank(m, data,
   `prepare(m, sample, job)` and logs `measure(m, sample, prepared, job)`'s record. A scorer that needs a
   training loop or many forwards over all samples at once overrides `score` and returns its records the
   same way (one per sample where it can: per-sample values make the intervals; one record with id "all"
-  gives intervals of zero width), logging what it needs to resume under `job.run` (None: no output folder).
+  gives a heads.csv without intervals or P(top-k)), logging what it needs to resume under `job.run` (None: no output folder).
 - Attention is read inside the one registered attention function (probes of `corelens.attention.probes`),
   never as an N x N matrix.
 """

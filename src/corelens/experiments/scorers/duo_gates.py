@@ -3,8 +3,8 @@
 `experiments.gates.fit_gates` does the work (the gated attention inside the one attention function, the
 loss, Adam, the clamp, the checkpoint); this scorer runs it in the rank run's folder (`gates.pt`: a killed run
 resumes), writes the loss curve as a table (`gate_losses.csv`) and a figure (`figures/gate_loss.png`) and the
-learned gates (`gates.csv`), and returns one record (id "all": one optimisation, so the intervals have zero
-width) whose `mass` is each query head's alpha (a KV gate's alpha on each of its query heads). The rank's
+learned gates (`gates.csv`), and returns one record (id "all": one optimisation, so heads.csv has no
+intervals or P(top-k)) whose `mass` is each query head's alpha (a KV gate's alpha on each of its query heads). The rank's
 `--granularity` is the gates': "kv" trains one gate per KV head, as DuoAttention does for GQA models.
 """
 
