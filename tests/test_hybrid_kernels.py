@@ -219,7 +219,8 @@ def test_auto_prefers_partitioned_on_cuda_and_falls_back(monkeypatch):
     monkeypatch.setattr(kernels, "choose", lambda kind, device: "flex")
     monkeypatch.setitem(kernels.IMPLEMENTATIONS, "flex", broken)
     q, k, v, full = _inputs(1, 4, 2, 90, seed=5)
-    out, ran, reason = kernels.prefill("auto", q, k, v, None, full, Pattern(3, 20), 0.25)
+    with pytest.warns(RuntimeWarning, match="flex failed .*no triton here.*; using blocked"):
+        out, ran, reason = kernels.prefill("auto", q, k, v, None, full, Pattern(3, 20), 0.25)
     assert ran == "blocked" and "no triton here" in reason
     assert (out - reference(q, k, v, None, full, Pattern(3, 20), 0.25)).abs().max().item() <= 1e-5
     with pytest.raises(RuntimeError, match="no triton"):  # an explicit choice never falls back
