@@ -72,6 +72,7 @@ step() {
   timeout "$limit" "$@" 2>>"$out/stderr.txt" | tee -a "$out/gpu.txt"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" != 0 ]; then
+    failed=$((failed + 1))
     echo "$name did not finish (exit $rc$([ "$rc" = 124 ] && echo ": past its ${limit} s")); stderr.txt ends:" \
       | tee -a "$out/gpu.txt"
     tail -n 5 "$out/stderr.txt" | tee -a "$out/gpu.txt"
@@ -99,6 +100,7 @@ table() {  # the results folder's table.md: what docs/performance.md quotes (15 
 }
 
 part=${1:-all}
+failed=0  # steps that did not finish: the script exits 1 when any did, after writing what it has
 if [ "$part" != probe ]; then
   : >"$out/gpu.txt"
   : >"$out/stderr.txt"
@@ -140,7 +142,10 @@ print('GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no
 fi
 if [ "$part" != prefill ]; then
   [ "$part" = probe ] && : >"$out/gpu.txt" && : >"$out/stderr.txt"
-  step 80 "probe and decode parity" "$py" -m corelens.bench.probe_decode "${probe[@]}"
+  step 80 "probe and decode parity" "$py" -m corelens.bench.probe_decode "${probe[@]}" || {
+    echo "probe / decode parity failed: no timing is worth running" | tee -a "$out/gpu.txt"
+    exit 1
+  }
   limits=(115 155)
   for i in 0 1; do
     n=${rams[$i]}
@@ -155,4 +160,8 @@ if [ "$part" != prefill ]; then
     echo "## Probe and decode"
     grep -E '^(ram bench|decode bench|probe|decode)' "$out/gpu.txt" || true
   } >>"$out/table.md"
+fi
+if [ "$failed" != 0 ]; then
+  echo "$failed step(s) did not finish (above): the tables hold only what finished" | tee -a "$out/gpu.txt"
+  exit 1
 fi
