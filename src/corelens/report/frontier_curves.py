@@ -27,6 +27,7 @@ def frontier_figure(table: pd.DataFrame, path: str | Path, *, title: str | None 
         )
         ax.axhline(0.95 * dense, color="black", lw=0.6, ls="--", label="95 % of dense")
     several = table["granularity"].nunique() > 1
+    drawn: set[str] = set()
     for (method, gran), group in table.groupby(["method", "granularity"], sort=False):
         group = group.sort_values("cache_kept_fraction")
         x = 100 * group["cache_kept_fraction"]
@@ -41,8 +42,16 @@ def frontier_figure(table: pd.DataFrame, path: str | Path, *, title: str | None 
             if kept in group and group[acc].notna().any():
                 g = group.dropna(subset=[acc]).sort_values(kept)
                 marker = "s" if how == "top" else "^"
-                ax.plot(100 * g[kept], g[acc], ls="--", marker=marker, color=line.get_color(),
-                        label=f"{label}, graded {how.replace('_', '+')}")  # fmt: skip
-    label_accuracy(ax, "KV cache kept (% of a full cache)", "hybrid accuracy")
+                ax.plot(100 * g[kept], g[acc], ls="--", marker=marker, color=line.get_color())
+                drawn.add(how)
+    for how in sorted(drawn):  # one legend entry per select, in black: the colour says the method
+        marker = "s" if how == "top" else "^"
+        ax.plot([], [], ls="--", marker=marker, color="black", label=f"graded {how.replace('_', '+')}")
+    label_accuracy(
+        ax, "KV cache kept (% of a full cache)", "hybrid accuracy" + (" (graded dashed)" if drawn else "")
+    )
+    if drawn:  # more curves than the plot can hide a legend among
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.set_size_inches(8.0, 4.2)
     ax.set_title(title or "accuracy against KV cache kept", fontsize=9)
     return save_figure(fig, path)
