@@ -261,7 +261,10 @@ def test_frontier_graded_cells_match_their_binary_cells_kv_share(tmp_path):
     argv = ["frontier", "--model", str(organism_path()), "--data", str(data), "--heads", str(heads), "--out",
             str(out), "--budgets", "2,8", "--sink", "4", "--window", "16", "--draws", "1", "--max-new-tokens", "2",
             "--graded", "sink+window,top"]  # fmt: skip
+    assert main(argv[:-2]) == 0  # first without: then resumed with --graded, only the graded cells answered
+    hybrid_log = (out / "methods" / "ram" / "own" / "hybrid" / "samples.jsonl").read_text()
     assert main(argv) == 0
+    assert (out / "methods" / "ram" / "own" / "hybrid" / "samples.jsonl").read_text() == hybrid_log
     table = pd.read_csv(out / "frontier.csv").astype({"budget": str})
     mine = table[table["method"] == "ram"].set_index("budget")
     assert table.loc[table["method"] == "random", "graded_top_accuracy"].isna().all()
