@@ -9,7 +9,7 @@ DOCTESTS := src/corelens/runs src/corelens/registered.py src/corelens/experiment
 	src/corelens/attention/streaming.py src/corelens/heads/artifact.py src/corelens/metrics \
 	src/corelens/data/sample.py src/corelens/models/prepare.py src/corelens/policies/__init__.py \
 	src/corelens/report/curves.py src/corelens/report/heatmap.py src/corelens/report/summary.py src/corelens/commands/preflight.py src/corelens/experiments/hybrid.py \
-	src/corelens/policies/graded_budget.py src/corelens/policies/hybrid_attention.py src/corelens/experiments/frontier.py \
+	src/corelens/policies/graded_budget.py src/corelens/policies/hybrid_attention.py src/corelens/experiments/frontier.py src/corelens/experiments/graded_cells.py \
 	src/corelens/attention/kernels/crossover.py src/corelens/attention/kernels/flashstream.py \
 	src/corelens/attention/gating.py src/corelens/experiments/gates.py src/corelens/experiments/greedy.py \
 	src/corelens/deprecation.py src/corelens/organism/__init__.py src/corelens/lazy.py src/corelens/capture/omega.py \

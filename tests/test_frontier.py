@@ -44,6 +44,7 @@ def test_frontier_cells_are_hybrid_and_ablate_on_the_same_set(tmp_path):
     assert main(argv) == 0
     table = pd.read_csv(out / "frontier.csv")
     assert sorted(set(table["method"])) == ["ram", "random", "reversed"]
+    assert not [c for c in table if c.startswith("graded")]  # without --graded: the table as before
     assert (out / "figures" / "frontier.png").stat().st_size > 0
     assert set(pd.read_csv(out / "frontier_budgets.csv")["method"]) == {"ram", "random", "reversed"}
     agree = pd.read_csv(out / "rankings.csv")
@@ -192,3 +193,94 @@ def test_rankings_are_compared_at_each_granularity():
     assert got[["granularity", "k"]].values.tolist() == [["query", 2], ["query", 16], ["kv", 2], ["kv", 4]]
     assert got["spearman"].tolist() == pytest.approx([-1, -1, 1, 1])
     assert got["overlap"].tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def _by_hand(m, samples, heads, budget, select):
+    """Answer `samples` under `graded` built here from heads.csv's mass column (nothing of the frontier's)."""
+    from corelens.experiments.evaluate import evaluate
+    from corelens.policies import Policy
+
+    rows = pd.read_csv(heads)
+    scores = [[int(a), int(b), float(c)] for a, b, c in zip(rows["layer"], rows["head"], rows["mass"])]
+    policy = Policy.from_dict(
+        {"name": "graded", "scores": scores, "budget": budget, "select": select, "sink": 4}
+    )
+    return evaluate(m, samples, policy=policy, max_new_tokens=2).records.set_index("id")
+
+
+def test_graded_cells_are_the_graded_policy_answered_by_hand(tmp_path):
+    """Each graded cell answers as `evaluate` under the same `graded` policy built by hand; at budget 1 it
+    keeps the whole cache and answers as the model itself (the dense baseline and `evaluate` without one)."""
+    import corelens
+    from corelens.data.sample import read_samples
+    from corelens.experiments.evaluate import evaluate
+    from corelens.experiments.graded_cells import graded_cells
+    from corelens.organism import organism_path
+    from corelens.organism.tasks import generate
+
+    m = corelens.load(organism_path(), device="cpu")
+    data = generate("document", tmp_path / "data", n=2, seed=7)
+    heads = _heads(tmp_path / "rank", ALL)
+    pd.read_csv(heads).assign(mass=[((7 * i) % 11) / 10 for i in range(32)]).to_csv(heads, index=False)
+    out = tmp_path / "graded"
+    budgets = {"2": 0.3, "all": 1.0}
+    table = graded_cells(m, data, heads, budgets, ["sink+window", "top"], sink=4, max_new_tokens=2, out=out)
+    records = pd.read_parquet(out / "records.parquet")
+    samples, _ = read_samples(data)
+    for select in ("sink+window", "top"):
+        for keep, budget in budgets.items():
+            got = records[records["condition"] == f"{select}/{keep}"].set_index("sample")["prediction"]
+            assert got.to_dict() == _by_hand(m, samples, heads, budget, select)["prediction"].to_dict()
+    cell = table.set_index(["set", "keep"])
+    assert cell.loc[("top", "2"), "cache_kept_fraction"] == pytest.approx(0.3, abs=0.01)  # the budget kept
+    assert cell.loc[("top", "all"), "cache_kept_fraction"] == 1.0
+    dense = evaluate(m, samples, max_new_tokens=2).records.set_index("id")["prediction"].to_dict()
+    assert records[records["condition"] == "dense"].set_index("sample")["prediction"].to_dict() == dense
+    for select in ("sink+window", "top"):
+        assert (
+            records[records["condition"] == f"{select}/all"].set_index("sample")["prediction"].to_dict()
+            == dense
+        )
+
+
+@pytest.mark.e2e
+def test_frontier_graded_cells_match_their_binary_cells_kv_share(tmp_path):
+    """--graded: each method's graded cell keeps the binary cell's share of the KV cache, answers as the policy
+    built by hand at that budget, is drawn and said in the finding, and resumes without answering again."""
+    import corelens
+    from corelens.cli import main
+    from corelens.data.sample import read_samples
+    from corelens.organism import organism_path
+    from corelens.organism.tasks import generate
+    from corelens.report.summary import frontier_sentences
+
+    data = generate("document", tmp_path / "data", n=3, seed=7)
+    heads = _heads(tmp_path / "rank", [(0, 3), (0, 4), *[p for p in ALL if p not in ((0, 3), (0, 4))]], "ram")
+    pd.read_csv(heads).assign(mass=[((7 * i) % 11) / 10 for i in range(32)]).to_csv(heads, index=False)
+    out = tmp_path / "frontier"
+    argv = ["frontier", "--model", str(organism_path()), "--data", str(data), "--heads", str(heads), "--out",
+            str(out), "--budgets", "2,8", "--sink", "4", "--window", "16", "--draws", "1", "--max-new-tokens", "2",
+            "--graded", "sink+window,top"]  # fmt: skip
+    assert main(argv[:-2]) == 0  # first without: then resumed with --graded, only the graded cells answered
+    hybrid_log = (out / "methods" / "ram" / "own" / "hybrid" / "samples.jsonl").read_text()
+    assert main(argv) == 0
+    assert (out / "methods" / "ram" / "own" / "hybrid" / "samples.jsonl").read_text() == hybrid_log
+    table = pd.read_csv(out / "frontier.csv").astype({"budget": str})
+    mine = table[table["method"] == "ram"].set_index("budget")
+    assert table.loc[table["method"] == "random", "graded_top_accuracy"].isna().all()
+    for stem in ("graded_sink_window", "graded_top"):
+        assert (mine[f"{stem}_kept"] - mine["cache_kept_fraction"]).abs().max() < 0.01  # equal KV budget
+        assert mine[f"{stem}_ci_low"].le(mine[f"{stem}_accuracy"]).all()
+    graded = json.loads((out / "methods" / "ram" / "own" / "graded" / "manifest.json").read_text())
+    assert graded["settings"]["budgets"] == mine["cache_kept_fraction"].to_dict()
+    m = corelens.load(organism_path(), device="cpu")
+    samples, _ = read_samples(data)
+    for keep in ("2", "8"):
+        by_hand = _by_hand(m, samples, heads, mine.loc[keep, "cache_kept_fraction"], "top")
+        assert mine.loc[keep, "graded_top_accuracy"] == by_hand["correct"].mean()
+    assert (out / "figures" / "frontier.png").stat().st_size > 0
+    said = frontier_sentences(out, json.loads((out / "manifest.json").read_text()))
+    assert [line.split(" beats")[0] for line in said[-2:]] == ["Graded sink+window", "Graded top"]
+    logged = (out / "methods" / "ram" / "own" / "graded" / "samples.jsonl").read_text()
+    assert main(argv) == 0  # resumed: nothing answered twice
+    assert (out / "methods" / "ram" / "own" / "graded" / "samples.jsonl").read_text() == logged

@@ -106,6 +106,13 @@ def test_budgets_follow_the_scores_and_the_policy_is_plain_data():
     assert table.tolist() == [[6.0, 2.0], [1.0, 9.0]]
     assert allocate(table, 0.3, 0.25, N).tolist() == [_budgets(0.3, 0.25)[:2], _budgets(0.3, 0.25)[2:]]
     uniform = allocate(table, 0.3, 1.0, N)  # floor 1: every head the same budget, whatever its score
+    # One head's share above the prompt: the cap's leftover goes to the others by score, the total kept.
+    skewed = allocate(torch.tensor([[50.0, 1.0], [1.0, 0.0]]), 0.6, 0.1, N)
+    assert (
+        skewed[0, 0] == N
+        and skewed.sum() == round(0.6 * 4 * N)
+        and skewed[0, 1] == skewed[1, 0] > skewed[1, 1]
+    )
     assert uniform.unique().tolist() == [12]
     policy = GradedBudget(SCORES, budget=0.3, select="top")
     assert Policy.from_json(policy.to_json()) == policy and POLICIES["graded"] is GradedBudget

@@ -20,6 +20,8 @@ MAX_COUNT = 100_000
 # and the knockout key sets (docs/methods.md#interventions).
 OPS = names("policy", base="HeadsPolicy")
 KEY_SETS = ("visual", "omega")
+# policies.graded_budget: which prompt keys a graded head keeps (`corelens frontier --graded`).
+GRADED_SELECTS = ("sink+window", "top")
 # The fields of a head policy a sweep fills from each head set (so `--policy` leaves them out); the rest of its
 # fields are its parameters.
 HEADS_FILLED = ("heads", "label", "seed", "meta")

@@ -8,6 +8,10 @@ cell is exactly what `hybrid` / `ablate` give on the same set and data. The rand
 the first method's table, as those commands draw it). The tail writes `frontier.csv`, `frontier_budgets.csv`
 (per method the smallest budget keeping >= 95 % of dense accuracy, with a paired bootstrap interval over the
 samples), `rankings.csv` (pairwise top-k overlap and Spearman, at each granularity) and `figures/frontier.png`.
+With `graded` ("sink+window", "top" or both), each method's cells are also answered under the `graded` policy
+built from its own scores at the binary cell's share of the KV cache (`corelens.experiments.graded_cells`, run
+folder `methods/<label>/<granularity>/graded`): per select, columns `graded_<select>_accuracy`, `_ci_low`,
+`_ci_high` (Wilson), `_kept` (the share the policy reports) and `_relative` (`graded_columns`), a dashed curve.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from scipy.stats import spearmanr
 
 from corelens.errors import CorelensError
 from corelens.experiments import ablate, hybrid
+from corelens.experiments.graded_cells import graded_cells, parse_selects
 from corelens.experiments.policy_sweep import read_heads
 from corelens.metrics import draws as draw_rules
 from corelens.metrics.headsets import k_count, parse_k, select
@@ -41,6 +46,33 @@ COLUMNS = [
     "dense_accuracy", "hybrid_accuracy", "hybrid_ci_low", "hybrid_ci_high", "hybrid_interval", "relative",
     "ablate_accuracy", "ablate_ci_low", "ablate_ci_high", "drop", "draws", "n", "kv_full_heads",
 ]  # fmt: skip
+
+
+def graded_columns(select: str) -> list[str]:
+    """Return frontier.csv's columns of one graded select (added only with `--graded`).
+
+    Examples:
+        >>> graded_columns("sink+window")[:2]
+        ['graded_sink_window_accuracy', 'graded_sink_window_ci_low']
+    """
+    stem = "graded_" + select.replace("+", "_")
+    return [f"{stem}_{x}" for x in ("accuracy", "ci_low", "ci_high", "kept", "relative")]
+
+
+def add_graded(rows: list[dict], graded: pd.DataFrame, selects: Sequence[str]) -> None:
+    """Fill the graded columns of one method's rows (its top set's, by budget) from its graded.csv."""
+    for r in rows:
+        for how in selects:
+            got = graded[(graded["set"] == how) & (graded["keep"].astype(str) == r["budget"])]
+            names = graded_columns(how)
+            values = [float("nan")] * 5
+            if len(got):
+                g = got.iloc[0]
+                acc = float(g["accuracy"])
+                dense = r["dense_accuracy"]
+                rel = acc / dense if dense else float("nan")
+                values = [acc, float(g["ci_low"]), float(g["ci_high"]), float(g["cache_kept_fraction"]), rel]
+            r.update(zip(names, values))
 
 
 @dataclass(frozen=True)
@@ -266,13 +298,16 @@ def frontier(
     max_draws: int = draw_rules.MAX_DRAWS,
     scorer: str = "auto",
     max_new_tokens: int = 8,
+    graded: str | Sequence[str] | None = None,
     ctx: RunContext | None = None,
     **context,
 ) -> Frontier:
     """Compare the rankings `heads` (PATH or LABEL=PATH) on `data`: hybrid accuracy and ablation drop of each
     one's top set at each budget (module docstring). `granularity`: "query", "kv", a list of both, or None
-    (each table's own). The random control (`draws` draws) is drawn on the first method's table."""
+    (each table's own). The random control (`draws` draws) is drawn on the first method's table. `graded`:
+    the selects of the graded cells ("sink+window,top"; None: none), at each binary cell's KV budget."""
     ctx = RunContext.of(ctx, **context)
+    selects = parse_selects(graded)
     methods = methods_of(list(heads))
     if len(methods) < 1:
         raise CorelensError("frontier: give at least one --heads file")
@@ -311,11 +346,18 @@ def frontier(
                              ctx=RunContext(out=None if where is None else where / "ablate", **sub), **common)  # fmt: skip
             unit = gran or granularity_of(tables[(method.label, gran)])
             got = cells(h.summary, a.summary, h.table, method, unit, sets)
+            if selects:
+                mine = [r for r in got if r["method"] == method.label]
+                budgets = {r["budget"]: r["cache_kept_fraction"] for r in mine}
+                g = graded_cells(m, data, method.heads, budgets, selects, sink=h.sink, granularity=gran,
+                                 seed=seed, scorer=scorer, max_new_tokens=max_new_tokens,
+                                 ctx=RunContext(out=None if where is None else where / "graded", **sub))  # fmt: skip
+                add_graded(mine, g, selects)
             rows += got
             budget_rows.append(
                 _budget(h, method.label, unit, [r for r in got if r["method"] == method.label], seed)
             )
-    table = pd.DataFrame(rows, columns=COLUMNS)
+    table = pd.DataFrame(rows, columns=COLUMNS + [c for x in selects for c in graded_columns(x)])
     found = smallest_budget(table)
     intervals = pd.DataFrame(budget_rows, columns=["method", "granularity", "ci_low", "ci_high"])
     found = found.merge(intervals, on=["method", "granularity"], how="left")
@@ -328,8 +370,8 @@ def frontier(
         samples = int(table["n"].max()) if len(table) else 0
         draw = lambda paths: frontier_figure(table, paths["frontier"], title=f"frontier on {Path(data).name}")  # noqa: E731
         tables_out = {"table": table, "budgets": found, "rankings": agree}
-        conclude(run, FRONTIER, tables_out, draw=draw, manifest={"methods": [x.__dict__ for x in methods]},
-                 samples=samples)  # fmt: skip
+        said = {"methods": [x.__dict__ for x in methods], **({"graded": selects} if selects else {})}
+        conclude(run, FRONTIER, tables_out, draw=draw, manifest=said, samples=samples)
     return result
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from corelens.choices import (
     DENSE_BELOW,
+    GRADED_SELECTS,
     HYBRID_POLICIES,
     HYBRID_SET_KINDS,
     KERNELS,
@@ -294,6 +295,12 @@ class FrontierConfig:
     op: str = option("zero", help="ablation operator: docs/methods.md#interventions", choices=OPS)
     scorer: str = scorer_option()
     max_new_tokens: int = max_new_tokens_option()
+    graded: str | None = option(
+        None,
+        help="also answer each method's cells under graded per-KV-head budgets (its scores, the binary cell's "
+        "KV share): sink+window, top or sink+window,top; default: off",
+        type=("names_of", GRADED_SELECTS, "graded select"),
+    )
     run: None = run_options("use the first N samples")
 
     def kwargs(self) -> dict:
@@ -308,6 +315,7 @@ class FrontierConfig:
             "max_draws",
             "seed",
             "op",
+            "graded",
         )
         return {
             **{n: getattr(self, n) for n in names},

@@ -3,8 +3,9 @@
 docs/methods.md#graded-budgets. The total budget is `budget` x (KV heads x prompt length) keys; every KV head
 gets an equal floor (`floor` of the mean per-head budget), the rest is shared in proportion to the heads'
 scores (query-head scores summed per KV group, as SparseMM does for GQA), each head's budget capped at the
-prompt. Within a head, `select` chooses which prompt keys stay: "sink+window" (the first `sink` keys and the
-most recent ones up to the head's budget) or "top" (the keys that the last `rows` prompt rows, the
+prompt and what the cap leaves over shared by score among the other heads (`allocate`). Within a head, `select`
+chooses which prompt keys stay: "sink+window" (the first `sink` keys and the most recent ones up to the head's
+budget) or "top" (the keys that the last `rows` prompt rows, the
 observation window, attend to most, summed over the group's query heads and the rows, plus those `rows`
 keys themselves, as SnapKV / SparseMM). The kept keys are chosen at the prefill; from the observation rows on
 (the question, then every decoding step) a head reads only its kept prompt keys and the generated ones, the
@@ -24,18 +25,23 @@ from corelens.attention.dispatch import AttentionCall, AttentionHook, Kernel
 from corelens.attention.kernels.dense import masked_attention
 from corelens.attention.kernels.masks import allowed_mask
 from corelens.attention.streaming import DEFAULT_SINK
+from corelens.choices import GRADED_SELECTS
 from corelens.errors import CorelensError, OptionError
 from corelens.policies.core import Applied, Policy, model_shape, register
 
-SELECTS = ("sink+window", "top")
+SELECTS = GRADED_SELECTS
 
 
 def allocate(scores: torch.Tensor, budget: float, floor: float, n: int) -> torch.Tensor:
     """Return each KV head's key budget for an `n`-key prompt: an equal floor, the rest by score, at most `n`.
 
+    What a head's cap at the prompt leaves over goes to the heads below it, by score (equally when their
+    scores are all 0), so that the heads together keep `budget` of the cache (up to rounding and the one key
+    every head keeps): the frontier compares a graded cell with a binary one at the same share.
+
     Examples:
         >>> allocate(torch.tensor([[3.0, 1.0], [0.0, 0.0]]), budget=0.5, floor=0.2, n=10)
-        tensor([[10,  5],
+        tensor([[10,  8],
                 [ 1,  1]])
     """
     units = scores.numel()
@@ -43,8 +49,19 @@ def allocate(scores: torch.Tensor, budget: float, floor: float, n: int) -> torch
     each = floor * total / units
     weights = scores.double().clamp(min=0)
     share = weights / weights.sum() if weights.sum() > 0 else torch.full_like(weights, 1 / units)
-    keys = (each + (total - each * units) * share).round().long()
-    return keys.clamp(min=1, max=n)
+    keys = each + (total - each * units) * share
+    for _ in range(units):  # each round caps at least one more head, or none is over
+        over = (keys - n).clamp(min=0).sum()
+        if over <= 1e-9:
+            break
+        keys = keys.clamp(max=n)
+        below = keys < n
+        if not below.any():
+            break
+        w = torch.where(below, weights, torch.zeros_like(weights))
+        w = w if w.sum() > 0 else below.double()
+        keys = keys + over * w / w.sum()
+    return keys.round().long().clamp(min=1, max=n)
 
 
 def kv_scores(scores, layers: int, heads: int, kv_heads: int, granularity: str = "query") -> torch.Tensor:

@@ -378,6 +378,39 @@ def frontier_sentences(run: Path, manifest: dict) -> list[str]:
         best = reached.sort_values("cache_kept_fraction").iloc[0]
         said.append(f"Least KV cache kept at ≥ 95 % of dense accuracy: {best['method']} ({best['granularity']} "
                     f"heads), {pct(best['cache_kept_fraction'])} of the cache")  # fmt: skip
+    return said + graded_sentences(table)
+
+
+def graded_sentences(table: pd.DataFrame) -> list[str]:
+    """Return per graded select (`frontier --graded`) where the graded cell beats its binary cell at the same
+    KV share (its Wilson interval above the binary one's), or that it nowhere does.
+
+    Examples:
+        >>> t = pd.DataFrame({"method": ["ram", "ram"], "granularity": "query", "budget": ["2", "8"],
+        ...     "cache_kept_fraction": [0.25, 0.6], "hybrid_accuracy": [0.2, 0.9], "hybrid_ci_low": [0.1, 0.8],
+        ...     "hybrid_ci_high": [0.3, 1.0], "graded_top_accuracy": [0.9, 0.9], "graded_top_ci_low": [0.8, 0.8],
+        ...     "graded_top_ci_high": [1.0, 1.0], "graded_top_kept": [0.25, 0.6]})
+        >>> graded_sentences(t)
+        ['Graded top beats binary hybrid at the same KV share in 1 of 2 cells: ram (query) at 2, 25 % of the cache: 90 % [80 %, 100 %] against 20 % [10 %, 30 %]']
+    """
+    said = []
+    for how in ("sink+window", "top"):
+        stem = "graded_" + how.replace("+", "_")
+        if f"{stem}_accuracy" not in table:
+            continue
+        cells = table[table[f"{stem}_accuracy"].notna()]
+        wins = cells[cells[f"{stem}_ci_low"] > cells["hybrid_ci_high"]]
+        where = "; ".join(
+            f"{r['method']} ({r['granularity']}) at {r['budget']}, {pct(r[f'{stem}_kept'])} of the cache: "
+            f"{pct(r[f'{stem}_accuracy'])} [{pct(r[f'{stem}_ci_low'])}, {pct(r[f'{stem}_ci_high'])}] against "
+            f"{pct(r['hybrid_accuracy'])} [{pct(r['hybrid_ci_low'])}, {pct(r['hybrid_ci_high'])}]"
+            for _, r in wins.iterrows()
+        )
+        said.append(
+            f"Graded {how} beats binary hybrid at the same KV share in {len(wins)} of {len(cells)} cells: {where}"
+            if len(wins)
+            else f"Graded {how} beats binary hybrid (intervals apart) in none of {len(cells)} cells"
+        )
     return said
 
 
