@@ -40,7 +40,13 @@ def test_each_part_of_gpu_sh_fits_one_device_call(tmp_path):
 def test_a_failed_parity_stops_its_part_with_exit_1(part, tmp_path):
     """A parity step that fails (here every python call fails) ends the part before any timing, exit 1."""
     env = {**os.environ, "DRY": "1", "PYTHON": "false", "OUT": str(tmp_path / "out")}
-    proc = subprocess.run(["bash", "benchmarks/gpu.sh", part], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu.sh", part], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 1, proc.stdout
     assert "parity failed: no timing is worth running" in proc.stdout
-    assert "== bench" not in proc.stdout and "== kernel table" not in proc.stdout and "== anatomy" not in proc.stdout
+    assert (
+        "== bench" not in proc.stdout
+        and "== kernel table" not in proc.stdout
+        and "== anatomy" not in proc.stdout
+    )

@@ -11,8 +11,8 @@
 # docs/figures/organism-<task>-frontier.png.
 # GRANULARITY=kv counts the budgets in KV heads (each ranking's KV heads from its query heads); its results
 # get a -kv suffix. The runs behind docs/results.md:
-#   N=200 BUDGETS=8,16 DRAWS=2 TASKS=document benchmarks/organism/frontier.sh
-#   N=200 BUDGETS=2,4 DRAWS=2 TASKS=document GRANULARITY=kv benchmarks/organism/frontier.sh
+#   N=200 BUDGETS=2,4,8,16 DRAWS=2 TASKS=document GRADED=sink+window,top benchmarks/organism/frontier.sh
+#   N=200 BUDGETS=2,4 DRAWS=2 TASKS=document GRANULARITY=kv GRADED=sink+window,top benchmarks/organism/frontier.sh
 #   N=200 BUDGETS=2,8 DRAWS=2 TASKS="image video" benchmarks/organism/frontier.sh
 #   N=8 BUDGETS=2,8 DRAWS=1 TASKS=document benchmarks/organism/frontier.sh   # a small check
 set -euo pipefail
@@ -23,6 +23,7 @@ BUDGETS=${BUDGETS:-1,2,4,8,16}
 DRAWS=${DRAWS:-5}
 TASKS=${TASKS:-image video document}
 GRANULARITY=${GRANULARITY:-query}
+GRADED=${GRADED:-}  # e.g. sink+window,top: graded-budget cells beside the binary ones (frontier --graded)
 SUFFIX=$([ "$GRANULARITY" = query ] && echo "" || echo "-$GRANULARITY")
 PY=${PY:-.venv/bin/python}
 RES=benchmarks/organism/results
@@ -40,7 +41,7 @@ for task in $TASKS; do
   done
   if [ ${#heads[@]} -eq 0 ]; then echo "frontier: no ranking for $task under $OUT (run rank200.sh first)" >&2; continue; fi
   echo "frontier $task: ${heads[*]}"
-  args=(--model $M --data "$data" --heads "${heads[@]}" --budgets "$BUDGETS" --sink 4 --window 16 --draws "$DRAWS" --granularity "$GRANULARITY")
+  args=(--model $M --data "$data" --heads "${heads[@]}" --budgets "$BUDGETS" --sink 4 --window 16 --draws "$DRAWS" --granularity "$GRANULARITY" ${GRADED:+--graded "$GRADED"})
   timing=$OUT/frontier-$task$SUFFIX-timing
   rm -rf "$timing"
   start=$(date +%s)
