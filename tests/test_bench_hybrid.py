@@ -112,7 +112,7 @@ def test_adaptive_prefill_is_timed_against_the_fixed_set_at_its_per_layer_counts
     assert pre["adaptive_kernels_ran"].get("prefill:blocked", 0) == 2  # it streamed in both layers
     lines = table([got]).splitlines()
     assert lines[-3].startswith("| N | F | prefill sdpa s | fixed s | adaptive s") and lines[-1].startswith(
-        "| 0k | 50% "
+        "| 300 | 50% "
     )
 
 

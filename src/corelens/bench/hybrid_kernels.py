@@ -59,6 +59,11 @@ from corelens.metrics.headsets import k_value, parse_k
 CPU = torch.device("cpu")
 
 
+def _tokens(n: int) -> str:
+    """A table's N: 32k for 32768, a dry run's small N as it is."""
+    return f"{n // 1024}k" if n >= 1024 else str(n)
+
+
 def refuse_fallback(reason: str | None, where: str) -> None:
     """Raise if the hybrid kernel fell back (`kernels.prefill`'s reason): a bench times what it names, or nothing."""
     if reason:
@@ -843,7 +848,7 @@ def table(results: list[dict[str, Any]]) -> str:
             flex_s = f"{row['flex_s']:.3g}" if "flex_s" in row else "—"
             vs_flex = f"{row['hybrid_over_flex']:.2f}×" if "hybrid_over_flex" in row else "—"
             cells = [
-                f"{r['tokens'] // 1024}k", f"{float(keep):.0%}", f"{row['full_fraction']:.3f}", f"{r['sdpa_s']:.3g}",
+                _tokens(r["tokens"]), f"{float(keep):.0%}", f"{row['full_fraction']:.3f}", f"{r['sdpa_s']:.3g}",
                 f"{row['hybrid_s']:.3g}", f"{row['speedup']:.2f}×", f"{row['ideal_speedup']:.2f}×",
                 f"{row['of_ideal']:.0%}", flex_s, vs_flex,
                 f"{r['prefill_sdpa_s']:.3g}" if pre else "—", f"{pre['prefill_hybrid_s']:.3g}" if pre else "—",
@@ -858,7 +863,7 @@ def table(results: list[dict[str, Any]]) -> str:
                   "| adaptive / fixed time | selection scores / prefill scores |", "|" + " ---: |" * 9]  # fmt: skip
         for r, keep, pre in sorted(adaptive, key=lambda x: (x[0]["tokens"], float(x[1]))):
             cells = [
-                f"{r['tokens'] // 1024}k", f"{float(keep):.0%}", f"{r['prefill_sdpa_s']:.3g}",
+                _tokens(r["tokens"]), f"{float(keep):.0%}", f"{r['prefill_sdpa_s']:.3g}",
                 f"{pre['prefill_hybrid_s']:.3g}", f"{pre['prefill_adaptive_s']:.3g}", f"{pre['prefill_speedup']:.2f}×",
                 f"{pre['adaptive_speedup']:.2f}×", f"{pre['adaptive_over_fixed']:.3f}×",
                 f"{pre['selection_scores_fraction']:.2%}",
@@ -880,7 +885,7 @@ def prefill_table(results: list[dict[str, Any]]) -> str:
              "| in-model / kernel attention (max over layers) | sdpa in-model / kernel |", "|" + " ---: |" * 13]  # fmt: skip
     for r, g, keep, pre in sorted(rows, key=lambda x: (x[0]["tokens"], x[1], float(x[2]))):
         sdpa = r.get("sdpa_in_model_over_kernel", {})
-        n = f"{r['tokens'] // 1024}k" if r["tokens"] >= 1024 else str(r["tokens"])  # a dry run's N as it is
+        n = _tokens(r["tokens"])
         cells = [
             n, g, f"{float(keep):.0%}", f"{pre['full_fraction']:.3f}",
             f"{pre['kv_full_fraction']:.3f}", f"{pre['cache_kept_fraction']:.3f}", f"{r['prefill_sdpa_s']:.3g}",
