@@ -19,6 +19,7 @@ def limits(part: str, tmp_path: Path) -> dict[str, int]:
     proc = subprocess.run(
         ["bash", "benchmarks/gpu.sh", part], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
+    assert not any((tmp_path / "out").iterdir())  # listing the limits writes nothing
     steps = re.findall(r"^limit (\d+) (.+)$", proc.stdout, flags=re.M)
     return {name: int(seconds) for seconds, name in steps}
 
