@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from corelens.attention.kernels import Pattern, prefill
+from corelens.attention.kernels import Pattern, flashstream, prefill
 from corelens.attention.kernels import stream as triton_stream
 
 # Largest |got - want| allowed, relative to max(1, max |want|): fp32 sums in another order; bf16 rounds q, k,
@@ -108,16 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     for stream in streams(device, dtype):
         args = (q, k, v, None, full, Pattern(sink, window), 128**-0.5)
         label = f"N={n} S={sink} W={window} {dtype} 28/4 heads partitioned stream={stream}"
-        try:
-            got, ran = run("partitioned", args, {"stream": stream})
-        except (RuntimeError, NotImplementedError) as err:
-            if stream != "flash":
-                raise
-            # The flash candidate needs this torch build's flash-attention with a window: where the operator
-            # refuses, it is no candidate here (the anatomy skips it too), not a wrong kernel.
-            print(
-                f"{label}: unavailable ({type(err).__name__}: {str(err).splitlines()[0][:160]}); not a candidate"
-            )
+        got, ran = attempt("partitioned", args, {"stream": stream}, label)
+        if got is None:
             continue
         label += f" ({ran})"
         check(label, got, want, dtype, failures)
@@ -136,10 +128,10 @@ def attempt(kind: str, args: tuple, options: dict, label: str) -> tuple[torch.Te
     """
     try:
         return run(kind, args, options)
-    except (RuntimeError, NotImplementedError) as err:
+    except flashstream.REFUSALS as err:
         if options.get("stream") != "flash":
             raise
-        reason = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+        reason = flashstream.refusal(err)
         print(f"{label}: unavailable ({reason}); not a candidate here")
         return None, reason
 

@@ -118,11 +118,7 @@ def parts(
     # The flash candidate's parts, on the streaming heads in flash's layout (batch, n, heads, dim).
     windowed = flashstream.default_windowed(device)
     qf, kf, vf = (x.transpose(1, 2) for x in (qs, ks, vs))
-    sink_calls = []
-    if s > 0:
-        sink_calls.append((slice(window, window + s), True))
-        if tokens - window > s:
-            sink_calls.append((slice(window + s, None), False))
+    sink_calls = flashstream.sink_calls(tokens, pattern)
     flash_error = None
     if device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
         flash_error = f"flash-attention takes float16 / bfloat16, not {dtype}"
@@ -133,8 +129,8 @@ def parts(
                 (rows_, windowed(qf[:, rows_], kf[:, :s], vf[:, :s], causal=causal, window=None, scale=scale))
                 for rows_, causal in sink_calls
             ]
-        except (RuntimeError, NotImplementedError) as err:
-            flash_error = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        except flashstream.REFUSALS as err:
+            flash_error = flashstream.refusal(err)
 
     def flash_sink():
         for rows_, causal in sink_calls:

@@ -45,6 +45,35 @@ Windowed = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 BLOCK_ROWS = 32  # the merge's rows per program
 
 
+# What flash-attention's operator raises where this torch build cannot run a call (no kernel for the device,
+# dtype or window): the flash path is then no candidate on this machine, said so, not a failed parity.
+REFUSALS = (RuntimeError, NotImplementedError)
+
+
+def refusal(err: BaseException) -> str:
+    """Return one line naming why the flash operator refused (the first line of its message, bounded)."""
+    text = str(err).splitlines()[0][:160] if str(err) else ""
+    return f"{type(err).__name__}: {text}"
+
+
+def sink_calls(n: int, pattern: Pattern) -> list[tuple[slice, bool]]:
+    """Return the sink pass's calls over an n-token prompt: (query rows, causal), empty where no row reaches a sink.
+
+    Examples:
+        >>> sink_calls(20, Pattern(4, 8))
+        [(slice(8, 12, None), True), (slice(12, None, None), False)]
+        >>> sink_calls(10, Pattern(4, 8)), sink_calls(8, Pattern(4, 8))
+        ([(slice(8, 10, None), True)], [])
+    """
+    w = pattern.window
+    s = min(pattern.sink, n - w)  # row i - W keeps the sinks j <= i - W: at most n - W of them
+    if s <= 0:
+        return []
+    # The first s rows: a square causal call (top-left = bottom-right alignment there); every later row keeps
+    # all s sinks: no mask.
+    return [(slice(w, w + s), True)] + ([(slice(w + s, None), False)] if n - w > s else [])
+
+
 def flash_args(q, k, v, *, causal: bool, window: int | None, scale: float) -> tuple[tuple, dict]:
     """Return the positional and keyword arguments of `aten._flash_attention_forward` for one call.
 
@@ -179,14 +208,10 @@ def streaming(q, k, v, pattern: Pattern, scale: float, windowed: Windowed | None
     qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))  # flash's (batch, n, heads, dim): views, no copy
     n, w = q.shape[2], pattern.window
     out, lse = windowed(qf, kf, vf, causal=True, window=w, scale=scale)
-    s = min(pattern.sink, n - w)  # row i - W keeps the sinks j <= i - W: at most n - W of them
-    if s <= 0:  # no row reaches past its window to a sink
-        return out.transpose(1, 2)
-    ks, vs = kf[:, :s], vf[:, :s]
-    # The first s rows of the sink pass: a square causal call (top-left = bottom-right alignment there).
-    tri, tri_lse = windowed(qf[:, w : w + s], ks, vs, causal=True, window=None, scale=scale)
-    merge_(out[:, w : w + s], lse[..., w : w + s], tri, tri_lse)
-    if n - w > s:  # every later row keeps all s sinks: no mask
-        rect, rect_lse = windowed(qf[:, w + s :], ks, vs, causal=False, window=None, scale=scale)
-        merge_(out[:, w + s :], lse[..., w + s :], rect, rect_lse)
+    s = min(pattern.sink, n - w)
+    for rows, causal in sink_calls(n, pattern):
+        other, other_lse = windowed(
+            qf[:, rows], kf[:, :s], vf[:, :s], causal=causal, window=None, scale=scale
+        )
+        merge_(out[:, rows], lse[..., rows], other, other_lse)
     return out.transpose(1, 2)
